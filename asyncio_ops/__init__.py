@@ -1,0 +1,1 @@
+"""asyncio_ops: Flink's Async I/O for PySpark (facade; see DESIGN)."""

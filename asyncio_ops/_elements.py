@@ -1,0 +1,39 @@
+"""Stream elements: the two things that flow through an operator.
+
+A :class:`Record` carries a user value and, optionally, its event timestamp
+(seconds or milliseconds, whatever the job uses, as long as it is consistent
+with the watermarks). A :class:`Watermark` says that no record with a smaller
+timestamp is expected any more.
+
+Both are frozen, hashable and compare by value, so that tests and snapshots can
+compare them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Record(Generic[T]):
+    """A data element: ``value`` with an optional event ``timestamp``."""
+
+    value: T
+    timestamp: float | None = None
+
+    def with_value(self, value: Any) -> Record[Any]:
+        """The same timestamp around another value (how results inherit it)."""
+        return Record(value, self.timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event-time progress: no record with ``timestamp <= this`` is expected any more."""
+
+    timestamp: float
+
+
+StreamElement = Record[Any] | Watermark

@@ -1,0 +1,74 @@
+"""The exceptions of asyncio_ops, in one place.
+
+::
+
+    AsyncOpsError                         base of everything raised on purpose
+    ├── ConfigurationError (ValueError)   a bad option, named (capacity, timeout, ...)
+    ├── WatermarkNotSupportedError (ValueError)
+    │                                     a watermark given to the processing-time queue
+    ├── AsyncOperatorError                an element failed the operator; names the input,
+    │   │                                 the original exception is its ``__cause__``
+    │   └── AsyncTimeoutError (TimeoutError)
+    │                                     the element's timeout budget ran out
+    ├── InvalidResultError (TypeError)    ``async_invoke`` returned None or a non-sequence
+    └── StateError                        state layer failures
+        ├── KeyGroupError (ValueError)    key group / parallelism out of range
+        ├── UnsupportedKeyError (TypeError)
+        │                                 a key with no canonical byte encoding
+        └── CorruptStateError (ValueError)
+                                          a snapshot blob or file that does not verify;
+                                          names the key group or file
+
+Errors of the libraries underneath (asyncpg, aiohttp, pyarrow) are translated
+into these at one boundary per connector, with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class AsyncOpsError(Exception):
+    """Base class of every exception asyncio_ops raises on purpose."""
+
+
+class ConfigurationError(AsyncOpsError, ValueError):
+    """An option has a value the operator cannot work with; the message names it."""
+
+
+class WatermarkNotSupportedError(AsyncOpsError, ValueError):
+    """A watermark reached a queue or mode that has no notion of event time."""
+
+
+class AsyncOperatorError(AsyncOpsError):
+    """An element failed, and with it the operator.
+
+    ``element`` is the input record; the exception that failed it is
+    ``__cause__``.
+    """
+
+    def __init__(self, message: str, element: object = None) -> None:
+        super().__init__(message)
+        self.element = element
+
+
+class AsyncTimeoutError(AsyncOperatorError, TimeoutError):
+    """The timeout budget of an element ran out before it completed."""
+
+
+class InvalidResultError(AsyncOpsError, TypeError):
+    """An async function returned something that is not a sequence of results."""
+
+
+class StateError(AsyncOpsError):
+    """Base class of state-layer failures."""
+
+
+class KeyGroupError(StateError, ValueError):
+    """A key group, parallelism or operator index outside its valid range."""
+
+
+class UnsupportedKeyError(StateError, TypeError):
+    """A key of a type that has no canonical byte encoding."""
+
+
+class CorruptStateError(StateError, ValueError):
+    """A snapshot blob or checkpoint file failed verification (names which)."""

@@ -1,0 +1,114 @@
+"""What users implement: :class:`AsyncFunction`.
+
+Compatible with PyFlink's ``pyflink.datastream.functions.AsyncFunction``: a
+function written for PyFlink ports by changing its import.
+
+Call order, per operator instance::
+
+    open(runtime_context)        once, before any element (may be async)
+    async_invoke(value)          per element attempt (a retry calls it again)
+    timeout(value)               only for an element whose budget ran out before
+                                 it completed (plain or async)
+    close()                      once, after the last element or on failure (may be async)
+
+``async_invoke`` returns a sequence (list or tuple) of results: empty emits
+nothing, several fan out. ``None`` is an error. Clients, pools and sessions
+belong in ``open``: the function object is pickled to Spark executors, and
+``__init__`` runs on the driver.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from ._exceptions import AsyncTimeoutError, ConfigurationError
+
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """What a function learns about where it runs (PyFlink's RuntimeContext, trimmed)."""
+
+    task_name: str = "async-wait"
+    index_of_this_subtask: int = 0
+    number_of_parallel_subtasks: int = 1
+    attempt_number: int = 0
+    job_parameters: dict[str, str] = field(default_factory=dict)
+
+    def get_task_name(self) -> str:
+        return self.task_name
+
+    def get_index_of_this_subtask(self) -> int:
+        return self.index_of_this_subtask
+
+    def get_number_of_parallel_subtasks(self) -> int:
+        return self.number_of_parallel_subtasks
+
+    def get_attempt_number(self) -> int:
+        return self.attempt_number
+
+    def get_job_parameter(self, key: str, default_value: str | None = None) -> str | None:
+        return self.job_parameters.get(key, default_value)
+
+
+class AsyncFunction(ABC, Generic[IN, OUT]):
+    """Base class of async lookups; subclass and implement :meth:`async_invoke`."""
+
+    def open(self, runtime_context: RuntimeContext) -> None | Awaitable[None]:  # noqa: B027
+        """Create clients and pools here (runs on the worker). May be ``async``."""
+
+    @abstractmethod
+    async def async_invoke(self, value: IN) -> Sequence[OUT]:
+        """Look ``value`` up; return the results (possibly empty), never None."""
+
+    def timeout(self, value: IN) -> Sequence[OUT] | Awaitable[Sequence[OUT]]:
+        """Called when ``value`` ran out of time. Default: raise, failing the operator."""
+        raise AsyncTimeoutError(f"Async function call has timed out for input: {value!r}", value)
+
+    def close(self) -> None | Awaitable[None]:  # noqa: B027
+        """Release what :meth:`open` created. May be ``async``."""
+
+
+class CoroutineFunction(AsyncFunction[Any, Any]):
+    """Adapts a bare ``async def f(value) -> list`` to :class:`AsyncFunction`."""
+
+    def __init__(self, fn: Callable[[Any], Awaitable[Sequence[Any]]]) -> None:
+        self.fn = fn
+
+    async def async_invoke(self, value: Any) -> Sequence[Any]:
+        return await self.fn(value)
+
+    def __repr__(self) -> str:
+        return f"CoroutineFunction({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def as_async_function(fn: object) -> AsyncFunction[Any, Any]:
+    """Accept an :class:`AsyncFunction` or an ``async def``; reject anything else clearly."""
+    if isinstance(fn, AsyncFunction):
+        return fn
+    if callable(fn) and (
+        inspect.iscoroutinefunction(fn)
+        or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+    ):
+        return CoroutineFunction(fn)  # type: ignore[arg-type]
+    if hasattr(fn, "async_invoke"):
+        raise ConfigurationError(
+            f"{fn!r} has async_invoke but does not subclass asyncio_ops.AsyncFunction; "
+            "subclass it (for a PyFlink function, change the import)"
+        )
+    raise ConfigurationError(
+        f"function must be an asyncio_ops.AsyncFunction or an 'async def f(value)', got {fn!r}"
+    )
+
+
+async def maybe_await(value: object) -> Any:
+    """Await ``value`` if it is awaitable (for ``open``/``close``/``timeout``)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value

@@ -1,0 +1,354 @@
+"""The timer service: processing-time and event-time timers of one operator.
+
+Contract (Flink's InternalTimerService):
+
+- A timer is the triple ``(key, namespace, timestamp)``. Registering the same
+  triple twice keeps one timer; deleting a triple that is not registered does
+  nothing.
+- Each time domain keeps a min-heap ordered by timestamp (ties: registration
+  order). Deletion marks the entry dead in O(1) and the heap is rebuilt when
+  dead entries outnumber live ones, so memory stays proportional to live
+  timers and every operation is amortised O(log n).
+- Processing-time timers fire when the clock passes them. The service keeps
+  exactly one scheduled callback on the clock, for the earliest timer; it is
+  re-armed only when an earlier timer arrives or when it fires.
+- Event-time timers fire from :meth:`InternalTimerService.advance_watermark`,
+  in timestamp order, for every timer ``<= watermark``; the caller emits the
+  watermark downstream only after that returns.
+- Before a timer's callback runs, its key becomes the current key of the
+  ``key_context`` (the keyed state backend), if one is given.
+- :meth:`InternalTimerService.snapshot` returns the live timers grouped by key
+  group, and :meth:`InternalTimerService.restore` takes back the groups inside
+  the service's key-group range, so timers move with their keys on rescale.
+
+Several named services can live in one operator (``"async-timeouts"``,
+``"async-retries"``, ``"user-timers"``); each has its own heaps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Final, Protocol
+
+from ._clock import SYSTEM_CLOCK, Cancellable, Scheduler
+from ._keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange, assign_to_key_group
+
+PROCESSING_TIME: Final = "processing"
+EVENT_TIME: Final = "event"
+
+_COMPACT_SLACK: Final = 64
+
+
+class Timer:
+    """A registered timer: ``(key, namespace, timestamp)``; read-only by convention."""
+
+    __slots__ = ("key", "namespace", "timestamp")
+
+    def __init__(self, key: Any, namespace: Hashable, timestamp: float) -> None:
+        self.key = key
+        self.namespace = namespace
+        self.timestamp = timestamp
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Timer) and (
+            (self.key, self.namespace, self.timestamp)
+            == (other.key, other.namespace, other.timestamp)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.namespace, self.timestamp))
+
+    def __repr__(self) -> str:
+        return f"Timer(key={self.key!r}, namespace={self.namespace!r}, timestamp={self.timestamp!r})"
+
+
+class Triggerable(Protocol):
+    """What the service calls when a timer fires."""
+
+    def on_event_time(self, timer: Timer) -> None: ...
+
+    def on_processing_time(self, timer: Timer) -> None: ...
+
+
+class KeyContext(Protocol):
+    """The keyed state backend, as far as timers are concerned."""
+
+    def set_current_key(self, key: Any) -> None: ...
+
+    def get_current_key(self) -> Any: ...
+
+
+class TimerHeap:
+    """A min-heap of timers with de-duplication and O(1) (lazy) delete."""
+
+    __slots__ = ("_dead", "_entries", "_heap", "_seq")
+
+    def __init__(self) -> None:
+        # entry: [timestamp, seq, timer-or-None]; None marks a deleted timer.
+        self._heap: list[list[Any]] = []
+        self._entries: dict[tuple[Any, Hashable, float], list[Any]] = {}
+        self._seq = itertools.count()
+        self._dead = 0
+
+    def add(self, key: Any, namespace: Hashable, timestamp: float) -> bool:
+        """Add the timer; False if that triple is already present."""
+        triple = (key, namespace, timestamp)
+        if triple in self._entries:
+            return False
+        entry = [timestamp, next(self._seq), Timer(key, namespace, timestamp)]
+        self._entries[triple] = entry
+        heapq.heappush(self._heap, entry)
+        return True
+
+    def remove(self, key: Any, namespace: Hashable, timestamp: float) -> bool:
+        """Remove the timer; False if it was not present."""
+        entry = self._entries.pop((key, namespace, timestamp), None)
+        if entry is None:
+            return False
+        entry[2] = None
+        self._dead += 1
+        if self._dead > len(self._entries) + _COMPACT_SLACK:
+            self._heap = [e for e in self._heap if e[2] is not None]
+            heapq.heapify(self._heap)
+            self._dead = 0
+        return True
+
+    def peek_timestamp(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+            self._dead -= 1
+        return heap[0][0] if heap else None
+
+    def poll_due(self, up_to: float) -> Timer | None:
+        """Remove and return the earliest timer with ``timestamp <= up_to``, if any."""
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            timer = entry[2]
+            if timer is None:
+                heapq.heappop(heap)
+                self._dead -= 1
+                continue
+            if entry[0] > up_to:
+                return None
+            heapq.heappop(heap)
+            del self._entries[(timer.key, timer.namespace, timer.timestamp)]
+            return timer  # type: ignore[no-any-return]
+        return None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, triple: object) -> bool:
+        return triple in self._entries
+
+    def __iter__(self) -> Iterator[Timer]:
+        """Live timers in timestamp order."""
+        for entry in sorted(e for e in self._heap if e[2] is not None):
+            yield entry[2]
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._entries.clear()
+        self._dead = 0
+
+
+_UNSET: Final[Any] = object()
+
+TimerSnapshot = dict[int, list[tuple[str, Any, Hashable, float]]]
+
+
+class InternalTimerService:
+    """Timers of one named service of one operator (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        triggerable: Triggerable,
+        *,
+        clock: Scheduler | None = None,
+        key_context: KeyContext | None = None,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        key_group_range: KeyGroupRange | None = None,
+    ) -> None:
+        self.name = name
+        self._triggerable = triggerable
+        self._clock: Scheduler = clock if clock is not None else SYSTEM_CLOCK
+        self._key_context = key_context
+        self._max_parallelism = max_parallelism
+        self._key_group_range = (
+            key_group_range
+            if key_group_range is not None
+            else KeyGroupRange.of_all(max_parallelism)
+        )
+        self._processing = TimerHeap()
+        self._event = TimerHeap()
+        self._watermark = float("-inf")
+        self._armed: Cancellable | None = None
+        self._armed_at = float("inf")
+        self._closed = False
+
+    # -- time -------------------------------------------------------------------------
+    def current_processing_time(self) -> float:
+        return self._clock.now()
+
+    def current_watermark(self) -> float:
+        return self._watermark
+
+    # -- registration ----------------------------------------------------------------
+    def _key(self, key: Any) -> Any:
+        if key is not _UNSET:
+            return key
+        return self._key_context.get_current_key() if self._key_context is not None else None
+
+    def register_processing_time_timer(
+        self, namespace: Hashable, timestamp: float, key: Any = _UNSET
+    ) -> None:
+        """Fire ``on_processing_time`` once the clock reaches ``timestamp``.
+
+        ``key`` defaults to the key context's current key (None when unkeyed).
+        """
+        if self._processing.add(self._key(key), namespace, timestamp) and (
+            timestamp < self._armed_at
+        ):
+            self._arm(timestamp)
+
+    def delete_processing_time_timer(
+        self, namespace: Hashable, timestamp: float, key: Any = _UNSET
+    ) -> None:
+        self._processing.remove(self._key(key), namespace, timestamp)
+
+    def register_event_time_timer(
+        self, namespace: Hashable, timestamp: float, key: Any = _UNSET
+    ) -> None:
+        """Fire ``on_event_time`` when a watermark ``>= timestamp`` arrives."""
+        self._event.add(self._key(key), namespace, timestamp)
+
+    def delete_event_time_timer(
+        self, namespace: Hashable, timestamp: float, key: Any = _UNSET
+    ) -> None:
+        self._event.remove(self._key(key), namespace, timestamp)
+
+    def num_processing_time_timers(self) -> int:
+        return len(self._processing)
+
+    def num_event_time_timers(self) -> int:
+        return len(self._event)
+
+    def processing_time_timers(self) -> list[Timer]:
+        return list(self._processing)
+
+    def event_time_timers(self) -> list[Timer]:
+        return list(self._event)
+
+    # -- firing ----------------------------------------------------------------------
+    def _arm(self, when: float) -> None:
+        if self._closed:
+            return
+        if self._armed is not None:
+            self._armed.cancel()
+        self._armed_at = when
+        self._armed = self._clock.call_at(when, self._on_armed)
+
+    def _on_armed(self) -> None:
+        self._armed = None
+        self._armed_at = float("inf")
+        self.fire_processing_time(self._clock.now())
+
+    def fire_processing_time(self, now: float) -> int:
+        """Fire every processing-time timer ``<= now``; returns how many fired.
+
+        Normally called by the armed clock callback; public so that a drain can
+        fire timers at once.
+        """
+        fired = 0
+        heap = self._processing
+        ctx = self._key_context
+        trigger = self._triggerable.on_processing_time
+        while not self._closed:
+            timer = heap.poll_due(now)
+            if timer is None:
+                break
+            if ctx is not None:
+                ctx.set_current_key(timer.key)
+            trigger(timer)
+            fired += 1
+        nxt = heap.peek_timestamp()
+        if nxt is not None and nxt < self._armed_at:
+            self._arm(nxt)
+        return fired
+
+    def advance_watermark(self, watermark: float) -> int:
+        """Set the watermark and fire every event-time timer ``<= watermark``, in order."""
+        if watermark > self._watermark:
+            self._watermark = watermark
+        fired = 0
+        ctx = self._key_context
+        trigger = self._triggerable.on_event_time
+        while not self._closed:
+            timer = self._event.poll_due(watermark)
+            if timer is None:
+                break
+            if ctx is not None:
+                ctx.set_current_key(timer.key)
+            trigger(timer)
+            fired += 1
+        return fired
+
+    def pop_processing_time_timers(
+        self, predicate: Callable[[Timer], bool] | None = None
+    ) -> list[Timer]:
+        """Remove (without firing) and return the processing-time timers matching ``predicate``."""
+        taken = [t for t in self._processing if predicate is None or predicate(t)]
+        for t in taken:
+            self._processing.remove(t.key, t.namespace, t.timestamp)
+        return taken
+
+    # -- snapshot --------------------------------------------------------------------
+    def snapshot(self) -> TimerSnapshot:
+        """Live timers by key group: ``{kg: [(domain, key, namespace, timestamp), ...]}``."""
+        out: TimerSnapshot = {}
+        maxp = self._max_parallelism
+        for domain, heap in ((PROCESSING_TIME, self._processing), (EVENT_TIME, self._event)):
+            for t in heap:
+                kg = assign_to_key_group(t.key, maxp)
+                out.setdefault(kg, []).append((domain, t.key, t.namespace, t.timestamp))
+        return out
+
+    def restore(self, snapshot: Mapping[int, Iterable[tuple[str, Any, Hashable, float]]]) -> int:
+        """Take the timers of the key groups inside this service's range; returns how many.
+
+        May be called several times (once per old operator instance on rescale).
+        """
+        n = 0
+        for kg, timers in snapshot.items():
+            if kg not in self._key_group_range:
+                continue
+            for domain, key, namespace, ts in timers:
+                if domain == PROCESSING_TIME:
+                    self.register_processing_time_timer(namespace, ts, key)
+                elif domain == EVENT_TIME:
+                    self.register_event_time_timer(namespace, ts, key)
+                else:
+                    raise ValueError(
+                        f"timer snapshot of service {self.name!r}, key group {kg}: "
+                        f"unknown time domain {domain!r}"
+                    )
+                n += 1
+        return n
+
+    def close(self) -> None:
+        """Cancel the scheduled callback; no timer fires after this."""
+        self._closed = True
+        if self._armed is not None:
+            self._armed.cancel()
+            self._armed = None
+
+    def __repr__(self) -> str:
+        return (
+            f"InternalTimerService({self.name!r}, processing={len(self._processing)}, "
+            f"event={len(self._event)}, watermark={self._watermark!r})"
+        )
