@@ -1,1 +1,82 @@
-"""asyncio_ops: Flink's Async I/O for PySpark (facade; see DESIGN)."""
+"""asyncio_ops: Apache Flink's Async I/O for PySpark, on asyncio.
+
+The engine-independent core lives here: stream elements, the three element
+queues, the timer service, retry strategies and :class:`AsyncWaitOperator`.
+The Spark DataFrame API is in :mod:`asyncio_ops.spark` (the only module that
+imports pyspark), state in :mod:`asyncio_ops.state`, test helpers in
+:mod:`asyncio_ops.testing`.
+"""
+
+from __future__ import annotations
+
+from ._clock import Clock, Scheduler, SystemClock
+from ._elements import Record, StreamElement, Watermark
+from ._exceptions import (
+    AsyncOperatorError,
+    AsyncOpsError,
+    AsyncTimeoutError,
+    ConfigurationError,
+    CorruptStateError,
+    InvalidResultError,
+    KeyGroupError,
+    StateError,
+    UnsupportedKeyError,
+    WatermarkNotSupportedError,
+)
+from ._functions import AsyncFunction, RuntimeContext
+from ._operator import (
+    AsyncWaitOperator,
+    OperatorSnapshot,
+    OperatorStatistics,
+    OutputMode,
+    SnapshotEntry,
+)
+from ._queues import (
+    ElementQueue,
+    OrderedElementQueue,
+    ResultHandle,
+    UnorderedElementQueue,
+    WatermarkBoundedElementQueue,
+)
+from ._retry import AsyncRetryStrategy
+from ._runner import run_async_wait
+from ._timers import InternalTimerService, Timer, TimerHeap
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncFunction",
+    "AsyncOperatorError",
+    "AsyncOpsError",
+    "AsyncRetryStrategy",
+    "AsyncTimeoutError",
+    "AsyncWaitOperator",
+    "Clock",
+    "ConfigurationError",
+    "CorruptStateError",
+    "ElementQueue",
+    "InternalTimerService",
+    "InvalidResultError",
+    "KeyGroupError",
+    "OperatorSnapshot",
+    "OperatorStatistics",
+    "OrderedElementQueue",
+    "OutputMode",
+    "Record",
+    "ResultHandle",
+    "RuntimeContext",
+    "Scheduler",
+    "SnapshotEntry",
+    "StateError",
+    "StreamElement",
+    "SystemClock",
+    "Timer",
+    "TimerHeap",
+    "UnorderedElementQueue",
+    "UnsupportedKeyError",
+    "Watermark",
+    "WatermarkBoundedElementQueue",
+    "WatermarkNotSupportedError",
+    "__version__",
+    "run_async_wait",
+]

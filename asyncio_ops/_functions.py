@@ -60,7 +60,7 @@ class RuntimeContext:
 class AsyncFunction(ABC, Generic[IN, OUT]):
     """Base class of async lookups; subclass and implement :meth:`async_invoke`."""
 
-    def open(self, runtime_context: RuntimeContext) -> None | Awaitable[None]:  # noqa: B027
+    def open(self, runtime_context: RuntimeContext) -> Awaitable[None] | None:
         """Create clients and pools here (runs on the worker). May be ``async``."""
 
     @abstractmethod
@@ -71,7 +71,7 @@ class AsyncFunction(ABC, Generic[IN, OUT]):
         """Called when ``value`` ran out of time. Default: raise, failing the operator."""
         raise AsyncTimeoutError(f"Async function call has timed out for input: {value!r}", value)
 
-    def close(self) -> None | Awaitable[None]:  # noqa: B027
+    def close(self) -> Awaitable[None] | None:
         """Release what :meth:`open` created. May be ``async``."""
 
 
@@ -96,7 +96,7 @@ def as_async_function(fn: object) -> AsyncFunction[Any, Any]:
         inspect.iscoroutinefunction(fn)
         or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
     ):
-        return CoroutineFunction(fn)  # type: ignore[arg-type]
+        return CoroutineFunction(fn)
     if hasattr(fn, "async_invoke"):
         raise ConfigurationError(
             f"{fn!r} has async_invoke but does not subclass asyncio_ops.AsyncFunction; "

@@ -57,7 +57,7 @@ def canonical_bytes(key: object) -> bytes:
     if t is int or t is bool:
         return _encode_int(int(key))  # type: ignore[call-overload]
     if t is str:
-        return b"s" + key.encode("utf-8", "surrogatepass")  # type: ignore[attr-defined]
+        return b"s" + str.encode(key, "utf-8", "surrogatepass")  # type: ignore[arg-type]
     if key is None:
         return b"n"
     if t is tuple:
@@ -82,6 +82,10 @@ def canonical_bytes(key: object) -> bytes:
             return b"f" + _pack_d(as_float)
         return b"d" + str(key.normalize()).encode("ascii")
     if isinstance(key, _dt.datetime):
+        if key.utcoffset() is not None:
+            # Aware datetimes equal in Python (same instant, other zone) must encode
+            # alike: normalise to UTC.
+            key = key.astimezone(_dt.UTC)
         return b"T" + key.isoformat().encode("ascii")
     if isinstance(key, _dt.date):
         return b"D" + key.isoformat().encode("ascii")

@@ -61,7 +61,9 @@ class Timer:
         return hash((self.key, self.namespace, self.timestamp))
 
     def __repr__(self) -> str:
-        return f"Timer(key={self.key!r}, namespace={self.namespace!r}, timestamp={self.timestamp!r})"
+        return (
+            f"Timer(key={self.key!r}, namespace={self.namespace!r}, timestamp={self.timestamp!r})"
+        )
 
 
 class Triggerable(Protocol):

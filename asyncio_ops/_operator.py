@@ -1,0 +1,798 @@
+"""The AsyncWaitOperator: Flink's Async I/O on one asyncio event loop.
+
+Call order::
+
+    await op.open(restored=None)      function.open(); replay of a snapshot
+    await op.process_element(record)  any number of times, interleaved with
+    await op.process_watermark(wm)    watermarks (not in UNORDERED mode)
+    op.snapshot_state()               at any point between the calls above
+    await op.end_input()              drain: wait until every element is emitted
+    await op.close()                  always, also after a failure
+
+Semantics (DESIGN §4):
+
+- At most ``capacity`` elements (watermarks included) are in the queue. When it
+  is full, ``process_element`` awaits; completions, timers and emission go on
+  meanwhile (backpressure).
+- ``async_invoke`` is started synchronously inside ``process_element`` (as in
+  Flink, where ``asyncInvoke`` runs in ``processElement``). A coroutine that
+  finishes without suspending completes at once, with no task; one that
+  suspends continues as a task on the loop.
+- ``timeout`` is one budget per element from its first invoke, retries
+  included: a processing-time timer of the ``"async-timeouts"`` timer service.
+  When it fires for an element not yet complete, the attempt in flight is
+  cancelled and ``function.timeout(value)`` is called; what it returns is the
+  element's result, what it raises fails the operator.
+- Retries (``AsyncRetryStrategy``) are timers of the ``"async-retries"``
+  service; attempt counts are per element. After :meth:`end_input` pending
+  retries fire at once and later retries are not delayed (the attempt budget
+  and the timeout still apply; Flink instead stops retrying at end of input,
+  which would fail a job on a transient error in its last elements).
+- A result that arrives after its element was completed (by a timeout) is
+  dropped. Output records carry the input record's timestamp.
+- A failed element (exception not retried, retries exhausted, ``None`` or a
+  non-sequence result) fails the operator: every later call raises
+  :class:`AsyncOperatorError` naming the input, with the original exception as
+  ``__cause__``, unless ``on_failure`` turns the failure into results.
+- Emission runs on the loop that completes elements (no emitter thread, no
+  locks); ``output`` is called once per emitted record or watermark, in the
+  queue's order.
+- :meth:`snapshot_state` holds every element not yet emitted, in queue order,
+  with the results of those already complete; :meth:`open` with it emits those
+  results without a new request and re-invokes the rest, each with a fresh
+  timeout and attempt count, before any new input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections.abc
+import enum
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+from ._clock import SYSTEM_CLOCK, Scheduler
+from ._elements import Record, StreamElement, Watermark
+from ._exceptions import (
+    AsyncOperatorError,
+    ConfigurationError,
+    InvalidResultError,
+)
+from ._functions import AsyncFunction, RuntimeContext, as_async_function, maybe_await
+from ._queues import (
+    ElementQueue,
+    OrderedElementQueue,
+    ResultHandle,
+    UnorderedElementQueue,
+    WatermarkBoundedElementQueue,
+)
+from ._retry import AsyncRetryStrategy
+from ._timers import InternalTimerService, Timer
+
+SNAPSHOT_VERSION: Final = 1
+
+OutputFn = Callable[[StreamElement], object]
+FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
+
+
+class OutputMode(enum.Enum):
+    """Order in which results leave the operator."""
+
+    ORDERED = "ordered"
+    """Input order, watermarks included (Flink's orderedWait)."""
+    UNORDERED = "unordered"
+    """Completion order; processing time only, watermarks are an error."""
+    WATERMARK_BOUNDED = "watermark_bounded"
+    """Completion order between watermarks; nothing crosses a watermark."""
+
+
+def make_queue(mode: OutputMode, capacity: int) -> ElementQueue:
+    if mode is OutputMode.ORDERED:
+        return OrderedElementQueue(capacity)
+    if mode is OutputMode.UNORDERED:
+        return UnorderedElementQueue(capacity)
+    if mode is OutputMode.WATERMARK_BOUNDED:
+        return WatermarkBoundedElementQueue(capacity)
+    raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
+
+
+def timeout_seconds(timeout: object, name: str = "timeout") -> float:
+    """Validate a timeout given as seconds or ``timedelta``; must be > 0."""
+    if isinstance(timeout, timedelta):
+        value = timeout.total_seconds()
+    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        value = float(timeout)
+    else:
+        raise ConfigurationError(
+            f"{name} must be seconds (int or float) or a timedelta, got {timeout!r}"
+        )
+    if not value > 0 or math.isnan(value):
+        raise ConfigurationError(f"{name} must be > 0 seconds, got {timeout!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SnapshotEntry:
+    """One element not yet emitted: the input, and its results if already complete."""
+
+    element: StreamElement
+    results: tuple[Any, ...] | None = None
+    key: Any = None
+
+
+@dataclass(frozen=True)
+class OperatorSnapshot:
+    """What :meth:`AsyncWaitOperator.snapshot_state` returns (picklable)."""
+
+    entries: tuple[SnapshotEntry, ...]
+    mode: OutputMode
+    version: int = SNAPSHOT_VERSION
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(frozen=True)
+class OperatorStatistics:
+    """Counters of one operator instance (latencies in seconds, first invoke to completion)."""
+
+    received: int
+    emitted: int
+    in_flight: int
+    completed: int
+    timed_out: int
+    retried: int
+    failed: int
+    restored: int
+    latency_p50: float | None
+    latency_p99: float | None
+    latency_max: float | None
+
+
+class LatencyHistogram:
+    """Log-bucketed latencies (5% wide buckets): cheap to add, quantiles within 5%."""
+
+    __slots__ = ("_buckets", "count", "max")
+    _BASE: Final = math.log(1.05)
+    _FLOOR: Final = 1e-6
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, int] = {}
+        self.count = 0
+        self.max = 0.0
+
+    def add(self, seconds: float) -> None:
+        b = int(math.log(max(seconds, self._FLOOR) / self._FLOOR) / self._BASE)
+        self._buckets[b] = self._buckets.get(b, 0) + 1
+        self.count += 1
+        if seconds > self.max:
+            self.max = seconds
+
+    def merge(self, other: LatencyHistogram) -> None:
+        for b, n in other._buckets.items():
+            self._buckets[b] = self._buckets.get(b, 0) + n
+        self.count += other.count
+        self.max = max(self.max, other.max)
+
+    def quantile(self, q: float) -> float | None:
+        if not self.count:
+            return None
+        keys = sorted(self._buckets)
+        cumulative = []
+        total = 0
+        for k in keys:
+            total += self._buckets[k]
+            cumulative.append(total)
+        i = bisect.bisect_left(cumulative, q * self.count)
+        bucket = keys[min(i, len(keys) - 1)]
+        return min(self._FLOOR * math.exp((bucket + 0.5) * self._BASE), self.max)
+
+
+class _Entry:
+    """Operator-side state of one in-flight element (a timer namespace by identity)."""
+
+    __slots__ = (
+        "attempts",
+        "deadline",
+        "handle",
+        "key",
+        "record",
+        "retry_at",
+        "started",
+        "task",
+        "timed_out",
+    )
+
+    def __init__(
+        self, record: Record[Any], handle: ResultHandle, key: Any, started: float, deadline: float
+    ) -> None:
+        self.record = record
+        self.handle = handle
+        self.key = key
+        self.attempts = 0
+        self.started = started
+        self.deadline = deadline
+        self.retry_at: float | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.timed_out = False
+
+    def __repr__(self) -> str:
+        return f"_Entry({self.record!r}, attempts={self.attempts})"
+
+
+class _Attempt(collections.abc.Coroutine[Any, Any, None]):
+    """One attempt of ``async_invoke``, continued as a task after an eager first step.
+
+    ``process_element`` steps the user's coroutine once, synchronously; if it
+    suspends, this object carries it on as the coroutine of an asyncio task.
+    It forwards ``send`` and ``throw`` to the user's coroutine, so that a
+    cancellation reaches the user's code even when it arrives before the task
+    has run its first step (an ``async def`` wrapper would be closed unstarted
+    instead), and it reports the outcome to the operator when the coroutine
+    returns or raises. ``CancelledError`` is reported only if the operator did
+    not cause it, and is always re-raised.
+    """
+
+    __slots__ = ("coro", "entry", "first", "op")
+
+    def __init__(self, op: AsyncWaitOperator, entry: _Entry, coro: Any, first: Any) -> None:
+        self.op = op
+        self.entry = entry
+        self.coro = coro
+        self.first = first
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is not None:
+            self.first = None
+            return first  # what the user's coroutine is waiting on, for the task
+        try:
+            return self.coro.send(value)
+        except StopIteration as stop:
+            self._finished()
+            self.op._on_result(self.entry, stop.value)
+            raise StopIteration from None
+        except asyncio.CancelledError:
+            self._finished()
+            raise
+        except Exception as exc:
+            self._finished()
+            self.op._on_error(self.entry, exc)
+            raise StopIteration from None
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if val is None and isinstance(typ, BaseException) else val
+        if exc is None:
+            exc = typ()
+        self.first = None
+        try:
+            return self.coro.throw(exc)
+        except StopIteration as stop:
+            self._finished()
+            self.op._on_result(self.entry, stop.value)
+            raise StopIteration from None
+        except asyncio.CancelledError:
+            self._finished()
+            entry = self.entry
+            if not (entry.handle.done or entry.timed_out or self.op._closed):
+                self.op._on_error(entry, asyncio.CancelledError("the attempt was cancelled"))
+            raise
+        except Exception as exc2:
+            self._finished()
+            self.op._on_error(self.entry, exc2)
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self) -> Any:
+        return self
+
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def _finished(self) -> None:
+        entry = self.entry
+        task = entry.task
+        if task is not None:
+            entry.task = None
+            self.op._tasks.discard(task)
+
+    def __repr__(self) -> str:
+        return f"<attempt {self.entry.attempts} of {self.entry.record!r}>"
+
+
+class _TimeoutTrigger:
+    __slots__ = ("op",)
+
+    def __init__(self, op: AsyncWaitOperator) -> None:
+        self.op = op
+
+    def on_processing_time(self, timer: Timer) -> None:
+        self.op._on_timeout(timer.namespace)  # type: ignore[arg-type]
+
+    def on_event_time(self, timer: Timer) -> None:  # pragma: no cover - never registered
+        raise AssertionError("async-timeouts has no event-time timers")
+
+
+class _RetryTrigger(_TimeoutTrigger):
+    __slots__ = ()
+
+    def on_processing_time(self, timer: Timer) -> None:
+        self.op._on_retry_timer(timer.namespace)  # type: ignore[arg-type]
+
+
+def _describe(record: Record[Any]) -> str:
+    text = repr(record.value)
+    if len(text) > 300:
+        text = text[:300] + "..."
+    if record.timestamp is not None:
+        return f"{text} (timestamp {record.timestamp!r})"
+    return text
+
+
+class AsyncWaitOperator:
+    """Runs an :class:`AsyncFunction` over a stream with bounded concurrency.
+
+    Args:
+        function: an :class:`AsyncFunction`, or a bare ``async def f(value)``.
+        output: called with each emitted :class:`Record` / :class:`Watermark`.
+        timeout: seconds (or ``timedelta``) per element, retries included.
+        capacity: maximum elements in flight (queue size, watermarks included).
+        mode: :class:`OutputMode`.
+        retry: an :class:`AsyncRetryStrategy`; ``None`` never retries.
+        clock: where processing time comes from (a :class:`Scheduler`);
+            defaults to the system clock on the running loop.
+        runtime_context: given to ``function.open``.
+        on_failure: ``(record, exc, attempts) -> results``: turns a failed
+            element into results instead of failing the operator (the Spark
+            layer's error rows). Exceptions it raises fail the operator.
+        key_selector: ``value -> key`` in keyed mode: timers are scoped to the
+            key and snapshot entries carry it.
+    """
+
+    def __init__(
+        self,
+        function: AsyncFunction[Any, Any] | Callable[[Any], Any],
+        *,
+        output: OutputFn,
+        timeout: float | timedelta,
+        capacity: int = 100,
+        mode: OutputMode = OutputMode.ORDERED,
+        retry: AsyncRetryStrategy | None = None,
+        clock: Scheduler | None = None,
+        runtime_context: RuntimeContext | None = None,
+        on_failure: FailureHandler | None = None,
+        key_selector: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if not callable(output):
+            raise ConfigurationError(f"output must be callable, got {output!r}")
+        if not isinstance(mode, OutputMode):
+            raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
+        if retry is not None and not isinstance(retry, AsyncRetryStrategy):
+            raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
+        self.function = as_async_function(function)
+        self.mode = mode
+        self.capacity = capacity
+        self.timeout = timeout_seconds(timeout)
+        self._queue = make_queue(mode, capacity)
+        self._output = output
+        self._retry = retry if retry is not None and retry.enabled else None
+        self._rng = random.Random()
+        self._runtime_context = runtime_context or RuntimeContext()
+        self._on_failure = on_failure
+        self._key_selector = key_selector
+        self._timeouts = InternalTimerService("async-timeouts", _TimeoutTrigger(self), clock=clock)
+        self._retries = InternalTimerService("async-retries", _RetryTrigger(self), clock=clock)
+        self._clock_now = (clock or SYSTEM_CLOCK).now
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pending_retries: set[_Entry] = set()
+        self._waiter: asyncio.Future[None] | None = None
+        self._failure: BaseException | None = None
+        self._opened = False
+        self._closed = False
+        self._draining = False
+        # statistics
+        self._received = 0
+        self._emitted = 0
+        self._completed = 0
+        self._timed_out = 0
+        self._retried = 0
+        self._failed = 0
+        self._restored = 0
+        self.latency = LatencyHistogram()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def open(self, restored: OperatorSnapshot | None = None) -> None:
+        """Open the function, then replay ``restored`` (if any) before any new input."""
+        if self._opened:
+            raise RuntimeError("AsyncWaitOperator.open() called twice")
+        self._opened = True
+        await maybe_await(self.function.open(self._runtime_context))
+        if restored is None:
+            return
+        if not isinstance(restored, OperatorSnapshot):
+            raise ConfigurationError(
+                "restored must be an OperatorSnapshot from snapshot_state(), "
+                f"got {type(restored)!r}"
+            )
+        if restored.version > SNAPSHOT_VERSION:
+            raise ConfigurationError(
+                f"snapshot format version {restored.version} is newer than this version of "
+                f"asyncio_ops understands ({SNAPSHOT_VERSION})"
+            )
+        for entry in restored.entries:
+            self._restored += 1
+            element = entry.element
+            if type(element) is Watermark:
+                await self.process_watermark(element)
+            elif entry.results is not None:
+                await self._put_completed(element, entry.results)  # type: ignore[arg-type]
+            else:
+                await self.process_element(element)
+
+    async def close(self) -> None:
+        """Cancel and await everything in flight, stop timers, close the function."""
+        if self._closed:
+            return
+        self._closed = True
+        self._timeouts.close()
+        self._retries.close()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._wake()
+        if self._opened:
+            await maybe_await(self.function.close())
+
+    async def __aenter__(self) -> AsyncWaitOperator:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- input -------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise RuntimeError("AsyncWaitOperator is closed")
+
+    async def _wait_for_space(self) -> None:
+        queue = self._queue
+        while len(queue) >= queue.capacity:
+            await self._wait()
+            self._check()
+
+    async def _wait(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def process_element(self, record: Record[Any] | Any) -> None:
+        """Put ``record`` in the queue (awaiting space) and start its first attempt.
+
+        A value that is not a :class:`Record` is wrapped as ``Record(value)``.
+        Raises the operator's failure, if it has failed.
+        """
+        self._check()
+        if type(record) is not Record:
+            record = Record(record)
+        queue = self._queue
+        if len(queue) >= queue.capacity:
+            await self._wait_for_space()
+        handle = queue.try_put(record)
+        assert handle is not None
+        self._received += 1
+        key = self._key_selector(record.value) if self._key_selector is not None else None
+        started = self._clock_now()
+        entry = _Entry(record, handle, key, started, started + self.timeout)
+        self._invoke(entry)
+        if queue.has_completed():
+            self._emit()
+        if self._failure is not None:
+            raise self._failure
+
+    async def process_watermark(self, watermark: Watermark) -> None:
+        """Put a watermark in the queue; it leaves by the mode's rule."""
+        self._check()
+        if type(watermark) is not Watermark:
+            raise TypeError(f"process_watermark takes a Watermark, got {watermark!r}")
+        if self.mode is OutputMode.UNORDERED:
+            self._queue.try_put(watermark)  # raises WatermarkNotSupportedError
+        await self._wait_for_space()
+        self._queue.try_put(watermark)
+        self._emit()
+
+    async def _put_completed(self, record: Record[Any], results: Sequence[Any]) -> None:
+        await self._wait_for_space()
+        handle = self._queue.try_put(record)
+        assert handle is not None
+        handle.complete(tuple(results))
+        self._emit()
+
+    async def end_input(self) -> None:
+        """Fire pending retries at once, then wait until every element is emitted.
+
+        Timeouts still apply. Raises the operator's failure, if any.
+        """
+        self._check()
+        self._draining = True
+        for entry in list(self._pending_retries):
+            self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)  # type: ignore[arg-type]
+            self._pending_retries.discard(entry)
+            entry.retry_at = None
+            self._invoke(entry)
+        self._emit()
+        while not self._queue.is_empty():
+            self._check()
+            await self._wait()
+        self._check()
+
+    # -- invocation --------------------------------------------------------------------
+    def _invoke(self, entry: _Entry) -> None:
+        entry.attempts += 1
+        try:
+            coro = self.function.async_invoke(entry.record.value)
+            first = coro.send(None)
+        except StopIteration as stop:
+            self._on_result(entry, stop.value)
+            return
+        except Exception as exc:
+            self._on_error(entry, exc)
+            return
+        # The coroutine suspended: from here it runs as a task, under the timeout.
+        self._ensure_timeout_timer(entry)
+        task = asyncio.get_running_loop().create_task(_Attempt(self, entry, coro, first))
+        entry.task = task
+        self._tasks.add(task)
+
+    def _on_result(self, entry: _Entry, results: Any) -> None:
+        if entry.handle.done or entry.timed_out:
+            return  # late: the element was completed by its timeout
+        if (
+            type(results) is not list
+            and type(results) is not tuple
+            and (
+                results is None
+                or isinstance(results, str | bytes | dict)
+                or not isinstance(results, Sequence)
+            )
+        ):
+            self._on_error(
+                entry,
+                InvalidResultError(
+                    f"async_invoke must return a list of results (empty to emit nothing), "
+                    f"got {type(results).__name__}: {results!r:.200}"
+                ),
+                retryable=False,
+            )
+            return
+        retry = self._retry
+        if (
+            retry is not None
+            and retry.should_retry_result(results)
+            and retry.can_retry(entry.attempts)
+        ):
+            self._schedule_retry(entry)
+            return
+        self._complete(entry, results)
+
+    def _on_error(self, entry: _Entry, exc: BaseException, retryable: bool = True) -> None:
+        if entry.handle.done or entry.timed_out:
+            return
+        retry = self._retry
+        if (
+            retryable
+            and retry is not None
+            and retry.should_retry_exception(exc)
+            and retry.can_retry(entry.attempts)
+        ):
+            self._schedule_retry(entry)
+            return
+        self._fail_element(entry, exc)
+
+    def _schedule_retry(self, entry: _Entry) -> None:
+        self._retried += 1
+        assert self._retry is not None
+        delay = 0.0 if self._draining else self._retry.backoff_seconds(entry.attempts, self._rng)
+        if delay <= 0.0:
+            self._ensure_timeout_timer(entry)
+            self._invoke(entry)
+            return
+        self._ensure_timeout_timer(entry)
+        entry.retry_at = self._clock_now() + delay
+        self._pending_retries.add(entry)
+        self._retries.register_processing_time_timer(entry, entry.retry_at, entry.key)
+
+    def _ensure_timeout_timer(self, entry: _Entry) -> None:
+        # A timer is registered lazily: an element that completes without
+        # suspending never pays for one.
+        self._timeouts.register_processing_time_timer(entry, entry.deadline, entry.key)
+
+    def _on_retry_timer(self, entry: _Entry) -> None:
+        self._pending_retries.discard(entry)
+        if entry.handle.done or entry.timed_out or self._closed:
+            return
+        entry.retry_at = None
+        self._invoke(entry)
+
+    def _on_timeout(self, entry: _Entry) -> None:
+        if entry.handle.done or entry.timed_out or self._closed:
+            return
+        entry.timed_out = True
+        self._timed_out += 1
+        if entry.retry_at is not None:
+            self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)
+            self._pending_retries.discard(entry)
+            entry.retry_at = None
+        if entry.task is not None:
+            entry.task.cancel()
+            entry.task = None
+        try:
+            results = self.function.timeout(entry.record.value)
+        except Exception as exc:
+            self._fail_element(entry, exc)
+            return
+        if asyncio.iscoroutine(results) or asyncio.isfuture(results):
+            task = asyncio.get_running_loop().create_task(self._await_timeout(entry, results))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._complete_after_timeout(entry, results)
+
+    async def _await_timeout(self, entry: _Entry, awaitable: Any) -> None:
+        try:
+            results = await awaitable
+        except Exception as exc:
+            self._fail_element(entry, exc)
+        else:
+            self._complete_after_timeout(entry, results)
+
+    def _complete_after_timeout(self, entry: _Entry, results: Any) -> None:
+        if results is None or not isinstance(results, list | tuple):
+            self._fail_element(
+                entry,
+                InvalidResultError(
+                    f"timeout() must return a list of results, got {type(results).__name__}"
+                ),
+            )
+            return
+        self._complete(entry, results)
+
+    def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
+        if not entry.handle.complete(results):
+            return
+        self._completed += 1
+        if not entry.timed_out:
+            self._timeouts.delete_processing_time_timer(entry, entry.deadline, entry.key)
+        self.latency.add(self._clock_now() - entry.started)
+        self._emit()
+
+    def _fail_element(self, entry: _Entry, exc: BaseException) -> None:
+        self._failed += 1
+        if self._on_failure is not None:
+            try:
+                results = self._on_failure(entry.record, exc, entry.attempts)
+            except Exception as handler_exc:
+                exc = handler_exc
+            else:
+                self._complete(entry, results)
+                return
+        if not entry.timed_out:
+            self._timeouts.delete_processing_time_timer(entry, entry.deadline, entry.key)
+        if isinstance(exc, AsyncOperatorError) and exc.element is entry.record.value:
+            error = exc
+        else:
+            error = AsyncOperatorError(
+                f"async lookup failed for input {_describe(entry.record)} after "
+                f"{entry.attempts} attempt(s): {type(exc).__name__}: {exc}",
+                entry.record.value,
+            )
+            error.__cause__ = exc
+        entry.handle.complete_exceptionally(error)
+        self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = error
+        self._wake()
+
+    # -- emission ----------------------------------------------------------------------
+    def _emit(self) -> None:
+        queue = self._queue
+        if self._failure is not None:
+            return
+        output = self._output
+        popped = False
+        try:
+            while queue.has_completed():
+                popped = True
+                for element in queue.pop_completed():
+                    if type(element) is Record:
+                        self._emitted += 1
+                    output(element)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if popped:
+            self._wake()
+
+    # -- snapshot ----------------------------------------------------------------------
+    def snapshot_state(self) -> OperatorSnapshot:
+        """Every element not yet emitted, in queue order, with results where complete.
+
+        An element that completed exceptionally is stored without results, so a
+        restore tries it again.
+        """
+        entries = []
+        key_selector = self._key_selector
+        for handle in self._queue.entries():
+            element = handle.element
+            if type(element) is Watermark:
+                entries.append(SnapshotEntry(element))
+                continue
+            key = key_selector(element.value) if key_selector is not None else None  # type: ignore[union-attr]
+            if handle.done and handle.exception is None:
+                entries.append(SnapshotEntry(element, tuple(handle.results), key))
+            else:
+                entries.append(SnapshotEntry(element, None, key))
+        return OperatorSnapshot(tuple(entries), self.mode)
+
+    # -- introspection -----------------------------------------------------------------
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def statistics(self) -> OperatorStatistics:
+        return OperatorStatistics(
+            received=self._received,
+            emitted=self._emitted,
+            in_flight=len(self._queue),
+            completed=self._completed,
+            timed_out=self._timed_out,
+            retried=self._retried,
+            failed=self._failed,
+            restored=self._restored,
+            latency_p50=self.latency.quantile(0.5),
+            latency_p99=self.latency.quantile(0.99),
+            latency_max=self.latency.max if self.latency.count else None,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncWaitOperator({self.function!r}, mode={self.mode.value}, "
+            f"capacity={self.capacity}, timeout={self.timeout}, in_flight={len(self._queue)})"
+        )
+
+
+__all__ = [
+    "AsyncWaitOperator",
+    "LatencyHistogram",
+    "OperatorSnapshot",
+    "OperatorStatistics",
+    "OutputMode",
+    "SnapshotEntry",
+]

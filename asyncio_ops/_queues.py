@@ -1,0 +1,272 @@
+"""Element queues: where in-flight elements wait, and the order they leave in.
+
+One contract for three kinds (Flink's StreamElementQueue):
+
+- ``try_put(element)`` returns a :class:`ResultHandle`, or ``None`` when the
+  queue already holds ``capacity`` elements. Watermarks take a slot too.
+- The handle is the completion point: ``complete(results)`` or
+  ``complete_exceptionally(exc)``. The first completion wins; later ones are
+  ignored and return False (a late real result after a timeout result is
+  dropped).
+- ``has_completed()`` says whether ``pop_completed()`` has something to give.
+  ``pop_completed()`` removes the next emittable entry and returns its output:
+  one :class:`Record` per result, each with the input's timestamp, or
+  ``[watermark]`` for a watermark entry. An entry completed exceptionally
+  raises its exception from ``pop_completed()`` (after being removed).
+- ``values()`` lists the inputs not yet emitted, in arrival order (what a
+  snapshot stores); ``entries()`` the same as handles; ``len()``,
+  ``is_empty()``.
+
+Kinds:
+
+- :class:`OrderedElementQueue`: FIFO; only the head leaves, and only once done.
+  Watermarks are done on arrival and leave when they reach the head.
+- :class:`UnorderedElementQueue`: processing time; records leave in completion
+  order. A watermark is an error naming the mode to use instead.
+- :class:`WatermarkBoundedElementQueue`: event time; records between two
+  watermarks leave in completion order, and no record crosses a watermark in
+  either direction. Internally a deque of segments: a record joins the last
+  segment; a watermark gets a segment of its own (reusing the last one if it is
+  empty) followed by a fresh empty one; only the first segment emits, and an
+  emptied first segment is dropped while others follow.
+
+Queues are single-threaded: they live on the operator's event loop and take no
+locks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ._elements import Record, StreamElement, Watermark
+from ._exceptions import ConfigurationError, WatermarkNotSupportedError
+
+_EMPTY: tuple[()] = ()
+
+
+class ResultHandle:
+    """The promise of one queue entry; completed once, by whoever is first."""
+
+    __slots__ = ("_exception", "_results", "_segment", "done", "element")
+
+    def __init__(self, element: StreamElement, segment: _Segment | None = None) -> None:
+        self.element = element
+        self.done = False
+        self._results: Sequence[Any] = _EMPTY
+        self._exception: BaseException | None = None
+        self._segment = segment
+
+    @property
+    def results(self) -> Sequence[Any]:
+        """The results given to :meth:`complete` (empty until then)."""
+        return self._results
+
+    @property
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def complete(self, results: Sequence[Any]) -> bool:
+        """Complete with ``results``; False (and nothing changes) if already complete."""
+        if self.done:
+            return False
+        self._results = results
+        self.done = True
+        if self._segment is not None:
+            self._segment.on_complete(self)
+        return True
+
+    def complete_exceptionally(self, exc: BaseException) -> bool:
+        """Complete with a failure; False if already complete."""
+        if self.done:
+            return False
+        self._exception = exc
+        self.done = True
+        if self._segment is not None:
+            self._segment.on_complete(self)
+        return True
+
+    def output(self) -> list[StreamElement]:
+        """What emitting this entry produces (raises the failure of a failed entry)."""
+        if self._exception is not None:
+            raise self._exception
+        element = self.element
+        if type(element) is Watermark:
+            return [element]
+        ts = element.timestamp
+        return [Record(r, ts) for r in self._results]
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "pending"
+        return f"ResultHandle({self.element!r}, {state})"
+
+
+class ElementQueue(Protocol):
+    """The contract every queue kind implements (see the module docstring)."""
+
+    capacity: int
+
+    def try_put(self, element: StreamElement) -> ResultHandle | None: ...
+
+    def has_completed(self) -> bool: ...
+
+    def pop_completed(self) -> list[StreamElement]: ...
+
+    def values(self) -> list[StreamElement]: ...
+
+    def entries(self) -> list[ResultHandle]: ...
+
+    def __len__(self) -> int: ...
+
+    def is_empty(self) -> bool: ...
+
+
+def _check_capacity(capacity: object) -> int:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        raise ConfigurationError(f"capacity must be an int > 0, got {capacity!r}")
+    return capacity
+
+
+class OrderedElementQueue:
+    """FIFO queue: entries leave in arrival order, each once it is done."""
+
+    __slots__ = ("_queue", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = _check_capacity(capacity)
+        self._queue: deque[ResultHandle] = deque()
+
+    def try_put(self, element: StreamElement) -> ResultHandle | None:
+        if len(self._queue) >= self.capacity:
+            return None
+        handle = ResultHandle(element)
+        if type(element) is Watermark:
+            handle.done = True
+        self._queue.append(handle)
+        return handle
+
+    def has_completed(self) -> bool:
+        q = self._queue
+        return bool(q) and q[0].done
+
+    def pop_completed(self) -> list[StreamElement]:
+        q = self._queue
+        if not q or not q[0].done:
+            raise LookupError("pop_completed: the head of the ordered queue is not complete")
+        return q.popleft().output()
+
+    def values(self) -> list[StreamElement]:
+        return [h.element for h in self._queue]
+
+    def entries(self) -> list[ResultHandle]:
+        return list(self._queue)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def is_empty(self) -> bool:
+        return not self._queue
+
+    def __repr__(self) -> str:
+        return f"OrderedElementQueue(capacity={self.capacity}, len={len(self._queue)})"
+
+
+class _Segment:
+    """Entries between two watermarks: completed ones in completion order."""
+
+    __slots__ = ("completed", "pending")
+
+    def __init__(self) -> None:
+        self.completed: deque[ResultHandle] = deque()
+        self.pending = 0
+
+    def on_complete(self, handle: ResultHandle) -> None:
+        self.pending -= 1
+        self.completed.append(handle)
+
+    def is_empty(self) -> bool:
+        return not self.pending and not self.completed
+
+
+class WatermarkBoundedElementQueue:
+    """Event-time unordered queue: completion order within watermark-delimited segments."""
+
+    __slots__ = ("_all", "_segments", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = _check_capacity(capacity)
+        self._segments: deque[_Segment] = deque([_Segment()])
+        # Every entry not yet emitted, in arrival order (dicts keep insertion order).
+        self._all: dict[ResultHandle, None] = {}
+
+    def try_put(self, element: StreamElement) -> ResultHandle | None:
+        if len(self._all) >= self.capacity:
+            return None
+        segments = self._segments
+        if type(element) is Watermark:
+            last = segments[-1]
+            if not last.is_empty():
+                last = _Segment()
+                segments.append(last)
+            handle = ResultHandle(element, last)
+            last.pending += 1
+            handle.complete(_EMPTY)
+            segments.append(_Segment())
+        else:
+            last = segments[-1]
+            handle = ResultHandle(element, last)
+            last.pending += 1
+        self._all[handle] = None
+        return handle
+
+    def has_completed(self) -> bool:
+        return bool(self._segments[0].completed)
+
+    def pop_completed(self) -> list[StreamElement]:
+        segments = self._segments
+        first = segments[0]
+        if not first.completed:
+            raise LookupError("pop_completed: no completed entry in the first segment")
+        handle = first.completed.popleft()
+        del self._all[handle]
+        if len(segments) > 1 and first.is_empty():
+            segments.popleft()
+        return handle.output()
+
+    def values(self) -> list[StreamElement]:
+        return [h.element for h in self._all]
+
+    def entries(self) -> list[ResultHandle]:
+        return list(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def is_empty(self) -> bool:
+        return not self._all
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(capacity={self.capacity}, len={len(self._all)}, "
+            f"segments={len(self._segments)})"
+        )
+
+
+class UnorderedElementQueue(WatermarkBoundedElementQueue):
+    """Processing-time unordered queue: records leave in completion order.
+
+    It has no notion of event time: a watermark is rejected with
+    :class:`WatermarkNotSupportedError`.
+    """
+
+    __slots__ = ()
+
+    def try_put(self, element: StreamElement) -> ResultHandle | None:
+        if type(element) is Watermark:
+            raise WatermarkNotSupportedError(
+                f"{element!r} given to the processing-time unordered queue, which has no event "
+                "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
+                "OutputMode.ORDERED"
+            )
+        return super().try_put(element)

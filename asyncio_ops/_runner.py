@@ -1,0 +1,60 @@
+"""Run an operator over a finite input: the simplest driver of the call order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from ._clock import Scheduler
+from ._elements import StreamElement, Watermark
+from ._functions import AsyncFunction
+from ._operator import AsyncWaitOperator, OperatorSnapshot, OutputMode
+from ._retry import AsyncRetryStrategy
+
+
+async def run_async_wait(
+    function: AsyncFunction[Any, Any] | Callable[[Any], Any],
+    elements: Iterable[Any] | AsyncIterable[Any],
+    *,
+    timeout: float | timedelta,  # noqa: ASYNC109 - per-element budget, not a call timeout
+    capacity: int = 100,
+    mode: OutputMode = OutputMode.ORDERED,
+    retry: AsyncRetryStrategy | None = None,
+    clock: Scheduler | None = None,
+    restored: OperatorSnapshot | None = None,
+) -> list[StreamElement]:
+    """Feed ``elements`` (records, watermarks or plain values) through an operator.
+
+    Opens, processes everything, drains with ``end_input`` and closes (also on
+    failure); returns what was emitted, in emission order.
+    """
+    out: list[StreamElement] = []
+    op = AsyncWaitOperator(
+        function,
+        output=out.append,
+        timeout=timeout,
+        capacity=capacity,
+        mode=mode,
+        retry=retry,
+        clock=clock,
+    )
+    try:
+        await op.open(restored)
+        if isinstance(elements, AsyncIterable):
+            async for element in elements:
+                await _feed(op, element)
+        else:
+            for element in elements:
+                await _feed(op, element)
+        await op.end_input()
+    finally:
+        await op.close()
+    return out
+
+
+async def _feed(op: AsyncWaitOperator, element: Any) -> None:
+    if type(element) is Watermark:
+        await op.process_watermark(element)
+    else:
+        await op.process_element(element)

@@ -1,0 +1,62 @@
+"""Test doubles that are real async functions whose completion the test controls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from asyncio_ops import AsyncFunction, RuntimeContext
+
+
+class Controlled(AsyncFunction[Any, Any]):
+    """Each call awaits a future that the test completes by value, in any order."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self.futures: dict[Any, list[asyncio.Future[Sequence[Any]]]] = defaultdict(list)
+        self.opened: RuntimeContext | None = None
+        self.closed = False
+        self.cancelled: list[Any] = []
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.opened = runtime_context
+
+    async def async_invoke(self, value: Any) -> Sequence[Any]:
+        self.calls.append(value)
+        fut: asyncio.Future[Sequence[Any]] = asyncio.get_running_loop().create_future()
+        self.futures[repr(value)].append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.cancelled.append(value)
+            raise
+
+    def _latest(self, value: Any) -> asyncio.Future[Sequence[Any]]:
+        futs = [f for f in self.futures[repr(value)] if not f.done()]
+        assert futs, f"no pending call for {value!r}"
+        return futs[-1]
+
+    def complete(self, value: Any, results: Sequence[Any] | None = None) -> None:
+        self._latest(value).set_result([value] if results is None else results)
+
+    def fail(self, value: Any, exc: BaseException) -> None:
+        self._latest(value).set_exception(exc)
+
+    def pending(self) -> list[Any]:
+        """Values with a call still waiting, in call order."""
+        seen: list[Any] = []
+        for v in self.calls:
+            if v not in seen and any(not f.done() for f in self.futures[repr(v)]):
+                seen.append(v)
+        return seen
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def settle(rounds: int = 5) -> None:
+    """Let callbacks and tasks woken by a completion run."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)

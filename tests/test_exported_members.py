@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import asyncio_ops
+import asyncio_ops.async_retry_predicates
+import asyncio_ops.testing
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(asyncio_ops.__all__) == {
+        "AsyncFunction",
+        "AsyncOperatorError",
+        "AsyncOpsError",
+        "AsyncRetryStrategy",
+        "AsyncTimeoutError",
+        "AsyncWaitOperator",
+        "Clock",
+        "ConfigurationError",
+        "CorruptStateError",
+        "ElementQueue",
+        "InternalTimerService",
+        "InvalidResultError",
+        "KeyGroupError",
+        "OperatorSnapshot",
+        "OperatorStatistics",
+        "OrderedElementQueue",
+        "OutputMode",
+        "Record",
+        "ResultHandle",
+        "RuntimeContext",
+        "Scheduler",
+        "SnapshotEntry",
+        "StateError",
+        "StreamElement",
+        "SystemClock",
+        "Timer",
+        "TimerHeap",
+        "UnorderedElementQueue",
+        "UnsupportedKeyError",
+        "Watermark",
+        "WatermarkBoundedElementQueue",
+        "WatermarkNotSupportedError",
+        "__version__",
+        "run_async_wait",
+    }
+    for name in asyncio_ops.__all__:
+        assert hasattr(asyncio_ops, name), name
+
+
+def test_helper_modules_export_what_they_promise() -> None:
+    assert set(asyncio_ops.async_retry_predicates.__all__) == {
+        "empty_result_predicate",
+        "exception_type_predicate",
+        "has_exception_predicate",
+    }
+    assert asyncio_ops.testing.__all__ == ["ManualClock"]
+
+
+def test_core_never_imports_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, asyncio_ops, asyncio_ops.testing, asyncio_ops.async_retry_predicates;"
+        "sys.exit(1 if 'pyspark' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,758 @@
+"""AsyncWaitOperator: Flink's AsyncWaitOperatorTest scenarios, on asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncio_ops import (
+    AsyncFunction,
+    AsyncOperatorError,
+    AsyncRetryStrategy,
+    AsyncTimeoutError,
+    AsyncWaitOperator,
+    ConfigurationError,
+    InvalidResultError,
+    OperatorSnapshot,
+    OutputMode,
+    Record,
+    RuntimeContext,
+    StreamElement,
+    Watermark,
+    WatermarkNotSupportedError,
+    run_async_wait,
+)
+from asyncio_ops.async_retry_predicates import (
+    empty_result_predicate,
+    exception_type_predicate,
+)
+from asyncio_ops.testing import ManualClock
+from tests.conftest import Runner
+from tests.helpers import Controlled, settle
+
+
+def make_op(
+    fn: Any, clock: ManualClock | None = None, **kw: Any
+) -> tuple[AsyncWaitOperator, list[StreamElement]]:
+    out: list[StreamElement] = []
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("capacity", 10)
+    op = AsyncWaitOperator(fn, output=out.append, clock=clock or ManualClock(), **kw)
+    return op, out
+
+
+# -- event time ---------------------------------------------------------------------------
+def test_event_time_ordered(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, mode=OutputMode.ORDERED)
+        await op.open()
+        await op.process_element(Record(1, 1))
+        await op.process_element(Record(2, 2))
+        await op.process_watermark(Watermark(2))
+        await op.process_element(Record(3, 3))
+        fn.complete(3, ["c"])
+        fn.complete(2, ["b"])
+        await settle()
+        assert out == []
+        fn.complete(1, ["a"])
+        await settle()
+        assert out == [Record("a", 1), Record("b", 2), Watermark(2), Record("c", 3)]
+        await op.end_input()
+        await op.close()
+
+    run(main())
+
+
+def test_event_time_watermark_bounded(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, mode=OutputMode.WATERMARK_BOUNDED)
+        await op.open()
+        for r in (Record(1, 1), Record(2, 2)):
+            await op.process_element(r)
+        await op.process_watermark(Watermark(2))
+        for r in (Record(3, 3), Record(4, 4)):
+            await op.process_element(r)
+        fn.complete(4, ["d"])
+        fn.complete(2, ["b"])
+        await settle()
+        assert out == [Record("b", 2)]
+        fn.complete(3, ["c"])
+        fn.complete(1, ["a"])
+        await settle()
+        assert out == [Record("b", 2), Record("a", 1), Watermark(2), Record("d", 4), Record("c", 3)]
+        await op.end_input()
+        await op.close()
+
+    run(main())
+
+
+# -- processing time -------------------------------------------------------------------
+def test_processing_time_ordered_and_unordered(run: Runner[Any]) -> None:
+    async def main(mode: OutputMode) -> list[Any]:
+        fn = Controlled()
+        op, out = make_op(fn, mode=mode)
+        await op.open()
+        for i in range(5):
+            await op.process_element(i)
+        for i in (3, 1, 4, 0, 2):
+            fn.complete(i)
+            await settle()
+        await op.end_input()
+        await op.close()
+        assert fn.closed and isinstance(fn.opened, RuntimeContext)
+        return [r.value for r in out if isinstance(r, Record)]
+
+    assert run(main(OutputMode.ORDERED)) == [0, 1, 2, 3, 4]
+    assert run(main(OutputMode.UNORDERED)) == [3, 1, 4, 0, 2]
+
+
+def test_unordered_mode_rejects_watermarks(run: Runner[Any]) -> None:
+    async def main() -> None:
+        op, _ = make_op(Controlled(), mode=OutputMode.UNORDERED)
+        await op.open()
+        with pytest.raises(WatermarkNotSupportedError, match="WATERMARK_BOUNDED"):
+            await op.process_watermark(Watermark(1))
+        await op.close()
+
+    run(main())
+
+
+def test_random_latencies_ordered_output_equals_input_order(run: Runner[Any]) -> None:
+    async def lookup(v: int) -> list[int]:
+        await asyncio.sleep(random.random() * 0.003)
+        return [v * 10]
+
+    out = run(run_async_wait(lookup, range(300), timeout=5, capacity=32))
+    assert [r.value for r in out] == [v * 10 for v in range(300)]  # type: ignore[union-attr]
+
+
+# -- timeouts ----------------------------------------------------------------------------
+def test_default_timeout_fails_naming_the_input(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        fn = Controlled()
+        op, out = make_op(fn, clock, timeout=2.0)
+        await op.open()
+        await op.process_element(Record("slow-key", 5))
+        clock.advance(1.9)
+        await settle()
+        assert op.failure is None
+        clock.advance(0.2)
+        await settle()
+        assert isinstance(op.failure, AsyncTimeoutError)
+        assert isinstance(op.failure, TimeoutError)
+        assert "slow-key" in str(op.failure)
+        assert fn.cancelled == ["slow-key"]  # the attempt in flight was cancelled
+        with pytest.raises(AsyncTimeoutError, match="slow-key"):
+            await op.process_element(Record("next"))
+        with pytest.raises(AsyncTimeoutError):
+            await op.end_input()
+        await op.close()
+        assert out == []
+        assert op.statistics().timed_out == 1
+
+    run(main())
+
+
+class WithFallback(Controlled):
+    def timeout(self, value: Any) -> list[Any]:
+        return [f"fallback-{value}"]
+
+
+class AsyncFallback(Controlled):
+    async def timeout(self, value: Any) -> list[Any]:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return [f"async-fallback-{value}"]
+
+
+@pytest.mark.parametrize("cls", [WithFallback, AsyncFallback])
+def test_overridden_timeout_supplies_the_result(run: Runner[Any], cls: type[Controlled]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        fn = cls()
+        op, out = make_op(fn, clock, timeout=1.0)
+        await op.open()
+        await op.process_element(Record("a", 1))
+        await op.process_element(Record("b", 2))
+        fn.complete("b", ["B"])
+        await settle()
+        clock.advance(1.0)
+        await settle()
+        assert next(r.value for r in out if isinstance(r, Record)).endswith("fallback-a")
+        assert out[1] == Record("B", 2)
+        assert out[0].timestamp == 1  # type: ignore[union-attr]
+        await op.end_input()
+        await op.close()
+
+    run(main())
+
+
+def test_late_result_after_timeout_is_dropped(run: Runner[Any]) -> None:
+    class Stubborn(AsyncFunction[str, str]):
+        """Ignores cancellation and answers late anyway."""
+
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+
+        async def async_invoke(self, value: str) -> list[str]:
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                # deliberately swallowed: this double models a client that
+                # cannot be cancelled and answers late
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            return ["late-" + value]
+
+        def timeout(self, value: str) -> list[str]:
+            return ["timeout-" + value]
+
+    async def main() -> None:
+        clock = ManualClock()
+        fn = Stubborn()
+        op, out = make_op(fn, clock, timeout=1.0)
+        await op.open()
+        await op.process_element("x")
+        clock.advance(1.5)
+        fn.release.set()
+        await settle(10)
+        await op.end_input()
+        await op.close()
+        assert out == [Record("timeout-x")]
+
+    run(main())
+
+
+def test_timeout_budget_covers_retries(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        calls: list[float] = []
+
+        async def always_empty(v: Any) -> list[Any]:
+            calls.append(clock.now())
+            await asyncio.sleep(0)
+            return []
+
+        class F(AsyncFunction[Any, Any]):
+            async def async_invoke(self, value: Any) -> list[Any]:
+                return await always_empty(value)
+
+            def timeout(self, value: Any) -> list[Any]:
+                return ["gave-up"]
+
+        retry = AsyncRetryStrategy.fixed_delay(100, 400, empty_result_predicate)
+        op, out = make_op(F(), clock, timeout=1.0, retry=retry)
+        await op.open()
+        await op.process_element("v")
+        for _ in range(6):
+            await settle()
+            clock.advance(0.4)
+        await settle()
+        assert calls == [0.0, 0.4, 0.8]  # the retry at 1.2 is past the 1.0 budget
+        assert out == [Record("gave-up")]
+        await op.end_input()
+        await op.close()
+
+    run(main())
+
+
+# -- failures ------------------------------------------------------------------------------
+def test_user_exception_fails_the_operator_with_cause_and_input(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn)
+        await op.open()
+        await op.process_element({"id": 41})
+        await op.process_element({"id": 42})
+        fn.fail({"id": 42}, KeyError("no such customer"))  # type: ignore[arg-type]
+        await settle()
+        err = op.failure
+        assert isinstance(err, AsyncOperatorError)
+        assert "'id': 42" in str(err) and "KeyError" in str(err)
+        assert isinstance(err.__cause__, KeyError)
+        with pytest.raises(AsyncOperatorError):
+            await op.end_input()
+        await op.close()  # nothing hangs; the other call is cancelled
+        assert {"id": 41} in fn.cancelled  # type: ignore[comparison-overlap]
+        assert out == []
+
+    run(main())
+
+
+@pytest.mark.parametrize("bad", [None, "text", 42, {"a": 1}])
+def test_invalid_results_fail_clearly(run: Runner[Any], bad: Any) -> None:
+    async def returns_bad(v: Any) -> Any:
+        return bad
+
+    async def main() -> None:
+        with pytest.raises(AsyncOperatorError, match="must return a list") as info:
+            await run_async_wait(returns_bad, ["row-1"], timeout=1)
+        assert "row-1" in str(info.value)
+        assert isinstance(info.value.__cause__, InvalidResultError)
+
+    run(main())
+
+
+def test_failure_handler_turns_errors_into_results(run: Runner[Any]) -> None:
+    async def flaky(v: int) -> list[int]:
+        await asyncio.sleep(0)
+        if v % 3 == 0:
+            raise ValueError(f"bad {v}")
+        return [v]
+
+    async def main() -> list[StreamElement]:
+        out: list[StreamElement] = []
+        op = AsyncWaitOperator(
+            flaky,
+            output=out.append,
+            timeout=5,
+            on_failure=lambda rec, exc, attempts: [("error", type(exc).__name__, attempts)],
+        )
+        await op.open()
+        for i in range(7):
+            await op.process_element(i)
+        await op.end_input()
+        await op.close()
+        return out
+
+    out = run(main())
+    values = [r.value for r in out]  # type: ignore[union-attr]
+    assert values == [
+        ("error", "ValueError", 1),
+        1,
+        2,
+        ("error", "ValueError", 1),
+        4,
+        5,
+        ("error", "ValueError", 1),
+    ]
+
+
+def test_output_errors_fail_the_operator(run: Runner[Any]) -> None:
+    def broken_sink(element: StreamElement) -> None:
+        raise OSError("sink full")
+
+    async def ok(v: int) -> list[int]:
+        return [v]
+
+    async def main() -> None:
+        op = AsyncWaitOperator(ok, output=broken_sink, timeout=1)
+        await op.open()
+        with pytest.raises(OSError, match="sink full"):
+            await op.process_element(1)
+        await op.close()
+
+    run(main())
+
+
+# -- capacity -------------------------------------------------------------------------------
+def test_capacity_applies_backpressure(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, capacity=2)
+        await op.open()
+        await op.process_element(0)
+        await op.process_element(1)
+        third = asyncio.ensure_future(op.process_element(2))
+        await settle()
+        assert not third.done() and fn.calls == [0, 1]
+        fn.complete(1)
+        await settle()
+        assert not third.done()  # ordered: the head is still in flight
+        fn.complete(0)
+        await settle()
+        assert third.done() and fn.calls == [0, 1, 2]
+        fn.complete(2)
+        await op.end_input()
+        await op.close()
+        assert [r.value for r in out] == [0, 1, 2]  # type: ignore[union-attr]
+
+    run(main())
+
+
+@pytest.mark.parametrize(("capacity", "timeout"), [(0, 1), (-3, 1), (1, 0), (1, -1), (1, "soon")])
+def test_bad_options_are_named(capacity: Any, timeout: Any) -> None:
+    async def f(v: Any) -> list[Any]:
+        return [v]
+
+    with pytest.raises(ConfigurationError, match="capacity" if capacity <= 0 else "timeout"):
+        AsyncWaitOperator(f, output=print, timeout=timeout, capacity=capacity)
+
+
+def test_a_plain_function_is_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="async def"):
+        AsyncWaitOperator(lambda v: [v], output=print, timeout=1)
+
+
+# -- retries ------------------------------------------------------------------------------
+def test_retry_on_empty_result_with_fixed_delay(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        attempts: dict[str, list[float]] = {}
+
+        async def lookup(v: str) -> list[str]:
+            attempts.setdefault(v, []).append(clock.now())
+            await asyncio.sleep(0)
+            return [] if len(attempts[v]) < 3 else [v.upper()]
+
+        retry = AsyncRetryStrategy.fixed_delay(5, 100, empty_result_predicate)
+        op, out = make_op(lookup, clock, retry=retry)
+        await op.open()
+        await op.process_element("a")
+        for _ in range(5):
+            await settle()
+            clock.advance(0.1)
+        await settle()
+        assert attempts == {"a": [0.0, pytest.approx(0.1), pytest.approx(0.2)]}
+        assert out == [Record("A")]
+        assert op.statistics().retried == 2
+        await op.end_input()
+        await op.close()
+
+    run(main())
+
+
+def test_retry_on_exception_then_exhausted(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        calls: list[Any] = []
+
+        async def lookup(v: Any) -> list[Any]:
+            calls.append(v)
+            await asyncio.sleep(0)
+            if v == "transient" and calls.count(v) < 2:
+                raise ConnectionResetError("reset")
+            if v == "permanent":
+                raise ConnectionRefusedError("refused")
+            return [v]
+
+        retry = AsyncRetryStrategy.fixed_delay(
+            2, 10, exception_predicate=exception_type_predicate(ConnectionError)
+        )
+        op, out = make_op(lookup, clock, retry=retry)
+        await op.open()
+        await op.process_element("transient")
+        for _ in range(3):
+            await settle()
+            clock.advance(0.01)
+        await settle()
+        assert out == [Record("transient")]
+        await op.process_element("permanent")
+        for _ in range(4):
+            await settle()
+            clock.advance(0.01)
+        await settle()
+        assert calls.count("permanent") == 3  # first attempt + 2 retries
+        assert isinstance(op.failure, AsyncOperatorError)
+        assert "3 attempt(s)" in str(op.failure)
+        assert isinstance(op.failure.__cause__, ConnectionRefusedError)
+        await op.close()
+
+    run(main())
+
+
+def test_non_matching_exception_is_not_retried(run: Runner[Any]) -> None:
+    async def lookup(v: Any) -> list[Any]:
+        raise ValueError("bug")
+
+    retry = AsyncRetryStrategy.fixed_delay(
+        5, 1, exception_predicate=exception_type_predicate(OSError)
+    )
+
+    async def main() -> None:
+        with pytest.raises(AsyncOperatorError, match="1 attempt"):
+            await run_async_wait(lookup, [1], timeout=1, retry=retry)
+
+    run(main())
+
+
+def test_exponential_schedule_per_element(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        seen: dict[str, list[float]] = {}
+
+        async def lookup(v: str) -> list[str]:
+            seen.setdefault(v, []).append(round(clock.now(), 6))
+            await asyncio.sleep(0)
+            return []
+
+        class F(AsyncFunction[str, str]):
+            async def async_invoke(self, value: str) -> list[str]:
+                return await lookup(value)
+
+            def timeout(self, value: str) -> list[str]:
+                return ["done-" + value]
+
+        retry = AsyncRetryStrategy.exponential_backoff(4, 100, 500, 2.0, empty_result_predicate)
+        op, out = make_op(F(), clock, timeout=100.0, retry=retry)
+        await op.open()
+        await op.process_element("a")
+        for _ in range(3):  # let "a" retry a few times before "b" starts
+            await settle()
+            clock.advance(0.1)
+        await op.process_element("b")
+        for _ in range(40):
+            await settle()
+            clock.advance(0.05)
+        await settle()
+        # a: 0, +0.1, +0.2, +0.4, +0.5 (capped); b's delays start again at 0.1
+        assert seen["a"] == [0.0, 0.1, 0.3, 0.7, 1.2]
+        b0 = seen["b"][0]
+        assert [round(t - b0, 6) for t in seen["b"]] == [0.0, 0.1, 0.3, 0.7, 1.2]
+        await settle()
+        assert op.statistics().retried == 8
+        await op.end_input()  # exhausted retries complete with the last (empty) result
+        await op.close()
+        assert out == []
+
+    run(main())
+
+
+def test_end_input_fires_pending_retries_at_once(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        calls: list[float] = []
+
+        async def lookup(v: Any) -> list[Any]:
+            calls.append(clock.now())
+            await asyncio.sleep(0)
+            return [] if len(calls) < 3 else [v]
+
+        retry = AsyncRetryStrategy.fixed_delay(5, 60_000, empty_result_predicate)
+        op, out = make_op(lookup, clock, timeout=600.0, retry=retry)
+        await op.open()
+        await op.process_element("x")
+        await settle()
+        assert calls == [0.0]
+        await asyncio.wait_for(op.end_input(), 5)  # no minute-long wait
+        assert calls == [0.0, 0.0, 0.0]
+        assert out == [Record("x")]
+        await op.close()
+
+    run(main())
+
+
+# -- close ----------------------------------------------------------------------------------
+def test_close_cancels_and_awaits_in_flight_calls(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, _ = make_op(fn)
+        await op.open()
+        for i in range(5):
+            await op.process_element(i)
+        await op.close()
+        assert sorted(fn.cancelled) == [0, 1, 2, 3, 4]
+        assert fn.closed
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await op.close()  # idempotent
+
+    run(main())
+
+
+def test_async_open_and_close_are_awaited(run: Runner[Any]) -> None:
+    class Pooled(AsyncFunction[int, int]):
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        async def open(self, runtime_context: RuntimeContext) -> None:  # type: ignore[override]
+            await asyncio.sleep(0)
+            self.events.append(f"open:{runtime_context.get_index_of_this_subtask()}")
+
+        async def async_invoke(self, value: int) -> list[int]:
+            return [value]
+
+        async def close(self) -> None:  # type: ignore[override]
+            await asyncio.sleep(0)
+            self.events.append("close")
+
+    async def main() -> None:
+        fn = Pooled()
+        out: list[StreamElement] = []
+        op = AsyncWaitOperator(
+            fn,
+            output=out.append,
+            timeout=1,
+            runtime_context=RuntimeContext(index_of_this_subtask=3),
+        )
+        async with op:
+            await op.process_element(1)
+            await op.end_input()
+        assert fn.events == ["open:3", "close"]
+        assert out == [Record(1)]
+
+    run(main())
+
+
+# -- snapshot and restore -------------------------------------------------------------------
+def test_restore_of_a_full_queue(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, capacity=4, mode=OutputMode.ORDERED)
+        await op.open()
+        await op.process_element(Record("a", 1))
+        await op.process_element(Record("b", 2))
+        await op.process_watermark(Watermark(2))
+        await op.process_element(Record("c", 3))
+        fn.complete("b", ["B"])
+        await settle()
+        assert out == [] and len(op) == 4
+        snap = op.snapshot_state()
+        await op.close()
+
+        snap = pickle.loads(pickle.dumps(snap))
+        assert isinstance(snap, OperatorSnapshot)
+        assert [e.element for e in snap.entries] == [
+            Record("a", 1),
+            Record("b", 2),
+            Watermark(2),
+            Record("c", 3),
+        ]
+        assert [e.results for e in snap.entries] == [None, ("B",), None, None]
+
+        fn2 = Controlled()
+        op2, out2 = make_op(fn2, capacity=4)
+        await op2.open(snap)
+        assert fn2.calls == ["a", "c"]  # "b" is not requested again
+        fn2.complete("c", ["C"])
+        fn2.complete("a", ["A"])
+        await op2.end_input()
+        await op2.close()
+        assert out2 == [Record("A", 1), Record("B", 2), Watermark(2), Record("C", 3)]
+
+    run(main())
+
+
+def test_restore_with_larger_capacity_then_new_input(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, _ = make_op(fn, capacity=2, mode=OutputMode.UNORDERED)
+        await op.open()
+        await op.process_element(1)
+        await op.process_element(2)
+        snap = op.snapshot_state()
+        await op.close()
+
+        async def instant(v: int) -> list[int]:
+            return [v * 100]
+
+        op2, out2 = make_op(instant, capacity=10, mode=OutputMode.UNORDERED)
+        await op2.open(snap)
+        for v in (3, 4):
+            await op2.process_element(v)
+        await op2.end_input()
+        await op2.close()
+        assert [r.value for r in out2] == [100, 200, 300, 400]  # type: ignore[union-attr]
+        assert op2.statistics().restored == 2
+
+    run(main())
+
+
+def test_snapshot_excludes_emitted_elements(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, mode=OutputMode.UNORDERED)
+        await op.open()
+        for i in range(4):
+            await op.process_element(i)
+        await settle()
+        fn.complete(2)
+        await settle()
+        fn.complete(0)
+        await settle()
+        assert [r.value for r in out] == [2, 0]  # type: ignore[union-attr]
+        assert [e.element.value for e in op.snapshot_state().entries] == [1, 3]  # type: ignore[union-attr]
+        await op.close()
+
+    run(main())
+
+
+# -- properties ---------------------------------------------------------------------------------
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    mode=st.sampled_from(list(OutputMode)),
+    n=st.integers(1, 40),
+    capacity=st.integers(1, 8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_random_completion_orders_keep_each_modes_rule(
+    run: Runner[Any], mode: OutputMode, n: int, capacity: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+
+    async def main() -> tuple[list[StreamElement], list[Any], list[Any]]:
+        fn = Controlled()
+        op, out = make_op(fn, mode=mode, capacity=capacity)
+        await op.open()
+        arrival: list[Any] = []
+        completion: list[Any] = []
+
+        async def completer() -> None:
+            while True:
+                await asyncio.sleep(0)
+                pending = fn.pending()
+                if pending and rng.random() < 0.5:
+                    v = rng.choice(pending)
+                    fn.complete(v, [v] * (v[0] % 3))
+                    completion.append(v)
+
+        task = asyncio.ensure_future(completer())
+        wm = 0
+        for i in range(n):
+            if mode is not OutputMode.UNORDERED and rng.random() < 0.2:
+                wm += 1
+                await op.process_watermark(Watermark(wm))
+                arrival.append(Watermark(wm))
+            v = (i, wm)
+            await op.process_element(Record(v, wm))
+            arrival.append(v)
+        await op.end_input()
+        task.cancel()
+        await op.close()
+        return out, arrival, completion
+
+    out, arrival, completion = run(main())
+    records = [e.value for e in out if isinstance(e, Record)]
+    expected = [v for v in arrival if not isinstance(v, Watermark) for _ in range(v[0] % 3)]
+    assert sorted(records) == sorted(expected)  # nothing lost, nothing duplicated
+    assert [e for e in out if isinstance(e, Watermark)] == [
+        a for a in arrival if isinstance(a, Watermark)
+    ]
+    firsts = [v for i, v in enumerate(records) if i == 0 or records[i - 1] != v]
+    if mode is OutputMode.ORDERED:
+        assert out == [
+            a if isinstance(a, Watermark) else Record(a, a[1])
+            for a in arrival
+            for _ in range(1 if isinstance(a, Watermark) else a[0] % 3)
+        ]
+    elif mode is OutputMode.UNORDERED:
+        assert firsts == [v for v in completion if v[0] % 3]
+    else:
+        current = 0
+        for e in out:
+            if isinstance(e, Watermark):
+                current = int(e.timestamp)
+            else:
+                assert e.timestamp == current  # never crosses a watermark
+        for seg in {v[1] for v in firsts}:
+            assert [v for v in firsts if v[1] == seg] == [
+                v for v in completion if v[1] == seg and v[0] % 3
+            ]
+
+
+def test_results_are_sequences_of_any_kind(run: Runner[Any]) -> None:
+    async def as_tuple(v: int) -> Sequence[int]:
+        return (v, v)
+
+    out = run(run_async_wait(as_tuple, [1, 2], timeout=1))
+    assert [r.value for r in out] == [1, 1, 2, 2]  # type: ignore[union-attr]
