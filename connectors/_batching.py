@@ -1,0 +1,196 @@
+"""Request batching: many concurrent single-key loads become one multi-key fetch.
+
+:class:`KeyBatcher` is the DataLoader pattern on one event loop. ``load(key)``
+is called once per input row; the keys of concurrent calls are gathered into a
+batch that is sent as one ``fetch(keys)`` call when either
+
+- ``max_size`` distinct keys are waiting (sent at once, from inside ``load``), or
+- ``max_delay`` seconds have passed since the first key of the batch arrived
+  (``0`` means "at the next turn of the loop": every row whose invoke started in
+  the same loop iteration joins).
+
+Each key is fetched once even when several rows ask for it: a key that is
+already waiting in the open batch, or already being fetched by a batch in
+flight, is not sent again; every row gets the same result. A failed fetch fails
+every row of its batch with the same exception; the keys are then forgotten, so
+a retry sends them again.
+
+Cancelling a ``load`` (the operator's timeout) does not cancel the fetch: the
+other rows of the batch still want it. :meth:`aclose` cancels fetches in flight
+and fails rows still waiting.
+
+Not thread-safe; bound to the event loop it first runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from asyncio_ops._exceptions import ConfigurationError
+
+from ._exceptions import ConnectorError
+
+__all__ = ["BatchStatistics", "KeyBatcher"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class BatchStatistics:
+    """Counters of a :class:`KeyBatcher`.
+
+    ``loads``: ``load`` calls; ``batches``: ``fetch`` calls; ``keys_fetched``: keys
+    sent (distinct within a batch); ``deduplicated``: loads answered by a key
+    already waiting or in flight; ``failed_batches``: fetches that raised.
+    """
+
+    loads: int
+    batches: int
+    keys_fetched: int
+    deduplicated: int
+    failed_batches: int
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.keys_fetched / self.batches if self.batches else 0.0
+
+
+def _consume_exception(future: asyncio.Future[Any]) -> None:
+    # Every waiter may have been cancelled (timeouts); mark the exception as
+    # retrieved so asyncio does not log "exception was never retrieved".
+    if not future.cancelled():
+        future.exception()
+
+
+class KeyBatcher(Generic[K, V]):
+    """Gathers concurrent ``load(key)`` calls into ``fetch(keys)`` batches.
+
+    ``fetch`` receives distinct keys (at most ``max_size``) and returns a mapping
+    from key to result; a key absent from the mapping gets ``missing()``.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]],
+        *,
+        max_size: int,
+        max_delay: float,
+        missing: Callable[[], V],
+    ) -> None:
+        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 1:
+            raise ConfigurationError(f"batch_size must be an int >= 1, got {max_size!r}")
+        if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
+            raise ConfigurationError(
+                f"max_batch_delay must be a finite number of seconds >= 0, got {max_delay!r}"
+            )
+        self._fetch = fetch
+        self._max_size = max_size
+        self._max_delay = float(max_delay)
+        self._missing = missing
+        # Keys not yet answered (waiting in the open batch or in flight) -> their future.
+        self._futures: dict[K, asyncio.Future[V]] = {}
+        self._open_batch: list[K] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._loads = 0
+        self._batches = 0
+        self._keys_fetched = 0
+        self._deduplicated = 0
+        self._failed_batches = 0
+
+    async def load(self, key: K) -> V:
+        """The result for ``key``, fetched in a batch with concurrent loads.
+
+        Raises whatever ``fetch`` raised for the batch, or :class:`ConnectorError`
+        if the batcher was closed.
+        """
+        if self._closed:
+            raise ConnectorError("lookup is closed; open() it again before use")
+        self._loads += 1
+        future = self._futures.get(key)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            future.add_done_callback(_consume_exception)
+            self._futures[key] = future
+            self._open_batch.append(key)
+            if len(self._open_batch) >= self._max_size:
+                self._send()
+            elif self._timer is None:
+                self._timer = loop.call_later(self._max_delay, self._send)
+        else:
+            self._deduplicated += 1
+        # shield: this row's cancellation must not cancel the shared future.
+        return await asyncio.shield(future)
+
+    def _send(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._open_batch:
+            return
+        keys, self._open_batch = self._open_batch, []
+        self._batches += 1
+        self._keys_fetched += len(keys)
+        task = asyncio.get_running_loop().create_task(self._run(keys))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _run(self, keys: list[K]) -> None:
+        try:
+            results = await self._fetch(keys)
+        except asyncio.CancelledError:
+            self._settle(keys, None, asyncio.CancelledError())
+            raise
+        except Exception as exc:
+            self._failed_batches += 1
+            self._settle(keys, None, exc)
+        else:
+            self._settle(keys, results, None)
+
+    def _settle(
+        self, keys: list[K], results: Mapping[K, V] | None, error: BaseException | None
+    ) -> None:
+        for key in keys:
+            future = self._futures.pop(key, None)
+            if future is None or future.done():
+                continue
+            if isinstance(error, asyncio.CancelledError):
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                assert results is not None
+                value = results.get(key)
+                future.set_result(self._missing() if value is None else value)
+
+    async def aclose(self) -> None:
+        """Stop: cancel the timer and the fetches in flight; waiting loads are cancelled."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._open_batch = self._open_batch, []
+        for key in pending:
+            future = self._futures.pop(key, None)
+            if future is not None and not future.done():
+                future.cancel()
+        tasks = list(self._in_flight)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def statistics(self) -> BatchStatistics:
+        return BatchStatistics(
+            loads=self._loads,
+            batches=self._batches,
+            keys_fetched=self._keys_fetched,
+            deduplicated=self._deduplicated,
+            failed_batches=self._failed_batches,
+        )

@@ -1,0 +1,198 @@
+"""A lookup cache: results by key, with a time to live and LRU eviction.
+
+One :class:`LookupCache` belongs to one lookup (its keys are that lookup's
+keys). It lives in the memory of one worker process: pickling a cache (as
+happens when the lookup travels to a Spark executor) carries its configuration,
+never its entries, so every worker starts empty.
+
+Contract:
+
+- ``get(key)`` returns the cached results, or :data:`MISS` when the key is
+  absent or its entry is older than ``ttl`` (an expired entry is removed and
+  counted in ``expirations``, and the lookup counts as a miss).
+- ``put(key, results)`` stores (or refreshes) an entry, stamped with the clock's
+  ``now()``; TTL runs from the write (expire-after-write: a hot key is still
+  re-read from the source every ``ttl`` seconds, so the cache never serves data
+  older than ``ttl``).
+- When ``max_size`` entries are held, ``put`` of a new key evicts the least
+  recently used entry (``get`` hits count as use) and counts an eviction.
+- Results are stored as given; the connectors store tuples of dicts and copy
+  them on the way out, so callers never share a mutable row.
+
+Time comes from an injected clock (``asyncio_ops._clock.Clock``; the system
+clock by default, ``asyncio_ops.testing.ManualClock`` in tests). Not
+thread-safe: it is used from one event loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+from asyncio_ops._clock import SYSTEM_CLOCK, Clock
+from asyncio_ops._exceptions import ConfigurationError
+
+__all__ = ["MISS", "CacheStatistics", "LookupCache"]
+
+V = TypeVar("V")
+
+
+class _Miss:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+    def __reduce__(self) -> str:
+        return "MISS"
+
+
+MISS: Final = _Miss()
+"""Returned by :meth:`LookupCache.get` when there is no live entry (``None`` can be a value)."""
+
+
+@dataclass(frozen=True)
+class CacheStatistics:
+    """A snapshot of a cache's counters (monotonic since creation or :meth:`reset`)."""
+
+    hits: int
+    misses: int
+    evictions: int
+    expirations: int
+    size: int
+    max_size: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """hits / (hits + misses), 0.0 before the first lookup."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class LookupCache(Generic[V]):
+    """In-memory TTL + LRU cache of lookup results for one worker.
+
+    ``ttl`` seconds (> 0, ``math.inf`` for never), ``max_size`` entries (> 0),
+    ``cache_empty``: whether empty results (a key with no match) are cached too.
+    Caching them saves a query per repeated unknown key, at the price of not
+    seeing a row inserted within ``ttl``.
+    """
+
+    def __init__(
+        self,
+        ttl: float = 60.0,
+        *,
+        max_size: int = 100_000,
+        cache_empty: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if not (isinstance(ttl, int | float) and ttl > 0) or math.isnan(ttl):
+            raise ConfigurationError(f"cache ttl must be > 0 seconds (or math.inf), got {ttl!r}")
+        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
+            raise ConfigurationError(f"cache max_size must be an int > 0, got {max_size!r}")
+        self.ttl = float(ttl)
+        self.max_size = max_size
+        self.cache_empty = cache_empty
+        self.clock = clock
+        self._entries: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+        self._expirations = 0
+
+    # -- pickling: configuration only, entries are per process ----------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "ttl": self.ttl,
+            "max_size": self.max_size,
+            "cache_empty": self.cache_empty,
+            "clock": self.clock,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["ttl"],
+            max_size=state["max_size"],
+            cache_empty=state["cache_empty"],
+            clock=state["clock"],
+        )
+
+    # -- operations ------------------------------------------------------------------
+    def get(self, key: Hashable) -> V | _Miss:
+        """The live entry for ``key`` (marking it recently used), or :data:`MISS`."""
+        entry = self._entries.get(key)
+        if entry is None:
+            self._misses += 1
+            return MISS
+        written, value = entry
+        if self.clock.now() - written >= self.ttl:
+            del self._entries[key]
+            self._expirations += 1
+            self._misses += 1
+            return MISS
+        self._entries.move_to_end(key)
+        self._hits += 1
+        return value
+
+    def put(self, key: Hashable, value: V, *, empty: bool = False) -> None:
+        """Store ``value`` for ``key``; ``empty=True`` marks a no-match result.
+
+        An empty result is dropped when ``cache_empty`` is False.
+        """
+        if empty and not self.cache_empty:
+            return
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+        elif len(entries) >= self.max_size:
+            self._evict_one()
+        entries[key] = (self.clock.now(), value)
+
+    def _evict_one(self) -> None:
+        # The least recently used entry goes. If it had expired already it is
+        # counted as an expiration, not an eviction: size pressure did not kill it.
+        key, (written, _) = next(iter(self._entries.items()))
+        del self._entries[key]
+        if self.clock.now() - written >= self.ttl:
+            self._expirations += 1
+        else:
+            self._evictions += 1
+
+    def invalidate(self, key: Hashable) -> bool:
+        """Forget ``key``; True if it was present."""
+        return self._entries.pop(key, None) is not None
+
+    def clear(self) -> None:
+        """Forget every entry (counters are kept)."""
+        self._entries.clear()
+
+    def reset_statistics(self) -> None:
+        """Set hits, misses, evictions and expirations back to zero."""
+        self._hits = self._misses = self._evictions = self._expirations = 0
+
+    def statistics(self) -> CacheStatistics:
+        """Current counters and size."""
+        return CacheStatistics(
+            hits=self._hits,
+            misses=self._misses,
+            evictions=self._evictions,
+            expirations=self._expirations,
+            size=len(self._entries),
+            max_size=self.max_size,
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        # Membership does not count as a lookup and does not check TTL.
+        return key in self._entries
+
+    def __repr__(self) -> str:
+        return (
+            f"LookupCache(ttl={self.ttl!r}, max_size={self.max_size!r}, "
+            f"cache_empty={self.cache_empty!r}, size={len(self._entries)})"
+        )

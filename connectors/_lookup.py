@@ -1,0 +1,217 @@
+"""What the Postgres and HTTP lookups share: key fields, lifecycle, pickling, statistics.
+
+A lookup's life (the :class:`asyncio_ops.AsyncFunction` call order)::
+
+    __init__            on the driver: validates options, opens nothing
+    (pickled to each worker; the copy carries configuration only)
+    open(ctx)           on the worker: acquires the process-wide client, creates
+                        the batcher; idempotent while open
+    async_invoke(row)   per row attempt, concurrently; ConnectorError subclasses
+    close()             cancels batches in flight, releases the client (closed with
+                        its last user), keeps the statistics
+
+It is also an async context manager (``async with lookup: ...``) for use outside
+the operator.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops._functions import AsyncFunction, RuntimeContext
+
+from ._batching import BatchStatistics
+from ._cache import CacheStatistics, LookupCache
+from ._exceptions import ConnectorError, LookupKeyError
+
+__all__ = ["BaseLookup", "KeyFields", "LookupStatistics", "Row"]
+
+Row = dict[str, Any]
+R = TypeVar("R")
+L = TypeVar("L", bound="BaseLookup[Any]")
+
+
+class KeyFields:
+    """One or more field names, and how to read their value out of a row.
+
+    A single name gives scalar keys (``row["id"]``); a tuple gives tuple keys
+    (``(row["region"], row["id"])``). A key with a ``None`` component is "null":
+    it never matches (SQL equality), so lookups answer it without a request.
+    """
+
+    __slots__ = ("composite", "names")
+
+    def __init__(self, names: str | Sequence[str], *, option: str) -> None:
+        if isinstance(names, str):
+            parsed: tuple[str, ...] = (names,)
+            composite = False
+        else:
+            parsed = tuple(names)
+            composite = True
+        if not parsed or not all(isinstance(n, str) and n for n in parsed):
+            raise ConfigurationError(
+                f"{option} must be a field name or a non-empty tuple of names, got {names!r}"
+            )
+        if len(set(parsed)) != len(parsed):
+            raise ConfigurationError(f"{option} names a field twice: {names!r}")
+        self.names = parsed
+        self.composite = composite
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def of(self, row: Mapping[str, Any]) -> Hashable | None:
+        """The key of ``row``; None when any component is None.
+
+        Raises :class:`LookupKeyError` for a missing field or an unhashable value.
+        """
+        try:
+            values = tuple(row[name] for name in self.names)
+        except KeyError as exc:
+            raise LookupKeyError(
+                f"input row has no key field {exc.args[0]!r} (key={self.spec()!r}); "
+                f"fields present: {sorted(row)!r}"
+            ) from None
+        except TypeError:
+            raise LookupKeyError(
+                f"input must be a mapping of field names to values, got {type(row).__name__}"
+            ) from None
+        if any(v is None for v in values):
+            return None
+        key: Hashable = values if self.composite else values[0]
+        try:
+            hash(key)
+        except TypeError:
+            raise LookupKeyError(
+                f"key {self.spec()!r} has an unhashable value of type "
+                f"{type(values).__name__ if self.composite else type(values[0]).__name__}"
+            ) from None
+        return key
+
+    def spec(self) -> str | tuple[str, ...]:
+        return self.names if self.composite else self.names[0]
+
+    def __repr__(self) -> str:
+        return repr(self.spec())
+
+
+@dataclass(frozen=True)
+class LookupStatistics:
+    """Counters of one lookup since construction (summed over open/close cycles).
+
+    ``rows``: ``async_invoke`` calls; ``null_keys``: rows answered empty because a
+    key component was None; ``batching``: requests actually sent (see
+    :class:`~connectors._batching.BatchStatistics`); ``cache``: None without a cache.
+    """
+
+    rows: int
+    null_keys: int
+    batching: BatchStatistics
+    cache: CacheStatistics | None
+
+
+_NO_BATCHES = BatchStatistics(0, 0, 0, 0, 0)
+
+
+def add_batch_statistics(a: BatchStatistics, b: BatchStatistics) -> BatchStatistics:
+    return BatchStatistics(
+        loads=a.loads + b.loads,
+        batches=a.batches + b.batches,
+        keys_fetched=a.keys_fetched + b.keys_fetched,
+        deduplicated=a.deduplicated + b.deduplicated,
+        failed_batches=a.failed_batches + b.failed_batches,
+    )
+
+
+class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
+    """Lifecycle, pickling, cache and statistics of a lookup whose runtime is ``R``.
+
+    Subclasses implement :meth:`_open_runtime`, :meth:`_close_runtime`,
+    :meth:`_runtime_batch_statistics` and :meth:`async_invoke`. Everything bound
+    to a process or loop lives in ``self._runtime`` and is never pickled.
+    """
+
+    _runtime: R | None
+    cache: LookupCache[Any] | None
+
+    def __init__(self, *, cache: LookupCache[Any] | None) -> None:
+        if cache is not None and not isinstance(cache, LookupCache):
+            raise ConfigurationError(f"cache must be a connectors.LookupCache, got {cache!r}")
+        self.cache = cache
+        self._runtime = None
+        self._rows = 0
+        self._null_keys = 0
+        self._closed_batches = _NO_BATCHES
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def open(self, runtime_context: RuntimeContext | None = None) -> None:
+        """Acquire the worker's shared client. Idempotent while open.
+
+        Raises the connector's mapped errors (e.g. LookupConnectionError,
+        LookupAuthError) when the server cannot be reached.
+        """
+        if self._runtime is None:
+            self._runtime = await self._open_runtime()
+
+    async def close(self) -> None:
+        """Cancel requests in flight and release the shared client. Idempotent."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            self._closed_batches = add_batch_statistics(
+                self._closed_batches, self._runtime_batch_statistics(runtime)
+            )
+            await self._close_runtime(runtime)
+
+    async def __aenter__(self: L) -> L:
+        await self.open(RuntimeContext())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _require_runtime(self) -> R:
+        runtime = self._runtime
+        if runtime is None:
+            raise ConnectorError(f"{type(self).__name__} is not open; call open() first")
+        return runtime
+
+    @abc.abstractmethod
+    async def _open_runtime(self) -> R: ...
+
+    @abc.abstractmethod
+    async def _close_runtime(self, runtime: R) -> None: ...
+
+    @abc.abstractmethod
+    def _runtime_batch_statistics(self, runtime: R) -> BatchStatistics: ...
+
+    # -- pickling: configuration only -------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_runtime"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- statistics ------------------------------------------------------------------
+    def statistics(self) -> LookupStatistics:
+        """Counters since construction; safe to call open or closed."""
+        batches = self._closed_batches
+        if self._runtime is not None:
+            batches = add_batch_statistics(batches, self._runtime_batch_statistics(self._runtime))
+        return LookupStatistics(
+            rows=self._rows,
+            null_keys=self._null_keys,
+            batching=batches,
+            cache=self.cache.statistics() if self.cache is not None else None,
+        )

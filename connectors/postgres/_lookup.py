@@ -1,0 +1,327 @@
+"""PostgresLookup: batched key lookups against PostgreSQL through an asyncpg pool.
+
+The query is the user's, parameterised by arrays of keys (never by string
+formatting of values):
+
+- one key field: ``$1`` is an array of distinct keys::
+
+      SELECT id, name, tier FROM customers WHERE id = ANY($1)
+
+- a composite key of n fields: ``$1 .. $n`` are parallel arrays, one per key
+  field in the order given by ``key``; join them back into tuples with
+  ``unnest`` (the casts give the arrays their element types)::
+
+      SELECT c.region, c.id, c.name
+      FROM customers c
+      JOIN unnest($1::text[], $2::int[]) AS k(region, id)
+        ON c.region = k.region AND c.id = k.id
+
+The query must return the ``on`` column(s) (default: the ``key`` names) so each
+result row can be given back to the input rows whose key equals it. Matching is
+by Python equality of the row's key value and the returned column value, so
+both must decode to the same type (cast in SQL, e.g. ``id::text``, if the input
+column is a string).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+from asyncio_ops._exceptions import ConfigurationError
+
+from .._batching import BatchStatistics, KeyBatcher
+from .._cache import MISS, LookupCache
+from .._exceptions import LookupAmbiguousError, LookupQueryError
+from .._lookup import BaseLookup, KeyFields, Row
+from .._redact import Scrubber, redact_dsn, url_secrets
+from .._resources import SharedResources
+from ._errors import map_asyncpg_errors
+
+__all__ = ["PostgresLookup", "active_pools"]
+
+_PARAM: Final = re.compile(r"\$(\d+)")
+# Graceful pool close waits for connections in use; past this it terminates them.
+_POOL_CLOSE_TIMEOUT: Final = 10.0
+
+Rows = tuple[Row, ...]
+_EMPTY: Final[Rows] = ()
+
+
+@dataclass(frozen=True)
+class _PoolSettings:
+    """Everything that makes two pools different; the key of the per-process registry."""
+
+    dsn: str
+    min_size: int
+    max_size: int
+    connect_timeout: float
+    server_settings: tuple[tuple[str, str], ...]
+
+    def __repr__(self) -> str:
+        # The registry may log this key: never show the password.
+        return f"_PoolSettings(dsn={redact_dsn(self.dsn)!r}, max_size={self.max_size})"
+
+
+async def _create_pool(key: Hashable) -> asyncpg.Pool:
+    assert isinstance(key, _PoolSettings)
+    return await asyncpg.create_pool(
+        key.dsn,
+        min_size=key.min_size,
+        max_size=key.max_size,
+        timeout=key.connect_timeout,  # per connection attempt
+        server_settings=dict(key.server_settings),
+    )
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), _POOL_CLOSE_TIMEOUT)
+    except asyncio.CancelledError:
+        pool.terminate()
+        raise
+    except Exception:
+        # Timed out or broke while closing: connections are cut instead. Nothing
+        # the caller could do differently, so it is not an error of close().
+        pool.terminate()
+
+
+_POOLS: Final[SharedResources[asyncpg.Pool]] = SharedResources(
+    "asyncpg pools", create=_create_pool, aclose=_close_pool, terminate=lambda p: p.terminate()
+)
+
+
+def active_pools() -> int:
+    """How many asyncpg pools this process holds open (for tests and metrics)."""
+    return _POOLS.active()
+
+
+@dataclass
+class _Runtime:
+    pool: asyncpg.Pool
+    batcher: KeyBatcher[Hashable, Rows]
+
+
+def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
+class PostgresLookup(BaseLookup[_Runtime]):
+    """Look rows up in PostgreSQL by key, many keys per query.
+
+    ``async_invoke(row)`` returns, for the key ``row[key]``:
+
+    - ``many=False`` (one-to-one): ``[match]``, or ``[]`` when nothing matched;
+      more than one match raises :class:`~connectors.LookupAmbiguousError`.
+    - ``many=True`` (one-to-many): one dict per matching row, in the query's order.
+    - a key with a ``None`` component: ``[]`` without a query.
+
+    Each result is a fresh dict of the query's columns (all of them, or only
+    ``columns``); the input row's fields are not included unless
+    ``include_input=True`` (the Spark layer keeps input columns itself).
+
+    Options: ``batch_size`` distinct keys per query at most, ``max_batch_delay``
+    seconds a key may wait for others to join its batch; ``pool_size`` connections
+    per worker process (``min_pool_size`` opened eagerly, so ``open()`` fails fast
+    on a wrong DSN); ``statement_timeout`` seconds, enforced by the server
+    (None: the server's default); ``query_timeout`` seconds for acquiring a
+    connection and for the query, enforced by the client; ``connect_timeout``
+    seconds per connection attempt; ``server_settings`` extra session settings;
+    ``cache`` a :class:`~connectors.LookupCache` consulted before querying.
+
+    Raises (from ``open`` and ``async_invoke``): ``LookupConnectionError`` and
+    ``LookupTimeout`` (retryable: see :func:`connectors.is_retryable`),
+    ``LookupAuthError``, ``LookupQueryError``, ``LookupKeyError``.
+
+    One asyncpg pool is shared by every PostgresLookup in the worker process
+    with the same DSN and pool settings (and the same event loop); it is created
+    by the first ``open`` and closed by the last ``close`` (or at exit). After a
+    broken connection the pool replaces it on the next acquire, so a retried
+    lookup succeeds once the server is back.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        query: str,
+        *,
+        key: str | Sequence[str],
+        on: str | Sequence[str] | None = None,
+        many: bool = False,
+        columns: Sequence[str] | None = None,
+        include_input: bool = False,
+        batch_size: int = 500,
+        max_batch_delay: float = 0.002,
+        pool_size: int = 10,
+        min_pool_size: int = 1,
+        statement_timeout: float | None = 30.0,
+        query_timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+        server_settings: Mapping[str, str] | None = None,
+        cache: LookupCache[Any] | None = None,
+    ) -> None:
+        super().__init__(cache=cache)
+        if not isinstance(dsn, str) or not dsn:
+            raise ConfigurationError("dsn must be a non-empty connection string")
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigurationError("query must be a non-empty SQL string")
+        self.dsn = dsn
+        self.query = query
+        self.key = KeyFields(key, option="key")
+        self.on = KeyFields(key if on is None else on, option="on")
+        if len(self.on) != len(self.key) or self.on.composite != self.key.composite:
+            raise ConfigurationError(
+                f"on={self.on!r} must name as many columns as key={self.key!r}"
+            )
+        used = {int(n) for n in _PARAM.findall(query)}
+        expected = set(range(1, len(self.key) + 1))
+        if used != expected:
+            raise ConfigurationError(
+                f"query must use exactly the parameters "
+                f"{', '.join(f'${n}' for n in sorted(expected))} (one array per key field), "
+                f"found {', '.join(f'${n}' for n in sorted(used)) or 'none'}"
+            )
+        self.many = bool(many)
+        self.columns = tuple(columns) if columns is not None else None
+        self.include_input = bool(include_input)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigurationError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not isinstance(max_batch_delay, int | float) or not 0 <= max_batch_delay <= 60:
+            raise ConfigurationError(
+                f"max_batch_delay must be between 0 and 60 seconds, got {max_batch_delay!r}"
+            )
+        self.batch_size = batch_size
+        self.max_batch_delay = float(max_batch_delay)
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+            raise ConfigurationError(f"pool_size must be an int >= 1, got {pool_size!r}")
+        if not isinstance(min_pool_size, int) or not 0 <= min_pool_size <= pool_size:
+            raise ConfigurationError(
+                f"min_pool_size must be an int in [0, pool_size], got {min_pool_size!r}"
+            )
+        self.pool_size = pool_size
+        self.min_pool_size = min_pool_size
+        _positive("statement_timeout", statement_timeout, allow_none=True)
+        _positive("query_timeout", query_timeout)
+        _positive("connect_timeout", connect_timeout)
+        self.statement_timeout = statement_timeout
+        self.query_timeout = float(query_timeout)
+        self.connect_timeout = float(connect_timeout)
+        settings = {"application_name": "asyncio_ops"}
+        if statement_timeout is not None:
+            settings["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
+        settings.update(server_settings or {})
+        self._pool_settings = _PoolSettings(
+            dsn=dsn,
+            min_size=min_pool_size,
+            max_size=pool_size,
+            connect_timeout=self.connect_timeout,
+            server_settings=tuple(sorted(settings.items())),
+        )
+        self._where = redact_dsn(dsn)
+        self._scrub = Scrubber(url_secrets(dsn))
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def _open_runtime(self) -> _Runtime:
+        with map_asyncpg_errors("connect", self._where, self._scrub):
+            pool = await _POOLS.acquire(self._pool_settings)
+        batcher: KeyBatcher[Hashable, Rows] = KeyBatcher(
+            self._fetch,
+            max_size=self.batch_size,
+            max_delay=self.max_batch_delay,
+            missing=lambda: _EMPTY,
+        )
+        return _Runtime(pool=pool, batcher=batcher)
+
+    async def _close_runtime(self, runtime: _Runtime) -> None:
+        try:
+            await runtime.batcher.aclose()
+        finally:
+            with map_asyncpg_errors("close pool", self._where, self._scrub):
+                await _POOLS.release(self._pool_settings)
+
+    def _runtime_batch_statistics(self, runtime: _Runtime) -> BatchStatistics:
+        return runtime.batcher.statistics()
+
+    # -- lookups -----------------------------------------------------------------------
+    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+        """The matches of ``value``'s key (see the class docstring for the shape)."""
+        runtime = self._require_runtime()
+        self._rows += 1
+        key = self.key.of(value)
+        if key is None:
+            self._null_keys += 1
+            return []
+        cache = self.cache
+        cached = cache.get(key) if cache is not None else MISS
+        if cached is MISS:
+            matches: Rows = await runtime.batcher.load(key)
+            if cache is not None:
+                cache.put(key, matches, empty=not matches)
+        else:
+            matches = cached  # type: ignore[assignment]
+        if not self.many and len(matches) > 1:
+            raise LookupAmbiguousError(
+                f"key {key!r} matched {len(matches)} rows of a one-to-one lookup; "
+                "pass many=True for one output per match"
+            )
+        return [self._output(value, match) for match in matches]
+
+    def _output(self, value: Mapping[str, Any], match: Row) -> Row:
+        columns = self.columns
+        out = dict(match) if columns is None else {c: match[c] for c in columns}
+        if self.include_input:
+            return {**value, **out}
+        return out
+
+    async def _fetch(self, keys: Sequence[Hashable]) -> dict[Hashable, Rows]:
+        """One query for ``keys`` (distinct); returns the matches grouped by key."""
+        runtime = self._require_runtime()
+        if self.key.composite:
+            # Parallel arrays, one per key field, in the order of ``key``.
+            args: list[list[Any]] = [list(column) for column in zip(*keys, strict=True)]  # type: ignore[call-overload,unused-ignore]
+        else:
+            args = [list(keys)]
+        with map_asyncpg_errors("lookup query", self._where, self._scrub):
+            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
+                records = await self._run_query(connection, args)
+        grouped: dict[Hashable, list[Row]] = {}
+        names = self.on.names
+        for record in records:
+            try:
+                values = tuple(record[name] for name in names)
+            except KeyError:
+                raise LookupQueryError(
+                    f"the query's result has no column {self.on.spec()!r} to match keys on; "
+                    f"it returned {list(record.keys())!r} (select it, or set on=)"
+                ) from None
+            found = values if self.on.composite else values[0]
+            grouped.setdefault(found, []).append(dict(record.items()))
+        columns = self.columns
+        if columns is not None and records and not set(columns) <= set(records[0].keys()):
+            missing = sorted(set(columns) - set(records[0].keys()))
+            raise LookupQueryError(f"columns={missing!r} are not in the query's result")
+        return {k: tuple(v) for k, v in grouped.items()}
+
+    async def _run_query(
+        self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]
+    ) -> list[asyncpg.Record]:
+        """Run the lookup query once. The single point where SQL is sent (a hook
+        for instrumentation in tests and subclasses)."""
+        records: list[asyncpg.Record] = await connection.fetch(
+            self.query, *args, timeout=self.query_timeout
+        )
+        return records
+
+    def __repr__(self) -> str:
+        return (
+            f"PostgresLookup(dsn={self._where!r}, query={self.query!r}, key={self.key!r}, "
+            f"on={self.on!r}, many={self.many!r}, batch_size={self.batch_size!r})"
+        )

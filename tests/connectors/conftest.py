@@ -1,0 +1,98 @@
+"""Fixtures for connector tests: a real PostgreSQL and a real local aiohttp server.
+
+Postgres comes from ``ASYNCIO_OPS_PG_DSN`` (default: trust auth on
+127.0.0.1:5432, database ``test``). When it cannot be reached the Postgres
+tests are skipped with the reason, except under ``CI=true``, where they fail:
+CI must never pass by not testing.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import asyncpg  # type: ignore[import-untyped,unused-ignore]
+import pytest
+
+from .support import PgTables, run_isolated
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+async def _probe(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn, timeout=5)
+    await connection.close(timeout=5)
+
+
+async def _setup(t: PgTables) -> None:
+    connection = await asyncpg.connect(t.dsn, timeout=10)
+    try:
+        await connection.execute(
+            f"""
+            CREATE TABLE {t.customers} (id int PRIMARY KEY, name text NOT NULL, tier text);
+            INSERT INTO {t.customers}
+              SELECT i, 'customer-' || i, CASE WHEN i % 3 = 0 THEN 'gold' ELSE 'basic' END
+              FROM generate_series(1, 200) AS i;
+            CREATE TABLE {t.addresses} (customer_id int NOT NULL, seq int NOT NULL, city text,
+                                        PRIMARY KEY (customer_id, seq));
+            INSERT INTO {t.addresses}
+              SELECT c, s, 'city-' || c || '-' || s
+              FROM generate_series(1, 20) AS c, generate_series(1, 3) AS s WHERE s <= c % 4;
+            CREATE TABLE {t.regional} (region text NOT NULL, id int NOT NULL, name text,
+                                       PRIMARY KEY (region, id));
+            INSERT INTO {t.regional} VALUES
+              ('eu', 1, 'eu-one'), ('eu', 2, 'eu-two'), ('us', 1, 'us-one'), ('us', 3, 'us-three');
+            """,
+            timeout=30,
+        )
+    finally:
+        await connection.close(timeout=5)
+
+
+async def _teardown(t: PgTables) -> None:
+    connection = await asyncpg.connect(t.dsn, timeout=10)
+    try:
+        await connection.execute(
+            f"DROP TABLE IF EXISTS {t.customers}, {t.addresses}, {t.regional}", timeout=30
+        )
+    finally:
+        await connection.close(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """A reachable DSN, or skip (fail under CI=true)."""
+    dsn = os.environ.get("ASYNCIO_OPS_PG_DSN", DEFAULT_DSN)
+    try:
+        run_isolated(_probe(dsn))
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        reason = (
+            f"PostgreSQL not reachable ({type(exc).__name__}); set ASYNCIO_OPS_PG_DSN or start "
+            "one (docker compose up -d)"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def pg_tables(pg_dsn: str) -> Iterator[PgTables]:
+    """Tables created once per session under unique names, dropped afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    tables = PgTables(
+        dsn=pg_dsn,
+        suffix=suffix,
+        customers=f"aops_customers_{suffix}",
+        addresses=f"aops_addresses_{suffix}",
+        regional=f"aops_regional_{suffix}",
+        # Connections of these tests carry this name, so a test can terminate
+        # exactly its own backends and nobody else's.
+        app_name=f"aops_test_{suffix}",
+    )
+    run_isolated(_setup(tables))
+    try:
+        yield tables
+    finally:
+        run_isolated(_teardown(tables))

@@ -1,0 +1,59 @@
+"""Helpers shared by the connector tests (types, loop runner, retry driver)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from asyncio_ops import AsyncRetryStrategy
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PgTables:
+    """Names of this session's tables (unique per session, dropped at the end)."""
+
+    dsn: str
+    suffix: str
+    customers: str
+    addresses: str
+    regional: str
+    app_name: str
+
+
+def run_isolated(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a private loop, leaving the thread's current loop alone.
+
+    (``asyncio.run`` would reset it, under pytest-asyncio's feet.)
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def with_retry(
+    attempt: Callable[[], Awaitable[Sequence[T]]],
+    strategy: AsyncRetryStrategy,
+    failures: list[BaseException] | None = None,
+) -> Sequence[T]:
+    """Drive ``attempt`` the way the operator applies a retry strategy to one element.
+
+    Records each failure that was retried in ``failures``.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not (strategy.should_retry_exception(exc) and strategy.can_retry(attempts)):
+                raise
+            if failures is not None:
+                failures.append(exc)
+            await asyncio.sleep(strategy.backoff_seconds(attempts))
