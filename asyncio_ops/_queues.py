@@ -115,6 +115,10 @@ class ElementQueue(Protocol):
 
     def values(self) -> list[StreamElement]: ...
 
+    def emits_on_arrival(self) -> bool:
+        """Would an entry completed on arrival be emitted at once, before any other?"""
+        ...
+
     def entries(self) -> list[ResultHandle]: ...
 
     def __len__(self) -> int: ...
@@ -149,6 +153,9 @@ class OrderedElementQueue:
     def has_completed(self) -> bool:
         q = self._queue
         return bool(q) and q[0].done
+
+    def emits_on_arrival(self) -> bool:
+        return not self._queue
 
     def pop_completed(self) -> list[StreamElement]:
         q = self._queue
@@ -222,6 +229,10 @@ class WatermarkBoundedElementQueue:
 
     def has_completed(self) -> bool:
         return bool(self._segments[0].completed)
+
+    def emits_on_arrival(self) -> bool:
+        segments = self._segments
+        return len(segments) == 1 and not segments[0].completed
 
     def pop_completed(self) -> list[StreamElement]:
         segments = self._segments
