@@ -756,3 +756,52 @@ def test_results_are_sequences_of_any_kind(run: Runner[Any]) -> None:
 
     out = run(run_async_wait(as_tuple, [1, 2], timeout=1))
     assert [r.value for r in out] == [1, 1, 2, 2]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", [OutputMode.ORDERED, OutputMode.UNORDERED])
+def test_instant_results_behind_a_slow_head_keep_the_modes_order(
+    run: Runner[Any], mode: OutputMode
+) -> None:
+    async def main() -> list[Any]:
+        release = asyncio.Event()
+
+        async def f(v: int) -> list[int]:
+            if v == 0:
+                await release.wait()
+            return [v]
+
+        out: list[StreamElement] = []
+        op = AsyncWaitOperator(f, output=out.append, timeout=5, capacity=10, mode=mode)
+        await op.open()
+        await op.process_elements(range(5))
+        release.set()
+        await op.end_input()
+        await op.close()
+        assert op.statistics().completed == 5
+        return [r.value for r in out]  # type: ignore[union-attr]
+
+    expected = [0, 1, 2, 3, 4] if mode is OutputMode.ORDERED else [1, 2, 3, 4, 0]
+    assert run(main()) == expected
+
+
+def test_process_elements_applies_backpressure_and_raises_failures(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, capacity=3)
+        await op.open()
+        feeding = asyncio.ensure_future(op.process_elements(range(6)))
+        await settle()
+        assert fn.calls == [0, 1, 2] and not feeding.done()
+        for v in (0, 1, 2):
+            fn.complete(v)
+        await settle()
+        assert fn.calls == [0, 1, 2, 3, 4, 5]
+        fn.fail(4, RuntimeError("down"))
+        await settle()
+        await feeding  # all admitted before the failure
+        with pytest.raises(AsyncOperatorError, match="down"):
+            await op.process_elements([6])
+        await op.close()
+        assert [r.value for r in out] == [0, 1, 2]  # type: ignore[union-attr]
+
+    run(main())

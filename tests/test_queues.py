@@ -298,3 +298,24 @@ def test_unordered_property(ops: list[tuple[str, int]]) -> None:
 @given(ops=ops_strategy)
 def test_watermark_bounded_property(ops: list[tuple[str, int]]) -> None:
     _simulate(WatermarkBoundedElementQueue, ops)
+
+
+def test_emits_on_arrival_follows_each_kinds_rule() -> None:
+    o = OrderedElementQueue(4)
+    assert o.emits_on_arrival()
+    o.try_put(Record(1))
+    assert not o.emits_on_arrival()  # a later result would wait for the head
+
+    u = UnorderedElementQueue(4)
+    h = u.try_put(Record(1))
+    assert u.emits_on_arrival()  # completion order: nothing to wait for
+    assert h is not None
+    h.complete([1])
+    assert not u.emits_on_arrival()  # a completed entry not yet emitted goes first
+    drain(u)
+
+    b = WatermarkBoundedElementQueue(4)
+    b.try_put(Record(1))
+    assert b.emits_on_arrival()
+    b.try_put(Watermark(1))
+    assert not b.emits_on_arrival()  # a new record would cross the watermark
