@@ -1,0 +1,444 @@
+"""The keyed state backend contract, and what both backends share.
+
+Call order, per operator instance::
+
+    backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=r, clock=c)
+    backend.restore(blobs)             0..n times (once per old instance on rescale)
+    state = backend.get_state(desc)    any time; restored data of that name is loaded
+    backend.set_current_key(key)       per record / per timer (the timer service does it)
+    state.value(); state.update(v)     read and write the current key's entry
+    backend.advance_watermark(w)       per watermark (event-time TTL)
+    backend.on_record()                per record (incremental TTL cleanup)
+    backend.snapshot()                 -> {key_group: blob}
+    backend.close()
+
+What a snapshot is: one sealed blob (see ``_blob``) per non-empty key group,
+holding for every state of that group its name, kind and entries in a
+backend-independent form (canonical key and namespace bytes, values encoded
+with the descriptor's serializer, TTL timestamps). A heap snapshot restores
+into RocksDB and back.
+
+``restore(blobs)`` takes the blobs of the key groups inside this backend's
+range and ignores the others, so it can be given the whole snapshot of every
+old instance. It verifies every blob it takes before applying any, so a
+corrupt blob (:class:`CorruptStateError` naming the key group) leaves the
+backend unchanged. Restored data of a state not yet obtained with
+``get_state`` is kept as it came and loaded on first ``get_state``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any, Final, TypeVar, overload
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._exceptions import (
+    ConfigurationError,
+    CorruptStateError,
+    KeyGroupError,
+    StateError,
+    UnsupportedKeyError,
+)
+from .._keygroups import KeyGroupRange, canonical_bytes, check_parallelism
+from ._api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
+from ._blob import KEYED_STATE, seal, unseal
+from ._descriptors import (
+    KINDS,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from ._keycodec import decode_canonical, encoded_key_group, key_prefix
+from ._ttl import IncrementalCleanup, StateTtlConfig
+
+__all__ = ["KeyedStateBackend"]
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+_NEG_INF: Final = float("-inf")
+# An index no key-group list has: a state used before set_current_key raises IndexError
+# on its first lookup, which the state turns into a clear StateError (no per-op check).
+NO_KEY_INDEX: Final = 1 << 30
+_KEY_CACHE_LIMIT: Final = 1 << 16
+
+# Logical snapshot entries (see the module docstring):
+#   value, reducing, aggregating: (key_enc, ns_enc, (ts | None, value_bytes))
+#   list:                         (key_enc, ns_enc, [(ts | None, element_bytes), ...])
+#   map:                          (key_enc, ns_enc, [(map_key_enc, ts | None, value_bytes), ...])
+Entry = tuple[bytes, bytes, Any]
+StateDump = tuple[str, str, bool, list[Entry]]
+
+
+def no_current_key() -> StateError:
+    return StateError("no current key: call backend.set_current_key(key) before using state")
+
+
+class TableBase:
+    """What every backend keeps per registered state: descriptor, TTL, cleanup cursor."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
+        self.backend = backend
+        self.descriptor = descriptor
+        self.name = descriptor.name
+        self.kind = descriptor.kind
+        self.serializer = descriptor.serializer
+        self.dumps = descriptor.serializer.dumps
+        self.loads = descriptor.serializer.loads
+        ttl: StateTtlConfig | None = descriptor.ttl
+        self.ttl_config = ttl
+        self.has_ttl = ttl is not None
+        self.ttl = ttl.ttl if ttl is not None else math.inf
+        self.update_on_read = ttl is not None and ttl.update_on_read
+        self.return_expired = ttl is not None and ttl.return_expired
+        self.event_time = ttl is not None and ttl.event_time
+        rocks = backend.is_rocksdb
+        inc: IncrementalCleanup | None = ttl.incremental(rocksdb=rocks) if ttl else None
+        self.incremental = inc.cleanup_size if inc is not None else 0
+        self.per_record = inc is not None and inc.run_for_every_record
+        self.full_snapshot_cleanup = ttl is not None and ttl.full_snapshot_cleanup()
+        comp = ttl.compaction(rocksdb=rocks) if ttl else None
+        self.compaction_every = comp.query_time_after_num_entries if comp is not None else 0
+
+    def now(self) -> float:
+        """The TTL time of this state: processing time, or the watermark (0 without TTL)."""
+        if not self.has_ttl:
+            return 0.0
+        if self.event_time:
+            return self.backend._watermark
+        return self.backend._clock.now()
+
+    def expired(self, ts: float, now: float) -> bool:
+        if self.event_time:
+            if now == _NEG_INF:
+                return False  # nothing expires before the first watermark
+            if ts == _NEG_INF:
+                ts = self.backend._first_watermark
+        return ts + self.ttl <= now
+
+    def cleanup_step(self) -> None:
+        """Check up to ``incremental`` entries for expiry (backend-specific)."""
+
+
+class KeyedStateBackend(ABC):
+    """Keyed state of one operator instance over a key-group range (see module docstring)."""
+
+    is_rocksdb: bool = False
+
+    def __init__(
+        self,
+        *,
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        clock: Clock | None = None,
+    ) -> None:
+        check_parallelism(max_parallelism)
+        if not isinstance(key_group_range, KeyGroupRange):
+            raise ConfigurationError(
+                f"key_group_range must be a KeyGroupRange, got {key_group_range!r}"
+            )
+        if key_group_range and key_group_range.end >= max_parallelism:
+            raise KeyGroupError(
+                f"key_group_range {key_group_range.start}..{key_group_range.end} exceeds "
+                f"max_parallelism {max_parallelism}"
+            )
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise ConfigurationError(f"clock must have now() -> seconds, got {clock!r}")
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self._kg_start = key_group_range.start
+        self._n_groups = len(key_group_range)
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._key: Any = None
+        self._has_key = False
+        self._kgi = NO_KEY_INDEX
+        self._kprefix: bytes | None = None
+        self._key_cache: dict[Any, tuple[int, bytes]] = {}
+        self._watermark = _NEG_INF
+        self._first_watermark = _NEG_INF
+        self._tables: dict[str, TableBase] = {}
+        self._states: dict[tuple[str, Any], State] = {}
+        self._per_record: list[TableBase] = []
+        # Restored data of states not yet registered: name -> (kind, {kg: [entries]}).
+        self._pending: dict[str, tuple[str, dict[int, list[Entry]]]] = {}
+        self._closed = False
+
+    # -- current key ------------------------------------------------------------------
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key that state reads and writes.
+
+        Raises :class:`UnsupportedKeyError` for a key with no canonical encoding
+        and :class:`KeyGroupError` for a key outside this backend's key-group range.
+        """
+        try:
+            entry = self._key_cache[key]
+        except KeyError:
+            entry = self._new_key_entry(key)
+        except TypeError:  # unhashable: canonical_bytes names the type
+            canonical_bytes(key)
+            raise UnsupportedKeyError(  # pragma: no cover - hashable tuple of unhashables
+                f"key {key!r} is not hashable"
+            ) from None
+        self._key = key
+        self._has_key = True
+        self._kgi = entry[0]
+        self._kprefix = entry[1]
+
+    def _new_key_entry(self, key: Any) -> tuple[int, bytes]:
+        enc = canonical_bytes(key)
+        kg = encoded_key_group(enc, self.max_parallelism)
+        if kg not in self.key_group_range:
+            r = self.key_group_range
+            raise KeyGroupError(
+                f"key {key!r} is in key group {kg}, outside this backend's key-group range "
+                f"{r.start}..{r.end} (max_parallelism {self.max_parallelism}): the input was "
+                "not partitioned by key group"
+            )
+        entry = (kg - self._kg_start, key_prefix(kg, enc))
+        cache = self._key_cache
+        if len(cache) >= _KEY_CACHE_LIMIT:
+            cache.clear()  # bounded memory; a miss costs one hash, not correctness
+        cache[key] = entry
+        return entry
+
+    def get_current_key(self) -> Any:
+        """The current key (None before the first ``set_current_key``)."""
+        return self._key
+
+    @property
+    def current_key_group(self) -> int | None:
+        return self._kgi + self._kg_start if self._has_key else None
+
+    # -- time -------------------------------------------------------------------------
+    def advance_watermark(self, watermark: float) -> None:
+        """The event time of event-time TTL; never moves backwards."""
+        if watermark > self._watermark:
+            if self._first_watermark == _NEG_INF:
+                self._first_watermark = watermark
+            self._watermark = watermark
+
+    def current_watermark(self) -> float:
+        return self._watermark
+
+    def on_record(self) -> None:
+        """Per processed record: incremental TTL cleanup with ``run_for_every_record``."""
+        for table in self._per_record:
+            table.cleanup_step()
+
+    # -- states -----------------------------------------------------------------------
+    @overload
+    def get_state(
+        self, descriptor: ValueStateDescriptor[T], namespace: Any = None
+    ) -> ValueState[T]: ...
+    @overload
+    def get_state(
+        self, descriptor: ListStateDescriptor[T], namespace: Any = None
+    ) -> ListState[T]: ...
+    @overload
+    def get_state(
+        self, descriptor: MapStateDescriptor[K, V], namespace: Any = None
+    ) -> MapState[K, V]: ...
+    @overload
+    def get_state(
+        self, descriptor: ReducingStateDescriptor[T], namespace: Any = None
+    ) -> ReducingState[T]: ...
+    @overload
+    def get_state(
+        self, descriptor: AggregatingStateDescriptor[IN, OUT], namespace: Any = None
+    ) -> AggregatingState[IN, OUT]: ...
+    @overload
+    def get_state(self, descriptor: StateDescriptor, namespace: Any = None) -> State: ...
+
+    def get_state(self, descriptor: StateDescriptor, namespace: Any = None) -> State:
+        """The state of ``descriptor`` in ``namespace`` (default None), for the current key.
+
+        The same (name, namespace) returns the same object. A second descriptor
+        of the same name must have the same kind and TTL (StateError otherwise).
+        Namespaces need a canonical encoding, like keys.
+        """
+        self._check_open()
+        if not isinstance(descriptor, StateDescriptor) or descriptor.kind not in KINDS:
+            raise ConfigurationError(f"not a state descriptor: {descriptor!r}")
+        try:
+            state = self._states.get((descriptor.name, namespace))
+        except TypeError:
+            canonical_bytes(namespace)
+            raise
+        table = self._tables.get(descriptor.name)
+        if table is not None:
+            d = table.descriptor
+            if d.kind != descriptor.kind or d.ttl != descriptor.ttl:
+                raise StateError(
+                    f"state {descriptor.name!r} is registered as {d.kind} state "
+                    f"(ttl={d.ttl!r}); cannot get it as {descriptor.kind} state "
+                    f"(ttl={descriptor.ttl!r})"
+                )
+        if state is not None:
+            return state
+        canonical_bytes(namespace)  # fail early on an unsupported namespace
+        if table is None:
+            pending = self._pending.pop(descriptor.name, None)
+            if pending is not None and pending[0] != descriptor.kind:
+                self._pending[descriptor.name] = pending
+                raise StateError(
+                    f"state {descriptor.name!r} was restored as {pending[0]} state; "
+                    f"cannot get it as {descriptor.kind} state"
+                )
+            table = self._create_table(descriptor)
+            self._tables[descriptor.name] = table
+            if table.per_record:
+                self._per_record.append(table)
+            if pending is not None:
+                for kg, entries in pending[1].items():
+                    self._load_entries(table, kg, entries)
+        state = self._make_state(table, namespace)
+        self._states[(descriptor.name, namespace)] = state
+        return state
+
+    def state_names(self) -> list[str]:
+        """Names of the registered and the restored-but-not-yet-registered states."""
+        return sorted(set(self._tables) | set(self._pending))
+
+    def keys(self, state_name: str, namespace: Any = None) -> Iterator[Any]:
+        """Keys with an entry in ``state_name`` and ``namespace``, each once.
+
+        Expired TTL entries not yet cleaned up count. Keys come back as stored:
+        the RocksDB backend and restored states yield canonical representatives
+        (``True`` stored comes back as ``1``). Don't write state while iterating.
+        """
+        self._check_open()
+        table = self._tables.get(state_name)
+        if table is not None:
+            return self._keys(table, namespace)
+        pending = self._pending.get(state_name)
+        if pending is None:
+            return iter(())
+        ns_enc = canonical_bytes(namespace)
+        return iter(
+            dict.fromkeys(
+                decode_canonical(k)
+                for entries in pending[1].values()
+                for k, ns, _ in entries
+                if ns == ns_enc
+            )
+        )
+
+    # -- snapshot / restore -----------------------------------------------------------
+    def snapshot(self) -> dict[int, bytes]:
+        """``{key_group: blob}`` for every non-empty key group of this backend."""
+        self._check_open()
+        return self._seal(self._dump_groups(), self._pending_dumps())
+
+    def _pending_dumps(self) -> dict[int, list[StateDump]]:
+        groups: dict[int, list[StateDump]] = {}
+        for name, (kind, by_kg) in self._pending.items():
+            for kg, entries in by_kg.items():
+                groups.setdefault(kg, []).append((name, kind, False, list(entries)))
+        return groups
+
+    @staticmethod
+    def _seal(*parts: dict[int, list[StateDump]]) -> dict[int, bytes]:
+        merged: dict[int, list[StateDump]] = {}
+        for part in parts:
+            for kg, dumps in part.items():
+                merged.setdefault(kg, []).extend(d for d in dumps if d[3])
+        return {kg: seal(KEYED_STATE, kg, dumps) for kg, dumps in sorted(merged.items()) if dumps}
+
+    def restore(self, blobs: Mapping[int, bytes]) -> int:
+        """Take the key groups of ``blobs`` inside this backend's range; returns how many.
+
+        Every taken blob is verified before any is applied (CorruptStateError
+        names the key group). Restoring a key group that already holds data
+        merges into it: values and map entries are overwritten, list
+        elements appended.
+        """
+        self._check_open()
+        decoded: list[tuple[int, list[StateDump]]] = []
+        for kg, blob in blobs.items():
+            if not isinstance(kg, int) or kg not in self.key_group_range:
+                continue
+            payload = unseal(KEYED_STATE, kg, blob)
+            if not isinstance(payload, list):
+                raise CorruptStateError(f"key group {kg}: snapshot payload is not a list")
+            decoded.append((kg, payload))
+        for kg, dumps in decoded:
+            for dump in dumps:
+                try:
+                    name, kind, _has_ttl, entries = dump
+                except (TypeError, ValueError) as exc:
+                    raise CorruptStateError(
+                        f"key group {kg}: malformed state entry in snapshot"
+                    ) from exc
+                if kind not in KINDS:
+                    raise CorruptStateError(f"key group {kg}: unknown state kind {kind!r}")
+                table = self._tables.get(name)
+                if table is not None:
+                    if table.kind != kind:
+                        raise StateError(
+                            f"key group {kg}: state {name!r} is {table.kind} state here but "
+                            f"{kind} state in the snapshot"
+                        )
+                    self._load_entries(table, kg, entries)
+                    continue
+                pending = self._pending.setdefault(name, (kind, {}))
+                if pending[0] != kind:
+                    raise StateError(
+                        f"key group {kg}: state {name!r} is restored as both {pending[0]} "
+                        f"and {kind} state"
+                    )
+                pending[1].setdefault(kg, []).extend(entries)
+        return len(decoded)
+
+    # -- lifecycle --------------------------------------------------------------------
+    def close(self) -> None:
+        """Release resources; the backend is unusable afterwards. Idempotent."""
+        self._closed = True
+        self._states.clear()
+        self._tables.clear()
+        self._pending.clear()
+        self._per_record.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateError(f"{type(self).__name__} is closed")
+
+    def __enter__(self) -> KeyedStateBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- backend specifics ------------------------------------------------------------
+    @abstractmethod
+    def _create_table(self, descriptor: StateDescriptor) -> TableBase: ...
+
+    @abstractmethod
+    def _make_state(self, table: Any, namespace: Any) -> State: ...
+
+    @abstractmethod
+    def _keys(self, table: Any, namespace: Any) -> Iterator[Any]: ...
+
+    @abstractmethod
+    def _dump_groups(self) -> dict[int, list[StateDump]]:
+        """Logical entries of every registered state, by key group."""
+
+    @abstractmethod
+    def _load_entries(self, table: Any, kg: int, entries: list[Entry]) -> None:
+        """Write logical entries (of key group ``kg``) into a registered state."""
+
+
+def check_element(state: str, value: object) -> None:
+    if value is None:
+        raise StateError(f"state {state!r}: None cannot be stored as a list element")

@@ -1,0 +1,721 @@
+"""The RocksDB backend: keyed state in rocksdict, one column family per state.
+
+Row layout (see ``_keycodec``)::
+
+    key group | len(key) | key | len(namespace) | namespace | suffix  ->  [ts] value
+
+The 2-byte big-endian key group leads every row key, so the rows of a key
+group (and of a key-group range) are one contiguous range. ``suffix`` is
+empty for value, reducing and aggregating state, an 8-byte sequence number
+per list element (one row per element, so ``add`` is one put) and the
+canonically encoded map key per map entry. TTL states prefix every row value
+with its last-access timestamp (8-byte big-endian double), so the expiry sweep
+reads timestamps without deserialising values.
+
+The database directory is a working copy, as in Flink: durability comes from
+snapshots. The write-ahead log is off, ``path`` must be a new or empty
+directory (or one this backend left behind), and ``close()`` deletes it.
+
+Snapshots are two-phase: :meth:`RocksDBKeyedStateBackend.begin_snapshot`
+takes a RocksDB checkpoint (flush + hard links, milliseconds: the consistent
+point-in-time view), and :meth:`RocksDBSnapshot.materialize` reads that
+checkpoint into blobs, which may run later or in another thread while the
+backend keeps taking writes. ``snapshot()`` does both.
+
+TTL cleanup beyond lazy-on-access: the stand-in for Flink's compaction filter
+is a sweep that, after every ``query_time_after_num_entries`` writes to a TTL
+state, checks that many more rows from a rotating cursor and deletes the
+expired ones; :meth:`RocksDBKeyedStateBackend.sweep_expired` runs it on demand
+and :meth:`RocksDBKeyedStateBackend.compact` sweeps everything and compacts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from .._clock import Clock
+from .._exceptions import ConfigurationError, StateError
+from .._keygroups import KeyGroupRange, canonical_bytes
+from ._api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
+from ._backend import (
+    Entry,
+    KeyedStateBackend,
+    StateDump,
+    TableBase,
+    check_element,
+    no_current_key,
+)
+from ._descriptors import (
+    AGGREGATING,
+    LIST,
+    MAP,
+    REDUCING,
+    VALUE,
+    AggregatingStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+)
+from ._keycodec import decode_canonical, key_prefix, namespace_suffix
+
+__all__ = ["RocksDBKeyedStateBackend", "RocksDBSnapshot"]
+
+_TS = struct.Struct(">d")
+_pack_ts = _TS.pack
+_unpack_ts = _TS.unpack_from
+_SEQ = struct.Struct(">Q")
+_pack_seq = _SEQ.pack
+_unpack_be32 = struct.Struct(">I").unpack_from
+_MARKER: Final = ".asyncio_ops_rocksdb"
+_CF_PREFIX: Final = "state:"
+
+
+def _rocksdict() -> Any:
+    try:
+        import rocksdict
+    except ImportError as exc:  # pragma: no cover - rocksdict is a declared extra
+        raise ConfigurationError(
+            "RocksDBKeyedStateBackend needs rocksdict: pip install 'asyncio-ops[rocksdb]'"
+        ) from exc
+    return rocksdict
+
+
+def _successor(prefix: bytes) -> bytes:
+    """The smallest byte string greater than every string starting with ``prefix``."""
+    b = bytearray(prefix)
+    while b:
+        if b[-1] != 0xFF:
+            b[-1] += 1
+            return bytes(b)
+        b.pop()
+    raise AssertionError("row prefixes start with a key group < 0x8000")  # pragma: no cover
+
+
+def _parse_row_key(k: bytes) -> tuple[int, bytes, bytes, bytes]:
+    """``(key_group, key_enc, ns_enc, suffix)`` of a row key."""
+    (klen,) = _unpack_be32(k, 2)
+    kend = 6 + klen
+    (nlen,) = _unpack_be32(k, kend)
+    nend = kend + 4 + nlen
+    return (k[0] << 8) | k[1], k[6:kend], k[kend + 4 : nend], k[nend:]
+
+
+def _scan(cf: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    it = cf.iter()
+    it.seek(prefix)
+    out = []
+    while it.valid():
+        k = it.key()
+        if not k.startswith(prefix):
+            break
+        out.append((k, it.value()))
+        it.next()
+    return out
+
+
+class _RocksTable(TableBase):
+    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self.cf = backend._column_family(descriptor.name)
+        self.writes = 0
+        self.cursor = b""
+        self.ns_suffixes: dict[Any, bytes] = {}
+
+    def ns_suffix(self, namespace: Any) -> bytes:
+        s = self.ns_suffixes.get(namespace)
+        if s is None:
+            s = self.ns_suffixes[namespace] = namespace_suffix(namespace)
+        return s
+
+    def wrote(self) -> None:
+        """Count a write; run the compaction-time sweep every N writes."""
+        self.writes += 1
+        if self.writes >= self.compaction_every:
+            self.writes = 0
+            self.sweep(self.compaction_every)
+
+    def cleanup_step(self) -> None:
+        if self.incremental:
+            self.sweep(self.incremental)
+
+    def sweep(self, limit: int | None) -> int:
+        """Check up to ``limit`` rows (all if None) from the cursor; delete expired ones."""
+        if not self.has_ttl:
+            return 0
+        it = self.cf.iter()
+        if self.cursor:
+            it.seek(self.cursor)
+        else:
+            it.seek_to_first()
+        now = self.now()
+        expired = self.expired
+        dead = []
+        n = 0
+        while it.valid() and (limit is None or n < limit):
+            if expired(_unpack_ts(it.value())[0], now):
+                dead.append(it.key())
+            n += 1
+            it.next()
+        self.cursor = it.key() if it.valid() else b""
+        delete = self.cf.delete
+        for k in dead:
+            delete(k)
+        return len(dead)
+
+    def encode(self, value: Any, ts: float) -> bytes:
+        if self.has_ttl:
+            return _pack_ts(ts) + self.dumps(value)
+        return self.dumps(value)
+
+
+class _RocksState:
+    __slots__ = ("_b", "_cf", "_delete", "_get", "_ns", "_put", "_t")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _RocksTable, namespace: Any):
+        self._b = backend
+        self._t = table
+        self._cf = table.cf
+        self._get = table.cf.get
+        self._put = table.cf.put
+        self._delete = table.cf.delete
+        self._ns = table.ns_suffix(namespace)
+
+    def _prefix(self) -> bytes:
+        p = self._b._kprefix
+        if p is None:
+            raise no_current_key()
+        return p + self._ns
+
+    def clear(self) -> None:
+        p = self._prefix()
+        if self._t.kind in (LIST, MAP):
+            self._cf.delete_range(p, _successor(p))
+        else:
+            self._delete(p)
+
+
+class _RocksValueState(_RocksState, ValueState[Any]):
+    """Value state without TTL: one get or put of the cached key prefix."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        p = self._b._kprefix
+        if p is None:
+            raise no_current_key()
+        raw = self._get(p + self._ns)
+        return None if raw is None else self._t.loads(raw)
+
+    def update(self, value: Any) -> None:
+        p = self._b._kprefix
+        if p is None:
+            raise no_current_key()
+        if value is None:
+            self._delete(p + self._ns)
+        else:
+            self._put(p + self._ns, self._t.dumps(value))
+
+
+class _RocksCell(_RocksState):
+    """One row per key, with a timestamp: TTL value, reducing, aggregating."""
+
+    __slots__ = ()
+
+    def _read(self, *, for_write: bool = False) -> Any:
+        t = self._t
+        if t.incremental:
+            t.cleanup_step()
+        k = self._prefix()
+        raw = self._get(k)
+        if raw is None:
+            return None
+        if not t.has_ttl:
+            return t.loads(raw)
+        now = t.now()
+        ts = _unpack_ts(raw)[0]
+        if t.expired(ts, now):
+            self._delete(k)
+            return t.loads(raw[8:]) if (t.return_expired and not for_write) else None
+        value = t.loads(raw[8:])
+        if t.update_on_read and not for_write:
+            self._put(k, _pack_ts(now) + raw[8:])
+        return value
+
+    def _write(self, value: Any) -> None:
+        t = self._t
+        self._put(self._prefix(), t.encode(value, t.now()))
+        if t.compaction_every:
+            t.wrote()
+
+
+class _RocksTtlValueState(_RocksCell, ValueState[Any]):
+    __slots__ = ()
+
+    def value(self) -> Any:
+        return self._read()
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+        else:
+            self._write(value)
+
+
+class _RocksReducingState(_RocksCell, ReducingState[Any]):
+    __slots__ = ("_reduce",)
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _RocksTable, namespace: Any):
+        super().__init__(backend, table, namespace)
+        desc = table.descriptor
+        assert isinstance(desc, ReducingStateDescriptor)
+        self._reduce = desc.reduce_fn
+
+    def get(self) -> Any:
+        return self._read()
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise StateError(f"state {self._t.name!r}: cannot add None to reducing state")
+        cur = self._read(for_write=True)
+        self._write(value if cur is None else self._reduce(cur, value))
+
+
+class _RocksAggregatingState(_RocksCell, AggregatingState[Any, Any]):
+    __slots__ = ("_agg",)
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _RocksTable, namespace: Any):
+        super().__init__(backend, table, namespace)
+        desc = table.descriptor
+        assert isinstance(desc, AggregatingStateDescriptor)
+        self._agg = desc.aggregate_fn
+
+    def get(self) -> Any:
+        acc = self._read()
+        return None if acc is None else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:
+        acc = self._read(for_write=True)
+        if acc is None:
+            acc = self._agg.create_accumulator()
+        self._write(self._agg.add(value, acc))
+
+
+class _RocksListState(_RocksState, ListState[Any]):
+    """One row per element, suffixed by a backend-wide increasing sequence number."""
+
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        t = self._t
+        if t.incremental:
+            t.cleanup_step()
+        rows = _scan(self._cf, self._prefix())
+        if not rows:
+            return []
+        loads = t.loads
+        if not t.has_ttl:
+            return [loads(v) for _, v in rows]
+        now = t.now()
+        out = []
+        for k, v in rows:
+            ts = _unpack_ts(v)[0]
+            if t.expired(ts, now):
+                self._delete(k)
+                if t.return_expired:
+                    out.append(loads(v[8:]))
+            else:
+                out.append(loads(v[8:]))
+                if t.update_on_read:
+                    self._put(k, _pack_ts(now) + v[8:])
+        return out
+
+    def add(self, value: Any) -> None:
+        p = self._b._kprefix
+        if p is None:
+            raise no_current_key()
+        if value is None:
+            check_element(self._t.name, value)
+        t = self._t
+        if t.has_ttl:
+            if t.incremental:
+                t.cleanup_step()
+            self._put(p + self._ns + _pack_seq(next(self._b._seq)), t.encode(value, t.now()))
+            if t.compaction_every:
+                t.wrote()
+        else:
+            self._put(p + self._ns + _pack_seq(next(self._b._seq)), t.dumps(value))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        items = list(values)
+        for v in items:
+            check_element(self._t.name, v)
+        for v in items:
+            self.add(v)
+
+    def update(self, values: Iterable[Any]) -> None:
+        items = list(values)
+        for v in items:
+            check_element(self._t.name, v)
+        self.clear()
+        for v in items:
+            self.add(v)
+
+
+class _RocksMapState(_RocksState, MapState[Any, Any]):
+    """One row per map entry, suffixed by the canonically encoded map key."""
+
+    __slots__ = ()
+
+    def _entry(self, key: Any) -> tuple[bytes, Any]:
+        t = self._t
+        if t.incremental:
+            t.cleanup_step()
+        k = self._prefix() + canonical_bytes(key)
+        return k, self._get(k)
+
+    def get(self, key: Any) -> Any:
+        k, raw = self._entry(key)
+        if raw is None:
+            return None
+        t = self._t
+        if not t.has_ttl:
+            return t.loads(raw)
+        now = t.now()
+        if t.expired(_unpack_ts(raw)[0], now):
+            self._delete(k)
+            return t.loads(raw[8:]) if t.return_expired else None
+        if t.update_on_read:
+            self._put(k, _pack_ts(now) + raw[8:])
+        return t.loads(raw[8:])
+
+    def put(self, key: Any, value: Any) -> None:
+        t = self._t
+        self._put(self._prefix() + canonical_bytes(key), t.encode(value, t.now()))
+        if t.compaction_every:
+            t.wrote()
+
+    def put_all(self, mapping: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        pairs = list(mapping.items() if isinstance(mapping, Mapping) else mapping)
+        for k, _ in pairs:
+            canonical_bytes(k)
+        for k, v in pairs:
+            self.put(k, v)
+
+    def remove(self, key: Any) -> None:
+        self._delete(self._prefix() + canonical_bytes(key))
+
+    def contains(self, key: Any) -> bool:
+        k, raw = self._entry(key)
+        if raw is None:
+            return False
+        t = self._t
+        if t.has_ttl and t.expired(_unpack_ts(raw)[0], t.now()):
+            if t.return_expired:
+                return True
+            self._delete(k)
+            return False
+        return True
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        t = self._t
+        if t.incremental:
+            t.cleanup_step()
+        p = self._prefix()
+        rows = _scan(self._cf, p)
+        n = len(p)
+        loads = t.loads
+        if not t.has_ttl:
+            return iter([(decode_canonical(k[n:]), loads(v)) for k, v in rows])
+        now = t.now()
+        out = []
+        for k, v in rows:
+            if t.expired(_unpack_ts(v)[0], now):
+                self._delete(k)
+                if t.return_expired:
+                    out.append((decode_canonical(k[n:]), loads(v[8:])))
+            else:
+                out.append((decode_canonical(k[n:]), loads(v[8:])))
+                if t.update_on_read:
+                    self._put(k, _pack_ts(now) + v[8:])
+        return iter(out)
+
+    def is_empty(self) -> bool:
+        t = self._t
+        if not t.has_ttl:
+            it = self._cf.iter()
+            p = self._prefix()
+            it.seek(p)
+            return not (it.valid() and it.key().startswith(p))
+        for _ in self.items():
+            return False
+        return True
+
+
+class RocksDBSnapshot:
+    """A point-in-time RocksDB checkpoint of a backend, not yet turned into blobs.
+
+    :meth:`materialize` reads it (safe to call from another thread while the
+    backend keeps working) and deletes the checkpoint; :meth:`discard` drops
+    it unread.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        tables: list[tuple[str, str, bool, bool, float, Any]],
+        pending: dict[int, list[StateDump]],
+        seal: Any,
+    ) -> None:
+        self._path = path
+        self._tables = tables
+        self._pending = pending
+        self._seal = seal
+        self._done = False
+
+    def materialize(self) -> dict[int, bytes]:
+        """``{key_group: blob}`` as of the checkpoint (see ``KeyedStateBackend.snapshot``)."""
+        if self._done:
+            raise StateError("RocksDBSnapshot.materialize: already materialized or discarded")
+        rocksdict = _rocksdict()
+        groups: dict[int, list[StateDump]] = {}
+        try:
+            if self._tables:
+                db = rocksdict.Rdict(
+                    str(self._path),
+                    rocksdict.Options(raw_mode=True),
+                    access_type=rocksdict.AccessType.read_only(),
+                )
+                try:
+                    for name, kind, has_ttl, drop, now, expired in self._tables:
+                        cf = db.get_column_family(_CF_PREFIX + name)
+                        try:
+                            by_kg = _dump_rows(cf, kind, has_ttl, drop, now, expired)
+                        finally:
+                            cf.close()
+                        for kg, entries in by_kg.items():
+                            groups.setdefault(kg, []).append((name, kind, has_ttl, entries))
+                finally:
+                    db.close()
+        finally:
+            self.discard()
+        return self._seal(groups, self._pending)  # type: ignore[no-any-return]
+
+    def discard(self) -> None:
+        self._done = True
+        shutil.rmtree(self._path, ignore_errors=True)
+
+
+def _dump_rows(
+    cf: Any, kind: str, has_ttl: bool, drop: bool, now: float, expired: Any
+) -> dict[int, list[Entry]]:
+    """Rows of one column family as logical entries, by key group (rows are sorted)."""
+    out: dict[int, list[Entry]] = {}
+    it = cf.iter()
+    it.seek_to_first()
+    last: tuple[int, bytes, bytes] | None = None
+    bucket: list[Any] = []
+    multi = kind in (LIST, MAP)
+    while it.valid():
+        kg, key_enc, ns_enc, suffix = _parse_row_key(it.key())
+        v = it.value()
+        if has_ttl:
+            ts: float | None = _unpack_ts(v)[0]
+            body = v[8:]
+            if drop and expired(ts, now):
+                it.next()
+                continue
+        else:
+            ts, body = None, v
+        if not multi:
+            out.setdefault(kg, []).append((key_enc, ns_enc, (ts, body)))
+        else:
+            ident = (kg, key_enc, ns_enc)
+            if ident != last:
+                bucket = []
+                out.setdefault(kg, []).append((key_enc, ns_enc, bucket))
+                last = ident
+            bucket.append((ts, body) if kind == LIST else (suffix, ts, body))
+        it.next()
+    return out
+
+
+class RocksDBKeyedStateBackend(KeyedStateBackend):
+    """Keyed state in RocksDB via rocksdict (see the module docstring).
+
+    ``RocksDBKeyedStateBackend(path=..., max_parallelism=128, key_group_range=r,
+    clock=None)``. ``path`` is the backend's working directory.
+    """
+
+    is_rocksdb = True
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str],
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(
+            max_parallelism=max_parallelism, key_group_range=key_group_range, clock=clock
+        )
+        rocksdict = _rocksdict()
+        self._rd = rocksdict
+        root = Path(path)
+        if root.exists():
+            if not root.is_dir():
+                raise ConfigurationError(f"RocksDB path {str(root)!r} is not a directory")
+            if any(root.iterdir()) and not (root / _MARKER).exists():
+                raise ConfigurationError(
+                    f"RocksDB path {str(root)!r} is not empty and was not created by this "
+                    "backend; give a new or empty directory (its contents are a working copy "
+                    "and are deleted on close)"
+                )
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        (root / _MARKER).write_text("asyncio_ops RocksDB working directory\n")
+        self._root = root
+        self._db_path = root / "db"
+        self._snap_ids = itertools.count()
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._db = rocksdict.Rdict(str(self._db_path), opts)
+        self._write_opts = rocksdict.WriteOptions()
+        # The database is a working copy (snapshots are the durable form): no WAL.
+        self._write_opts.disable_wal = True
+        self._db.set_write_options(self._write_opts)
+        self._cfs: dict[str, Any] = {}
+        # Sequence numbers of list elements: increasing across the backend's life, so
+        # elements of one list sort in insertion order.
+        self._seq = itertools.count()
+
+    def _column_family(self, name: str) -> Any:
+        cf = self._cfs.get(name)
+        if cf is None:
+            cf = self._db.create_column_family(_CF_PREFIX + name, self._rd.Options(raw_mode=True))
+            cf.set_write_options(self._write_opts)
+            self._cfs[name] = cf
+        return cf
+
+    def _create_table(self, descriptor: StateDescriptor) -> _RocksTable:
+        return _RocksTable(self, descriptor)
+
+    def _make_state(self, table: _RocksTable, namespace: Any) -> State:
+        kind = table.kind
+        if kind == VALUE:
+            cls = _RocksTtlValueState if table.has_ttl else _RocksValueState
+            return cls(self, table, namespace)
+        if kind == LIST:
+            return _RocksListState(self, table, namespace)
+        if kind == MAP:
+            return _RocksMapState(self, table, namespace)
+        if kind == REDUCING:
+            return _RocksReducingState(self, table, namespace)
+        if kind == AGGREGATING:
+            return _RocksAggregatingState(self, table, namespace)
+        raise AssertionError(kind)  # pragma: no cover - descriptors validate kinds
+
+    def _keys(self, table: _RocksTable, namespace: Any) -> Iterator[Any]:
+        ns_enc = canonical_bytes(namespace)
+        it = table.cf.iter()
+        it.seek_to_first()
+        out = []
+        last = None
+        while it.valid():
+            _, key_enc, row_ns, _ = _parse_row_key(it.key())
+            if row_ns == ns_enc and key_enc != last:
+                out.append(decode_canonical(key_enc))
+                last = key_enc
+            it.next()
+        return iter(out)
+
+    # -- snapshot ---------------------------------------------------------------------
+    def begin_snapshot(self) -> RocksDBSnapshot:
+        """Phase 1: a RocksDB checkpoint (consistent, milliseconds); see RocksDBSnapshot."""
+        self._check_open()
+        snap_dir = self._root / "snapshots" / str(next(self._snap_ids))
+        snap_dir.parent.mkdir(exist_ok=True)
+        tables = []
+        for t in self._tables.values():
+            assert isinstance(t, _RocksTable)
+            tables.append((t.name, t.kind, t.has_ttl, t.full_snapshot_cleanup, t.now(), t.expired))
+        if tables:
+            self._rd.Checkpoint(self._db).create_checkpoint(str(snap_dir))
+        return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._seal)
+
+    def snapshot(self) -> dict[int, bytes]:
+        return self.begin_snapshot().materialize()
+
+    def _dump_groups(self) -> dict[int, list[StateDump]]:  # pragma: no cover - via snapshot()
+        raise NotImplementedError
+
+    def _load_entries(self, table: _RocksTable, kg: int, entries: list[Entry]) -> None:
+        wb = self._rd.WriteBatch(raw_mode=True)
+        wb.set_default_column_family(self._db.get_column_family_handle(_CF_PREFIX + table.name))
+        put = wb.put
+        stamp = _pack_ts(table.now())
+        has_ttl = table.has_ttl
+        kind = table.kind
+
+        def value(ts: float | None, body: bytes) -> bytes:
+            if not has_ttl:
+                return body
+            return (stamp if ts is None else _pack_ts(ts)) + body
+
+        for key_enc, ns_enc, payload in entries:
+            prefix = key_prefix(kg, key_enc) + struct.pack(">I", len(ns_enc)) + ns_enc
+            if kind == LIST:
+                for ts, body in payload:
+                    put(prefix + _pack_seq(next(self._seq)), value(ts, body))
+            elif kind == MAP:
+                for mk_enc, ts, body in payload:
+                    put(prefix + mk_enc, value(ts, body))
+            else:
+                ts, body = payload
+                put(prefix, value(ts, body))
+        self._db.write(wb, self._write_opts)
+
+    # -- TTL maintenance --------------------------------------------------------------
+    def sweep_expired(self, state_name: str | None = None) -> int:
+        """Delete every expired row of one TTL state (or all); returns how many."""
+        self._check_open()
+        n = 0
+        for t in list(self._tables.values()):
+            if state_name is None or t.name == state_name:
+                assert isinstance(t, _RocksTable)
+                t.cursor = b""
+                n += t.sweep(None)
+        return n
+
+    def compact(self) -> int:
+        """Sweep every expired row, then compact each column family; returns rows deleted."""
+        n = self.sweep_expired()
+        for cf in self._cfs.values():
+            cf.compact_range(None, None)
+        return n
+
+    def close(self) -> None:
+        """Close the database and delete the working directory. Idempotent."""
+        if self._closed:
+            return
+        super().close()
+        # Every column-family handle shares the database; each must be closed, or the
+        # states still referencing one keep the LOCK held.
+        for cf in self._cfs.values():
+            cf.close()
+        self._cfs.clear()
+        self._db.close()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        r = self.key_group_range
+        return (
+            f"RocksDBKeyedStateBackend(path={str(self._root)!r}, "
+            f"max_parallelism={self.max_parallelism}, key_group_range={r.start}..{r.end}, "
+            f"states={sorted(self._tables)})"
+        )
