@@ -1,0 +1,542 @@
+"""HttpLookup: JSON lookups over HTTP on one aiohttp session per worker.
+
+Per input row the lookup renders a request from templates (URL, query
+parameters, JSON body; see :mod:`connectors.http._template`), sends it (rate
+limited, retried on transient statuses), decodes the JSON answer into rows.
+With :class:`HttpBatch`, the keys of concurrent rows go to a batch endpoint in
+one request and the answer is fanned out by a key field of each item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json as jsonlib
+import math
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any, Final
+
+import aiohttp
+from aiolimiter import AsyncLimiter
+from yarl import URL
+
+from asyncio_ops._exceptions import ConfigurationError
+
+from .._batching import BatchStatistics, KeyBatcher
+from .._cache import LookupCache, _Miss
+from .._exceptions import (
+    LookupConnectionError,
+    LookupDecodeError,
+    LookupResponseError,
+    LookupTimeout,
+)
+from .._lookup import BaseLookup, Row
+from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
+from .._resources import SharedResources
+from ._errors import map_aiohttp_errors
+from ._template import JsonTemplate, ParamsTemplate, Template, text_of
+
+__all__ = ["HttpBatch", "HttpLookup", "active_sessions", "parse_retry_after"]
+
+_SESSION_CLOSE_TIMEOUT: Final = 10.0
+# Response bytes kept on an error for diagnosis (never put into the message).
+_ERROR_BODY_BYTES: Final = 1024
+_USER_AGENT: Final = "asyncio_ops-connectors/0.1"
+# Statuses whose Retry-After header is honoured (RFC 9110 §10.2.3 defines it for 503
+# and 3xx; RFC 6585 for 429).
+_RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+
+Rows = tuple[Row, ...]
+_EMPTY: Final[Rows] = ()
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delay-seconds or HTTP-date).
+
+    A date in the past gives 0; an unparseable or missing value gives None.
+    ``now`` (epoch seconds) defaults to the wall clock: HTTP dates are wall time.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+@dataclass(frozen=True)
+class HttpBatch:
+    """A batch endpoint: many keys per request, answers fanned out by ``result_key``.
+
+    ``key``: the input row field holding the key. ``result_key``: the field of
+    each response item holding the key it answers (matched as text, so ``7``
+    and ``"7"`` are the same key). Keys travel in the query parameter ``param``
+    (joined by ``separator``, or as a repeated parameter when ``separator`` is
+    None) or in the JSON body field ``json_field`` (as a list). ``max_size``
+    keys per request at most; ``max_delay`` seconds a key waits for others.
+    """
+
+    key: str
+    result_key: str
+    param: str | None = None
+    json_field: str | None = None
+    separator: str | None = ","
+    max_size: int = 100
+    max_delay: float = 0.002
+
+    def __post_init__(self) -> None:
+        if (self.param is None) == (self.json_field is None):
+            raise ConfigurationError("HttpBatch needs exactly one of param= or json_field=")
+        if not self.key or not self.result_key:
+            raise ConfigurationError("HttpBatch key and result_key must be field names")
+        if not isinstance(self.max_size, int) or self.max_size < 1:
+            raise ConfigurationError(f"HttpBatch max_size must be >= 1, got {self.max_size!r}")
+        if not 0 <= self.max_delay <= 60:
+            raise ConfigurationError(
+                f"HttpBatch max_delay must be between 0 and 60 s, got {self.max_delay!r}"
+            )
+
+
+# -- per-process shared resources ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SessionSettings:
+    max_connections: int
+    verify_ssl: bool
+    ca_file: str | None
+
+
+async def _create_session(key: Hashable) -> aiohttp.ClientSession:
+    assert isinstance(key, _SessionSettings)
+    tls: ssl.SSLContext | bool
+    if key.ca_file is not None:
+        tls = ssl.create_default_context(cafile=key.ca_file)
+    else:
+        tls = key.verify_ssl  # True: the default verifying context; False: no verification
+    connector = aiohttp.TCPConnector(limit=key.max_connections, ssl=tls)
+    # No session-wide timeout: each request carries its own.
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        headers={"User-Agent": _USER_AGENT},
+        raise_for_status=False,
+    )
+
+
+async def _close_session(session: aiohttp.ClientSession) -> None:
+    try:
+        await asyncio.wait_for(session.close(), _SESSION_CLOSE_TIMEOUT)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # closing is best effort; the connector drops its sockets anyway
+        return
+
+
+def _abandon_session(session: aiohttp.ClientSession) -> None:
+    # Loop gone (exit): nothing can be awaited. Close the sockets directly.
+    connector = session.connector
+    if connector is not None:
+        connector._close(abort_ssl=True)  # the synchronous part of close(); no loop needed
+
+
+_SESSIONS: Final[SharedResources[aiohttp.ClientSession]] = SharedResources(
+    "aiohttp sessions", create=_create_session, aclose=_close_session, terminate=_abandon_session
+)
+
+
+async def _create_limiter(key: Hashable) -> AsyncLimiter:
+    assert isinstance(key, tuple)
+    _, rate, burst = key
+    # A leaky bucket of ``burst`` slots draining at ``rate`` per second: at most
+    # ``burst`` requests at once, ``rate`` per second sustained.
+    return AsyncLimiter(burst, burst / rate)
+
+
+async def _close_nothing(_: AsyncLimiter) -> None:
+    return None
+
+
+_LIMITERS: Final[SharedResources[AsyncLimiter]] = SharedResources(
+    "rate limiters", create=_create_limiter, aclose=_close_nothing, terminate=lambda _: None
+)
+
+
+def active_sessions() -> int:
+    """How many aiohttp sessions this process holds open (for tests and metrics)."""
+    return _SESSIONS.active()
+
+
+@dataclass
+class _Runtime:
+    session: aiohttp.ClientSession
+    limiter: AsyncLimiter | None
+    batcher: KeyBatcher[Hashable, Rows] | None
+
+
+def _seconds(name: str, value: object, *, zero: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero):  # type: ignore[operator]
+        bound = ">= 0" if zero else "> 0"
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds {bound}, got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class HttpLookup(BaseLookup[_Runtime]):
+    """Look rows up over HTTP; JSON answers become result rows.
+
+    Request: ``url`` (template; values percent-encoded), ``params`` (query
+    parameters, templates or constants), ``json`` (a body template; its strings
+    may hold placeholders), ``headers`` (constant; credential-like values are
+    never shown in reprs or errors), ``method``.
+
+    Answer: a 2xx JSON body; ``result_path`` (dotted, e.g. ``"data.items"``)
+    selects a part of it. An object gives one row, an array one row per item,
+    ``null`` or a missing path no rows; a scalar (or a non-object item) becomes
+    ``{value_field: scalar}``. 404 gives no rows when ``not_found_empty`` (a key
+    that does not exist is not an error for a lookup); any other status that is
+    not retried raises :class:`~connectors.LookupResponseError`. Result rows
+    hold the response fields only, unless ``include_input=True``.
+
+    Transient failures — a status in ``retry_statuses``, a broken connection, a
+    request timeout — are retried up to ``max_retries`` times inside
+    ``async_invoke`` (so within the operator's per-element timeout), waiting
+    ``Retry-After`` for 429/503 when the server sends it, else exponential
+    backoff from ``backoff`` up to ``max_backoff`` seconds with jitter. A
+    Retry-After longer than ``max_retry_after`` is not waited for: the error
+    (retryable, with ``retry_after`` set) is raised at once so that the
+    operator's retry strategy, which has the element's whole budget in view,
+    decides. Retries assume the request is a read: safe to repeat.
+
+    Limits per worker process: ``max_connections`` sockets in the one shared
+    session; ``rate_limit`` requests per second (retries included) for every
+    HttpLookup to the same host with the same limit, with bursts of at most
+    ``rate_burst``. ``timeout`` seconds per request attempt (connect to last
+    byte). TLS certificates are verified unless ``verify_ssl=False``;
+    ``ca_file`` trusts a private CA.
+
+    ``batch``: an :class:`HttpBatch`; the templates may then not use row fields.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        method: str = "GET",
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+        batch: HttpBatch | None = None,
+        rate_limit: float | None = None,
+        rate_burst: int = 1,
+        max_connections: int = 100,
+        timeout: float = 10.0,
+        retry_statuses: Sequence[int] = (429, 500, 502, 503, 504),
+        max_retries: int = 3,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        max_retry_after: float = 30.0,
+        result_path: str | None = None,
+        value_field: str = "value",
+        not_found_empty: bool = True,
+        include_input: bool = False,
+        verify_ssl: bool = True,
+        ca_file: str | None = None,
+        cache: LookupCache[Any] | None = None,
+    ) -> None:
+        super().__init__(cache=cache)
+        self.method = str(method).upper()
+        if not self.method.isalpha():
+            raise ConfigurationError(f"method must be an HTTP method name, got {method!r}")
+        self.url = Template(url, option="url")
+        scheme = url.split(":", 1)[0].lower()
+        if scheme not in ("http", "https"):
+            raise ConfigurationError(f"url must start with http:// or https://, got {url!r}")
+        self.params = ParamsTemplate(params)
+        self.json = JsonTemplate(json) if json is not None else None
+        self.headers: dict[str, str] = {str(k): str(v) for k, v in (headers or {}).items()}
+        self.batch = batch
+        if batch is not None:
+            if not isinstance(batch, HttpBatch):
+                raise ConfigurationError(f"batch must be an HttpBatch, got {batch!r}")
+            per_row = self.url.fields + self.params.fields + (self.json.fields if self.json else ())
+            if per_row:
+                raise ConfigurationError(
+                    f"with batch=, the request cannot use row fields {sorted(set(per_row))!r}: "
+                    "one request serves many rows; keys go in HttpBatch(param=/json_field=)"
+                )
+            if (
+                batch.json_field is not None
+                and self.json is not None
+                and not isinstance(json, Mapping)
+            ):
+                raise ConfigurationError("with HttpBatch(json_field=), json must be an object")
+        if rate_limit is not None:
+            rate_limit = _seconds("rate_limit", rate_limit)
+        self.rate_limit = rate_limit
+        self.rate_burst = _count("rate_burst", rate_burst, 1)
+        self.max_connections = _count("max_connections", max_connections, 1)
+        # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
+        self.request_timeout = _seconds("timeout", timeout)
+        self.retry_statuses = frozenset(int(s) for s in retry_statuses)
+        self.max_retries = _count("max_retries", max_retries, 0)
+        self.backoff = _seconds("backoff", backoff, zero=True)
+        self.max_backoff = _seconds("max_backoff", max_backoff, zero=True)
+        self.max_retry_after = _seconds("max_retry_after", max_retry_after, zero=True)
+        self.result_path = tuple(result_path.split(".")) if result_path else ()
+        self.value_field = value_field
+        self.not_found_empty = bool(not_found_empty)
+        self.include_input = bool(include_input)
+        if ca_file is not None and not verify_ssl:
+            raise ConfigurationError("ca_file= needs verify_ssl=True")
+        self.verify_ssl = bool(verify_ssl)
+        self.ca_file = ca_file
+        self._session_settings = _SessionSettings(self.max_connections, self.verify_ssl, ca_file)
+        host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+        self._limiter_key = (host, rate_limit, self.rate_burst) if rate_limit else None
+        self._scrub = Scrubber(self._secrets(url, params))
+
+    def _secrets(self, url: str, params: Mapping[str, Any] | None) -> list[str]:
+        found = url_secrets(url)
+        for name, value in self.headers.items():
+            if is_sensitive_name(name):
+                found.append(value)
+                # "Bearer <token>", "Basic <b64>": the credential alone may be quoted too.
+                found.extend(value.split()[1:])
+        for name, value in (params or {}).items():
+            if is_sensitive_name(str(name)) and isinstance(value, str) and "{" not in value:
+                found.append(value)
+        return found
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def _open_runtime(self) -> _Runtime:
+        session = await _SESSIONS.acquire(self._session_settings)
+        limiter: AsyncLimiter | None = None
+        try:
+            if self._limiter_key is not None:
+                limiter = await _LIMITERS.acquire(self._limiter_key)
+        except BaseException:
+            await _SESSIONS.release(self._session_settings)
+            raise
+        batcher: KeyBatcher[Hashable, Rows] | None = None
+        if self.batch is not None:
+            batcher = KeyBatcher(
+                self._fetch_batch,
+                max_size=self.batch.max_size,
+                max_delay=self.batch.max_delay,
+                missing=lambda: _EMPTY,
+            )
+        return _Runtime(session=session, limiter=limiter, batcher=batcher)
+
+    async def _close_runtime(self, runtime: _Runtime) -> None:
+        try:
+            if runtime.batcher is not None:
+                await runtime.batcher.aclose()
+        finally:
+            if self._limiter_key is not None:
+                await _LIMITERS.release(self._limiter_key)
+            await _SESSIONS.release(self._session_settings)
+
+    def _runtime_batch_statistics(self, runtime: _Runtime) -> BatchStatistics:
+        if runtime.batcher is None:
+            return BatchStatistics(0, 0, 0, 0, 0)
+        return runtime.batcher.statistics()
+
+    # -- lookups -----------------------------------------------------------------------
+    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+        """The rows the server answers for ``value`` (see the class docstring)."""
+        runtime = self._require_runtime()
+        self._rows += 1
+        if self.batch is not None:
+            batcher = runtime.batcher
+            assert batcher is not None
+            key = value.get(self.batch.key) if isinstance(value, Mapping) else None
+            if key is None:
+                self._null_keys += 1
+                return []
+
+            async def load() -> Rows:
+                return await batcher.load(key)
+
+            items = await self._cached(key, load)
+        else:
+            url = self.url.render(value, url=True)
+            params = self.params.render(value)
+            body = self.json.render(value) if self.json is not None else None
+            cache_key = (url, tuple(params), _canonical(body)) if self.cache is not None else None
+
+            async def fetch() -> Rows:
+                return self._rows_of(await self._send(runtime, url, params, body))
+
+            items = await self._cached(cache_key, fetch)
+        if self.include_input:
+            return [{**value, **item} for item in items]
+        return [dict(item) for item in items]
+
+    async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Rows]]) -> Rows:
+        cache = self.cache
+        if cache is None:
+            rows: Rows = await fetch()
+            return rows
+        cached = cache.get(key)
+        if not isinstance(cached, _Miss):
+            rows_cached: Rows = cached
+            return rows_cached
+        rows = await fetch()
+        cache.put(key, rows, empty=not rows)
+        return rows
+
+    async def _fetch_batch(self, keys: Sequence[Hashable]) -> dict[Hashable, Rows]:
+        """One request for ``keys``; the items grouped back by ``result_key``."""
+        runtime = self._require_runtime()
+        batch = self.batch
+        assert batch is not None
+        url = self.url.render({}, url=True)
+        params = self.params.render({})
+        body = self.json.render({}) if self.json is not None else None
+        if batch.param is not None:
+            texts = [text_of(k) for k in keys]
+            if batch.separator is not None:
+                params.append((batch.param, batch.separator.join(texts)))
+            else:
+                params.extend((batch.param, t) for t in texts)
+        else:
+            assert batch.json_field is not None
+            body = {**(body or {}), batch.json_field: list(keys)}
+        items = self._rows_of(await self._send(runtime, url, params, body))
+        index: dict[str, list[Row]] = {}
+        for item in items:
+            if batch.result_key not in item:
+                raise LookupDecodeError(
+                    f"{self.method} {redact_url(url)}: batch answer item has no "
+                    f"{batch.result_key!r} field to match keys on",
+                    status=200,
+                )
+            index.setdefault(text_of(item[batch.result_key]), []).append(item)
+        return {k: tuple(index.get(text_of(k), ())) for k in keys}
+
+    async def _send(
+        self, runtime: _Runtime, url: str, params: list[tuple[str, str]], body: Any
+    ) -> Any:
+        """Send one request, retrying transient failures; the decoded JSON (or None on 404).
+
+        Raises LookupResponseError, LookupDecodeError, LookupConnectionError,
+        LookupTimeout, LookupTLSError, ConnectorError.
+        """
+        where = redact_url(url)
+        attempt = 0
+        while True:
+            if runtime.limiter is not None:
+                await runtime.limiter.acquire()
+            try:
+                return await self._attempt(runtime, url, where, params, body)
+            except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
+                retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
+                if not exc.retryable or attempt >= self.max_retries:
+                    raise
+                if retry_after is not None:
+                    if retry_after > self.max_retry_after:
+                        raise
+                    delay = retry_after
+                else:
+                    delay = min(self.max_backoff, self.backoff * 2**attempt)
+                    delay *= random.uniform(0.5, 1.0)  # jitter: retries of many rows spread out
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _attempt(
+        self, runtime: _Runtime, url: str, where: str, params: list[tuple[str, str]], body: Any
+    ) -> Any:
+        with map_aiohttp_errors(self.method, where, self._scrub):
+            async with runtime.session.request(
+                self.method,
+                URL(url, encoded=True),  # values are encoded by the template already
+                params=params or None,
+                json=body,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
+            ) as response:
+                status = response.status
+                if 200 <= status < 300:
+                    raw = await response.read()
+                    return self._decode(raw, status, where)
+                if status == 404 and self.not_found_empty:
+                    return None
+                head = await response.content.read(_ERROR_BODY_BYTES)
+                retry_after = (
+                    parse_retry_after(response.headers.get("Retry-After"))
+                    if status in _RETRY_AFTER_STATUSES
+                    else None
+                )
+                reason = self._scrub(response.reason or "")
+                raise LookupResponseError(
+                    f"{self.method} {where} answered {status} {reason}".rstrip(),
+                    status=status,
+                    retry_after=retry_after,
+                    body=head,
+                    retryable=status in self.retry_statuses,
+                )
+
+    def _decode(self, raw: bytes, status: int, where: str) -> Any:
+        if not raw.strip():
+            return None  # 204 or an empty 200: nothing found
+        try:
+            return jsonlib.loads(raw)
+        except ValueError as exc:
+            raise LookupDecodeError(
+                f"{self.method} {where} answered {status} with a body that is not JSON: {exc}",
+                status=status,
+                body=raw[:_ERROR_BODY_BYTES],
+            ) from exc
+
+    def _rows_of(self, document: Any) -> Rows:
+        node = document
+        for part in self.result_path:
+            if not isinstance(node, Mapping):
+                node = None
+                break
+            node = node.get(part)
+        if node is None:
+            return _EMPTY
+        items = node if isinstance(node, list) else [node]
+        return tuple(
+            dict(item) if isinstance(item, Mapping) else {self.value_field: item} for item in items
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"HttpLookup({self.method} {redact_url(self.url.text)!r}, "
+            f"headers={redact_headers(self.headers)!r}, batch={self.batch!r}, "
+            f"rate_limit={self.rate_limit!r})"
+        )
+
+
+def _canonical(body: Any) -> str | None:
+    if body is None:
+        return None
+    return jsonlib.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
