@@ -28,7 +28,7 @@ import datetime as _dt
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Final
 
 import mmh3
@@ -80,7 +80,10 @@ def canonical_bytes(key: object) -> bytes:
         as_float = float(key)
         if Decimal(as_float) == key:
             return b"f" + _pack_d(as_float)
-        return b"d" + str(key.normalize()).encode("ascii")
+        # normalize() under the default context rounds to 28 digits, which would make
+        # distinct keys collide: normalise with a precision that keeps every digit.
+        exact = Context(prec=max(1, len(key.as_tuple().digits)))
+        return b"d" + str(key.normalize(exact)).encode("ascii")
     if isinstance(key, _dt.datetime):
         if key.utcoffset() is not None:
             # Aware datetimes equal in Python (same instant, other zone) must encode

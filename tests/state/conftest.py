@@ -71,7 +71,14 @@ def make_backend(backend_kind: str, tmp_path: Path) -> Iterator[BackendFactory]:
 def any_backend_factory(tmp_path: Path) -> Iterator[Callable[[str], BackendFactory]]:
     """``factory(kind)`` for tests that mix backend kinds (heap -> RocksDB and back)."""
     opened: list[KeyedStateBackend] = []
-    yield lambda kind: make_factory(kind, tmp_path / kind, opened)
+    factories: dict[str, BackendFactory] = {}
+
+    def factory(kind: str) -> BackendFactory:
+        if kind not in factories:
+            factories[kind] = make_factory(kind, tmp_path / kind, opened)
+        return factories[kind]
+
+    yield factory
     for b in opened:
         b.close()
 
