@@ -52,6 +52,7 @@ from ._descriptors import (
 )
 from ._heap import HeapKeyedStateBackend
 from ._keycodec import decode_canonical
+from ._operator_state import OperatorStateBackend
 from ._rocksdb import RocksDBKeyedStateBackend, RocksDBSnapshot
 from ._serializers import PICKLE_SERIALIZER, PickleSerializer, Serializer
 from ._ttl import (
@@ -80,6 +81,7 @@ __all__ = [
     "ListStateDescriptor",
     "MapState",
     "MapStateDescriptor",
+    "OperatorStateBackend",
     "PickleSerializer",
     "ReducingState",
     "ReducingStateDescriptor",
