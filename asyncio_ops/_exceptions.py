@@ -11,6 +11,13 @@
     │   └── AsyncTimeoutError (TimeoutError)
     │                                     the element's timeout budget ran out
     ├── InvalidResultError (TypeError)    ``async_invoke`` returned None or a non-sequence
+    ├── OutputSchemaError (TypeError)     an output row does not fit the declared schema;
+    │                                     names the column, the value and the input row
+    ├── CheckpointError                   checkpoint storage: unwritable location, missing
+    │   │                                 version; names the path
+    │   └── CorruptCheckpointError (ValueError)
+    │                                     torn, truncated, bit-flipped or too-new file;
+    │                                     names the file
     └── StateError                        state layer failures
         ├── KeyGroupError (ValueError)    key group / parallelism out of range
         ├── UnsupportedKeyError (TypeError)
@@ -56,6 +63,18 @@ class AsyncTimeoutError(AsyncOperatorError, TimeoutError):
 
 class InvalidResultError(AsyncOpsError, TypeError):
     """An async function returned something that is not a sequence of results."""
+
+
+class OutputSchemaError(AsyncOpsError, TypeError):
+    """An output row does not fit the declared output schema (names column and row)."""
+
+
+class CheckpointError(AsyncOpsError):
+    """Checkpoint storage cannot be used as asked; the message names the path."""
+
+
+class CorruptCheckpointError(CheckpointError, ValueError):
+    """A checkpoint file failed verification; the message names the file."""
 
 
 class StateError(AsyncOpsError):

@@ -91,13 +91,13 @@ class OutputMode(enum.Enum):
     """Completion order between watermarks; nothing crosses a watermark."""
 
 
-def make_queue(mode: OutputMode, capacity: int) -> ElementQueue:
+def make_queue(mode: OutputMode, capacity: int, key_ordered: bool = False) -> ElementQueue:
     if mode is OutputMode.ORDERED:
         return OrderedElementQueue(capacity)
     if mode is OutputMode.UNORDERED:
-        return UnorderedElementQueue(capacity)
+        return UnorderedElementQueue(capacity, key_ordered)
     if mode is OutputMode.WATERMARK_BOUNDED:
-        return WatermarkBoundedElementQueue(capacity)
+        return WatermarkBoundedElementQueue(capacity, key_ordered)
     raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
 
 
@@ -362,7 +362,11 @@ class AsyncWaitOperator:
             element into results instead of failing the operator (the Spark
             layer's error rows). Exceptions it raises fail the operator.
         key_selector: ``value -> key`` in keyed mode: timers are scoped to the
-            key and snapshot entries carry it.
+            key, snapshot entries carry it, and in the unordered modes results
+            of one key leave in input order (completion order across keys).
+        manage_function: when False, ``open``/``close`` leave the function's
+            own ``open``/``close`` to the caller (a runtime that keeps one
+            opened function per worker across many operators).
     """
 
     def __init__(
@@ -378,6 +382,7 @@ class AsyncWaitOperator:
         runtime_context: RuntimeContext | None = None,
         on_failure: FailureHandler | None = None,
         key_selector: Callable[[Any], Any] | None = None,
+        manage_function: bool = True,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -390,7 +395,7 @@ class AsyncWaitOperator:
         self.mode = mode
         self.capacity = capacity
         self.timeout = timeout_seconds(timeout)
-        self._queue = make_queue(mode, capacity)
+        self._queue = make_queue(mode, capacity, key_ordered=key_selector is not None)
         self._output = output
         self._retry = retry if retry is not None and retry.enabled else None
         self._rng = random.Random()
@@ -405,6 +410,7 @@ class AsyncWaitOperator:
         self._waiter: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self._opened = False
+        self._manage_function = manage_function
         self._closed = False
         self._draining = False
         # statistics
@@ -423,7 +429,8 @@ class AsyncWaitOperator:
         if self._opened:
             raise RuntimeError("AsyncWaitOperator.open() called twice")
         self._opened = True
-        await maybe_await(self.function.open(self._runtime_context))
+        if self._manage_function:
+            await maybe_await(self.function.open(self._runtime_context))
         if restored is None:
             return
         if not isinstance(restored, OperatorSnapshot):
@@ -459,7 +466,7 @@ class AsyncWaitOperator:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._wake()
-        if self._opened:
+        if self._opened and self._manage_function:
             await maybe_await(self.function.close())
 
     async def __aenter__(self) -> AsyncWaitOperator:
@@ -533,6 +540,7 @@ class AsyncWaitOperator:
     def _admit(self, record: Record[Any]) -> None:
         """Start the first attempt of ``record``; the queue has room for it."""
         self._received += 1
+        key = self._key_selector(record.value) if self._key_selector is not None else None
         try:
             coro = self._async_invoke(record.value)
             first = coro.send(None)
@@ -542,7 +550,7 @@ class AsyncWaitOperator:
             # once anyway, needs no queue entry, no timer and no task.
             if (
                 (type(results) is list or type(results) is tuple)
-                and self._queue.emits_on_arrival()
+                and self._queue.emits_on_arrival(key)
                 and (self._retry is None or not self._retry.should_retry_result(results))
             ):
                 self._completed += 1
@@ -556,19 +564,18 @@ class AsyncWaitOperator:
                     self._fail(exc)
                 self._emitted += len(results)
                 return
-            entry = self._new_entry(record)
+            entry = self._new_entry(record, key)
             self._on_result(entry, results)
             return
         except Exception as exc:
-            entry = self._new_entry(record)
+            entry = self._new_entry(record, key)
             self._on_error(entry, exc)
             return
-        self._suspended(self._new_entry(record), coro, first)
+        self._suspended(self._new_entry(record, key), coro, first)
 
-    def _new_entry(self, record: Record[Any]) -> _Entry:
-        handle = self._queue.try_put(record)
+    def _new_entry(self, record: Record[Any], key: Any) -> _Entry:
+        handle = self._queue.try_put(record, key)
         assert handle is not None, "_admit is only called with room in the queue"
-        key = self._key_selector(record.value) if self._key_selector is not None else None
         started = self._clock_now()
         entry = _Entry(record, handle, key, started, started + self.timeout)
         entry.attempts = 1
@@ -587,7 +594,8 @@ class AsyncWaitOperator:
 
     async def _put_completed(self, record: Record[Any], results: Sequence[Any]) -> None:
         await self._wait_for_space()
-        handle = self._queue.try_put(record)
+        key = self._key_selector(record.value) if self._key_selector is not None else None
+        handle = self._queue.try_put(record, key)
         assert handle is not None
         handle.complete(tuple(results))
         self._emit()
@@ -811,13 +819,12 @@ class AsyncWaitOperator:
         restore tries it again.
         """
         entries = []
-        key_selector = self._key_selector
         for handle in self._queue.entries():
             element = handle.element
             if type(element) is Watermark:
                 entries.append(SnapshotEntry(element))
                 continue
-            key = key_selector(element.value) if key_selector is not None else None  # type: ignore[union-attr]
+            key = handle.key
             if handle.done and handle.exception is None:
                 entries.append(SnapshotEntry(element, tuple(handle.results), key))
             else:

@@ -49,10 +49,13 @@ _EMPTY: tuple[()] = ()
 class ResultHandle:
     """The promise of one queue entry; completed once, by whoever is first."""
 
-    __slots__ = ("_exception", "_results", "_segment", "done", "element")
+    __slots__ = ("_exception", "_results", "_segment", "done", "element", "key")
 
-    def __init__(self, element: StreamElement, segment: _Segment | None = None) -> None:
+    def __init__(
+        self, element: StreamElement, segment: _Segment | None = None, key: Any = None
+    ) -> None:
         self.element = element
+        self.key = key
         self.done = False
         self._results: Sequence[Any] = _EMPTY
         self._exception: BaseException | None = None
@@ -107,7 +110,7 @@ class ElementQueue(Protocol):
 
     capacity: int
 
-    def try_put(self, element: StreamElement) -> ResultHandle | None: ...
+    def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None: ...
 
     def has_completed(self) -> bool: ...
 
@@ -115,8 +118,8 @@ class ElementQueue(Protocol):
 
     def values(self) -> list[StreamElement]: ...
 
-    def emits_on_arrival(self) -> bool:
-        """Would an entry completed on arrival be emitted at once, before any other?"""
+    def emits_on_arrival(self, key: Any = None) -> bool:
+        """Would an entry (of ``key``) completed on arrival be emitted at once, first?"""
         ...
 
     def entries(self) -> list[ResultHandle]: ...
@@ -141,10 +144,10 @@ class OrderedElementQueue:
         self.capacity = _check_capacity(capacity)
         self._queue: deque[ResultHandle] = deque()
 
-    def try_put(self, element: StreamElement) -> ResultHandle | None:
+    def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
         if len(self._queue) >= self.capacity:
             return None
-        handle = ResultHandle(element)
+        handle = ResultHandle(element, None, key)
         if type(element) is Watermark:
             handle.done = True
         self._queue.append(handle)
@@ -154,7 +157,7 @@ class OrderedElementQueue:
         q = self._queue
         return bool(q) and q[0].done
 
-    def emits_on_arrival(self) -> bool:
+    def emits_on_arrival(self, key: Any = None) -> bool:
         return not self._queue
 
     def pop_completed(self) -> list[StreamElement]:
@@ -180,59 +183,95 @@ class OrderedElementQueue:
 
 
 class _Segment:
-    """Entries between two watermarks: completed ones in completion order."""
+    """Entries between two watermarks: completed ones in completion order.
 
-    __slots__ = ("completed", "pending")
+    Key-ordered, an entry becomes emittable only once every earlier entry of
+    its key (in this segment) is: ``by_key`` holds each key's entries not yet
+    moved to ``completed``, oldest first.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("by_key", "completed", "pending")
+
+    def __init__(self, key_ordered: bool = False) -> None:
         self.completed: deque[ResultHandle] = deque()
         self.pending = 0
+        self.by_key: dict[Any, deque[ResultHandle]] | None = {} if key_ordered else None
+
+    def add(self, handle: ResultHandle) -> None:
+        self.pending += 1
+        if self.by_key is not None and type(handle.element) is not Watermark:
+            waiting = self.by_key.get(handle.key)
+            if waiting is None:
+                self.by_key[handle.key] = deque((handle,))
+            else:
+                waiting.append(handle)
 
     def on_complete(self, handle: ResultHandle) -> None:
-        self.pending -= 1
-        self.completed.append(handle)
+        by_key = self.by_key
+        if by_key is None or type(handle.element) is Watermark:
+            self.pending -= 1
+            self.completed.append(handle)
+            return
+        waiting = by_key[handle.key]
+        if waiting[0] is not handle:
+            return  # an earlier entry of this key is still in flight
+        while waiting and waiting[0].done:
+            self.pending -= 1
+            self.completed.append(waiting.popleft())
+        if not waiting:
+            del by_key[handle.key]
 
     def is_empty(self) -> bool:
         return not self.pending and not self.completed
 
 
 class WatermarkBoundedElementQueue:
-    """Event-time unordered queue: completion order within watermark-delimited segments."""
+    """Event-time unordered queue: completion order within watermark-delimited segments.
 
-    __slots__ = ("_all", "_segments", "capacity")
+    With ``key_ordered=True`` entries of one key also leave in arrival order
+    (keyed mode: per-key order, completion order across keys).
+    """
 
-    def __init__(self, capacity: int) -> None:
+    __slots__ = ("_all", "_key_ordered", "_segments", "capacity")
+
+    def __init__(self, capacity: int, key_ordered: bool = False) -> None:
         self.capacity = _check_capacity(capacity)
-        self._segments: deque[_Segment] = deque([_Segment()])
+        self._key_ordered = key_ordered
+        self._segments: deque[_Segment] = deque([_Segment(key_ordered)])
         # Every entry not yet emitted, in arrival order (dicts keep insertion order).
         self._all: dict[ResultHandle, None] = {}
 
-    def try_put(self, element: StreamElement) -> ResultHandle | None:
+    def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
         if len(self._all) >= self.capacity:
             return None
         segments = self._segments
         if type(element) is Watermark:
             last = segments[-1]
             if not last.is_empty():
-                last = _Segment()
+                last = _Segment(self._key_ordered)
                 segments.append(last)
             handle = ResultHandle(element, last)
-            last.pending += 1
+            last.add(handle)
             handle.complete(_EMPTY)
-            segments.append(_Segment())
+            segments.append(_Segment(self._key_ordered))
         else:
             last = segments[-1]
-            handle = ResultHandle(element, last)
-            last.pending += 1
+            handle = ResultHandle(element, last, key)
+            last.add(handle)
         self._all[handle] = None
         return handle
 
     def has_completed(self) -> bool:
         return bool(self._segments[0].completed)
 
-    def emits_on_arrival(self) -> bool:
+    def emits_on_arrival(self, key: Any = None) -> bool:
         segments = self._segments
-        return len(segments) == 1 and not segments[0].completed
+        if len(segments) != 1:
+            return False
+        first = segments[0]
+        if first.completed:
+            return False
+        return first.by_key is None or key not in first.by_key
 
     def pop_completed(self) -> list[StreamElement]:
         segments = self._segments
@@ -273,11 +312,11 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
 
     __slots__ = ()
 
-    def try_put(self, element: StreamElement) -> ResultHandle | None:
+    def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
         if type(element) is Watermark:
             raise WatermarkNotSupportedError(
                 f"{element!r} given to the processing-time unordered queue, which has no event "
                 "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
                 "OutputMode.ORDERED"
             )
-        return super().try_put(element)
+        return super().try_put(element, key)

@@ -1,0 +1,21 @@
+"""The Spark DataFrame API of asyncio_ops (the only package that imports pyspark).
+
+``ordered_wait`` / ``unordered_wait`` follow Flink's ``AsyncDataStream`` and
+PyFlink's names; ``session()`` builds a SparkSession whose Python workers run
+this interpreter; ``AsyncMetrics`` collects operator metrics across tasks.
+"""
+
+from __future__ import annotations
+
+from ._api import AsyncMetrics, ordered_wait, unordered_wait
+from ._keyed import KEY_GROUP_COLUMN, route_values
+from ._session import session
+
+__all__ = [
+    "KEY_GROUP_COLUMN",
+    "AsyncMetrics",
+    "ordered_wait",
+    "route_values",
+    "session",
+    "unordered_wait",
+]

@@ -1,0 +1,332 @@
+"""``ordered_wait`` / ``unordered_wait``: the DataFrame API.
+
+Everything is validated on the driver before a job runs; the partition work
+is ``DataFrame.mapInArrow`` over :func:`asyncio_ops._runtime.run_partition`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark import AccumulatorParam, TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DateType,
+    IntegerType,
+    NumericType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    _parse_datatype_string,
+)
+
+from .._exceptions import ConfigurationError
+from .._functions import AsyncFunction, as_async_function
+from .._keygroups import check_parallelism
+from .._operator import OutputMode, timeout_seconds
+from .._queues import _check_capacity
+from .._retry import AsyncRetryStrategy
+from .._runtime import (
+    ERROR_COLUMN,
+    LATE_COLUMN,
+    PartitionSpec,
+    RunMetrics,
+    TaskInfo,
+    run_partition,
+    seconds_option,
+)
+from ._keyed import KEY_GROUP_COLUMN, partition_by_key_group
+
+log = logging.getLogger("asyncio_ops.spark")
+
+ON_ERROR: Final = ("fail", "error_column")
+LATE_RECORDS: Final = ("keep", "drop")
+ERROR_STRUCT: Final = StructType(
+    [
+        StructField("exception", StringType(), True),
+        StructField("message", StringType(), True),
+        StructField("attempts", IntegerType(), True),
+    ]
+)
+
+
+class _MetricsParam(AccumulatorParam[RunMetrics]):
+    def zero(self, value: RunMetrics) -> RunMetrics:
+        return RunMetrics()
+
+    def addInPlace(self, value1: RunMetrics, value2: RunMetrics) -> RunMetrics:
+        return value1.merge(value2)
+
+
+class AsyncMetrics:
+    """Operator metrics of one ``ordered_wait``/``unordered_wait``, summed over tasks.
+
+    Read :attr:`value` (or :meth:`summary`) after an action has run. Backed by
+    a Spark accumulator, so a task that Spark re-runs counts twice: these are
+    monitoring figures, not results.
+    """
+
+    def __init__(self, spark: Any) -> None:
+        self._acc = spark.sparkContext.accumulator(RunMetrics(), _MetricsParam())
+
+    @property
+    def value(self) -> RunMetrics:
+        return self._acc.value  # type: ignore[no-any-return]
+
+    def summary(self) -> dict[str, Any]:
+        return self.value.summary()
+
+    def _add(self, metrics: RunMetrics) -> None:
+        self._acc.add(metrics)
+
+
+def _as_struct(schema: str | StructType, what: str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        try:
+            parsed = _parse_datatype_string(schema)
+        except Exception as exc:
+            raise ConfigurationError(f"{what} {schema!r} is not a valid DDL schema: {exc}") from exc
+        if not isinstance(parsed, StructType):
+            raise ConfigurationError(f"{what} must describe columns, got {parsed!r}")
+        return parsed
+    raise ConfigurationError(f"{what} must be a DDL string or a StructType, got {schema!r}")
+
+
+def _columns(value: str | Sequence[str] | None, name: str, df: DataFrame) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    cols = (value,) if isinstance(value, str) else tuple(value)
+    if not cols or not all(isinstance(c, str) for c in cols):
+        raise ConfigurationError(f"{name} must be a column name or a list of names, got {value!r}")
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ConfigurationError(
+            f"{name} column(s) {missing} not in the DataFrame (columns: {df.columns})"
+        )
+    return cols
+
+
+def _wait(
+    df: DataFrame,
+    fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
+    mode: OutputMode,
+    *,
+    timeout: float | timedelta,
+    output_schema: str | StructType,
+    capacity: int,
+    retry: AsyncRetryStrategy | None,
+    key: str | Sequence[str] | None,
+    event_time: str | None,
+    watermark_delay: float | timedelta | None,
+    watermark_interval: int,
+    late_records: str,
+    on_error: str,
+    max_parallelism: int,
+    num_partitions: int | None,
+    batch_size: int | None,
+    keep_input_columns: bool,
+    metrics: AsyncMetrics | None,
+    uid: str | None,
+) -> DataFrame:
+    if not isinstance(df, DataFrame):
+        raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
+    function = as_async_function(fn)
+    timeout_s = timeout_seconds(timeout)
+    _check_capacity(capacity)
+    if retry is not None and not isinstance(retry, AsyncRetryStrategy):
+        raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
+    if on_error not in ON_ERROR:
+        raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if late_records not in LATE_RECORDS:
+        raise ConfigurationError(
+            f"late_records must be one of {LATE_RECORDS}, got {late_records!r}"
+        )
+    check_parallelism(max_parallelism)
+    if batch_size is None:
+        batch_size = int(
+            df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+            or 10000
+        )
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ConfigurationError(f"batch_size must be an int > 0, got {batch_size!r}")
+    if not isinstance(watermark_interval, int) or watermark_interval <= 0:
+        raise ConfigurationError(
+            f"watermark_interval must be an int > 0, got {watermark_interval!r}"
+        )
+
+    added = _as_struct(output_schema, "output_schema")
+    reserved = {ERROR_COLUMN, LATE_COLUMN, KEY_GROUP_COLUMN}
+    clash = [f.name for f in added.fields if f.name in reserved]
+    if clash:
+        raise ConfigurationError(f"output_schema uses reserved column name(s) {clash}")
+    if keep_input_columns:
+        clash = [f.name for f in added.fields if f.name in df.columns]
+        if clash:
+            raise ConfigurationError(
+                f"output_schema column(s) {clash} already exist in the input DataFrame; "
+                "rename them, or pass keep_input_columns=False"
+            )
+
+    key_cols = _columns(key, "key", df)
+    (event_col,) = _columns(event_time, "event_time", df) or (None,)
+    if event_col is not None:
+        dtype: DataType = df.schema[event_col].dataType
+        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
+            raise ConfigurationError(
+                f"event_time column {event_col!r} has type {dtype.simpleString()}; "
+                "use a timestamp, date or numeric column"
+            )
+        if mode is OutputMode.UNORDERED:
+            mode = OutputMode.WATERMARK_BOUNDED
+    elif watermark_delay is not None:
+        raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
+    delay = seconds_option(watermark_delay, "watermark_delay")
+
+    parts = num_partitions
+    if key_cols:
+        df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
+    elif num_partitions is not None:
+        df = df.repartition(num_partitions)
+
+    in_fields = list(df.schema.fields) if keep_input_columns else []
+    out_fields = in_fields + list(added.fields)
+    if on_error == "error_column":
+        out_fields.append(StructField(ERROR_COLUMN, ERROR_STRUCT, True))
+    if event_col is not None:
+        out_fields.append(StructField(LATE_COLUMN, BooleanType(), True))
+    spark_schema = StructType(out_fields)
+    timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    arrow_schema = to_arrow_schema(spark_schema, timezone=timezone)
+    # Results may omit a nullable column: let Arrow fill nulls for every field.
+    arrow_schema = pa.schema([f.with_nullable(True) for f in arrow_schema])
+
+    spec = PartitionSpec(
+        function=function,
+        function_token=uuid.uuid4().hex,
+        mode=mode,
+        timeout=timeout_s,
+        capacity=capacity,
+        retry=retry,
+        output_schema=arrow_schema,
+        added_columns=tuple(f.name for f in added.fields),
+        keep_input_columns=keep_input_columns,
+        on_error=on_error,
+        event_time=event_col,
+        watermark_delay=delay,
+        watermark_interval=watermark_interval,
+        late_records=late_records,
+        key_columns=key_cols,
+        batch_size=batch_size,
+        operator_uid=uid or f"{mode.value}-wait",
+        num_partitions=parts,
+    )
+    on_done = metrics._add if metrics is not None else None
+
+    def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from run_partition(spec, batches, _task_info(spec), on_done=on_done)
+
+    out = df.mapInArrow(partition, spark_schema)
+    if key_cols and keep_input_columns:
+        out = out.drop(KEY_GROUP_COLUMN)
+    return out
+
+
+def _task_info(spec: PartitionSpec) -> TaskInfo:
+    ctx = TaskContext.get()
+    if ctx is None:  # pragma: no cover - only outside a Spark task
+        return TaskInfo()
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    return TaskInfo(
+        partition_id=ctx.partitionId(),
+        num_partitions=spec.num_partitions or 0,
+        attempt_number=ctx.attemptNumber(),
+        stage_id=ctx.stageId(),
+        batch_id=int(batch) if batch is not None else None,
+    )
+
+
+def ordered_wait(
+    df: DataFrame,
+    fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
+    *,
+    timeout: float | timedelta,
+    output_schema: str | StructType,
+    capacity: int = 100,
+    retry: AsyncRetryStrategy | None = None,
+    key: str | Sequence[str] | None = None,
+    event_time: str | None = None,
+    watermark_delay: float | timedelta | None = None,
+    watermark_interval: int = 1000,
+    late_records: str = "keep",
+    on_error: str = "fail",
+    max_parallelism: int = 128,
+    num_partitions: int | None = None,
+    batch_size: int | None = None,
+    keep_input_columns: bool = True,
+    metrics: AsyncMetrics | None = None,
+    uid: str | None = None,
+) -> DataFrame:
+    """Enrich ``df`` with an async function; rows leave each partition in input order.
+
+    ``fn`` receives each row as a dict and returns a list of dicts whose keys
+    are columns of ``output_schema`` (zero drops the row, several fan out). The
+    result has the input columns (unless ``keep_input_columns=False``), the
+    output columns, ``_error`` with ``on_error="error_column"`` and ``_late``
+    with ``event_time``. See docs/spark.md for every option.
+    """
+    return _wait(
+        df, fn, OutputMode.ORDERED, timeout=timeout, output_schema=output_schema,
+        capacity=capacity, retry=retry, key=key, event_time=event_time,
+        watermark_delay=watermark_delay, watermark_interval=watermark_interval,
+        late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
+        num_partitions=num_partitions, batch_size=batch_size,
+        keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
+    )  # fmt: skip
+
+
+def unordered_wait(
+    df: DataFrame,
+    fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
+    *,
+    timeout: float | timedelta,
+    output_schema: str | StructType,
+    capacity: int = 100,
+    retry: AsyncRetryStrategy | None = None,
+    key: str | Sequence[str] | None = None,
+    event_time: str | None = None,
+    watermark_delay: float | timedelta | None = None,
+    watermark_interval: int = 1000,
+    late_records: str = "keep",
+    on_error: str = "fail",
+    max_parallelism: int = 128,
+    num_partitions: int | None = None,
+    batch_size: int | None = None,
+    keep_input_columns: bool = True,
+    metrics: AsyncMetrics | None = None,
+    uid: str | None = None,
+) -> DataFrame:
+    """Like :func:`ordered_wait`, but rows leave in completion order.
+
+    With ``event_time`` the order is bounded by watermarks (no row crosses
+    one); with ``key`` rows of one key keep their input order.
+    """
+    return _wait(
+        df, fn, OutputMode.UNORDERED, timeout=timeout, output_schema=output_schema,
+        capacity=capacity, retry=retry, key=key, event_time=event_time,
+        watermark_delay=watermark_delay, watermark_interval=watermark_interval,
+        late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
+        num_partitions=num_partitions, batch_size=batch_size,
+        keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
+    )  # fmt: skip
