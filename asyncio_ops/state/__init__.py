@@ -52,6 +52,15 @@ from ._descriptors import (
 )
 from ._heap import HeapKeyedStateBackend
 from ._keycodec import decode_canonical
+from ._keyed_process import (
+    Collector,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedProcessOperator,
+    KeyedRuntimeContext,
+    TimeDomain,
+    TimerService,
+)
 from ._operator_state import OperatorStateBackend
 from ._rocksdb import RocksDBKeyedStateBackend, RocksDBSnapshot
 from ._serializers import PICKLE_SERIALIZER, PickleSerializer, Serializer
@@ -71,11 +80,16 @@ __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "Collector",
     "ConfigurationError",
     "CorruptStateError",
     "HeapKeyedStateBackend",
     "KeyGroupError",
     "KeyGroupRange",
+    "KeyedProcessContext",
+    "KeyedProcessFunction",
+    "KeyedProcessOperator",
+    "KeyedRuntimeContext",
     "KeyedStateBackend",
     "ListState",
     "ListStateDescriptor",
@@ -93,6 +107,8 @@ __all__ = [
     "StateError",
     "StateTtlConfig",
     "StateVisibility",
+    "TimeDomain",
+    "TimerService",
     "TtlTimeCharacteristic",
     "UnsupportedKeyError",
     "UpdateType",

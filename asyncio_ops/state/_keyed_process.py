@@ -1,0 +1,344 @@
+"""KeyedProcessFunction and the operator that runs it (Flink's KeyedProcessOperator, seed 004).
+
+Call order, per operator instance::
+
+    op = KeyedProcessOperator(fn, key_selector, backend=b, output=out, clock=c)
+    op.restore(snapshot)         0..n times (once per old instance on rescale)
+    op.open()                    fn.open(runtime_context): obtain state here
+    op.process(element)          per Record / Watermark (also ``op(element)``)
+    op.snapshot()                -> {key_group: blob}, state and timers together
+    op.close()                   fn.close(); timers stop
+
+Semantics:
+
+- For a record, ``key_selector(value)`` becomes the backend's current key, then
+  ``fn.process_element(value, ctx, out)`` runs; ``out.collect(x)`` emits
+  ``Record(x, record.timestamp)``.
+- Timers live in the operator's ``"user-timers"`` :class:`InternalTimerService`
+  (the same service class the async operator uses for timeouts), scoped to
+  (key, namespace None, timestamp) and de-duplicated. When one fires, its key
+  is the backend's current key, and ``fn.on_timer(timestamp, ctx, out)`` runs;
+  outputs carry the timer's timestamp for event-time timers and no timestamp
+  for processing-time timers (Flink's rule).
+- A watermark first advances event-time TTL, then fires every event-time
+  timer ``<= watermark`` in timestamp order, and only then goes downstream.
+- Processing-time timers fire from the clock (the timer service keeps one
+  scheduled callback). ``output`` is a plain callable receiving Record and
+  Watermark, and :meth:`process` is one too, so the operator chains after an
+  ``AsyncWaitOperator`` in the same partition: ``AsyncWaitOperator(...,
+  output=keyed_op.process)``.
+- A snapshot holds, per key group, one sealed blob with the key group's state
+  blob and its timers; restore takes the key groups inside the backend's
+  range, so state and timers move together on rescale.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Generic, TypeVar
+
+from .._clock import Scheduler
+from .._elements import Record, StreamElement, Watermark
+from .._exceptions import ConfigurationError, CorruptStateError, StateError
+from .._functions import RuntimeContext
+from .._timers import InternalTimerService, Timer
+from ._backend import KeyedStateBackend
+from ._blob import KEYED_OPERATOR, seal, unseal
+from ._descriptors import StateDescriptor
+
+__all__ = [
+    "Collector",
+    "KeyedProcessContext",
+    "KeyedProcessFunction",
+    "KeyedProcessOperator",
+    "KeyedRuntimeContext",
+    "TimeDomain",
+    "TimerService",
+]
+
+K = TypeVar("K")
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+USER_TIMERS: Final = "user-timers"
+_VOID_NAMESPACE: Final = None
+
+
+class TimeDomain(enum.Enum):
+    """Which clock a firing timer belongs to."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
+class TimerService:
+    """What a function sees of the timer service: timers of the current key."""
+
+    __slots__ = ("_internal",)
+
+    def __init__(self, internal: InternalTimerService) -> None:
+        self._internal = internal
+
+    def current_processing_time(self) -> float:
+        return self._internal.current_processing_time()
+
+    def current_watermark(self) -> float:
+        return self._internal.current_watermark()
+
+    def register_event_time_timer(self, timestamp: float) -> None:
+        """Call ``on_timer`` once a watermark ``>= timestamp`` arrives (once per key and time)."""
+        self._internal.register_event_time_timer(_VOID_NAMESPACE, timestamp)
+
+    def register_processing_time_timer(self, timestamp: float) -> None:
+        """Call ``on_timer`` once the clock reaches ``timestamp`` (once per key and time)."""
+        self._internal.register_processing_time_timer(_VOID_NAMESPACE, timestamp)
+
+    def delete_event_time_timer(self, timestamp: float) -> None:
+        self._internal.delete_event_time_timer(_VOID_NAMESPACE, timestamp)
+
+    def delete_processing_time_timer(self, timestamp: float) -> None:
+        self._internal.delete_processing_time_timer(_VOID_NAMESPACE, timestamp)
+
+
+class Collector(Generic[OUT]):
+    """``out`` of a function: ``collect(value)`` emits a record downstream."""
+
+    __slots__ = ("_output", "timestamp")
+
+    def __init__(self, output: Callable[[StreamElement], object]) -> None:
+        self._output = output
+        self.timestamp: float | None = None
+
+    def collect(self, value: OUT) -> None:
+        self._output(Record(value, self.timestamp))
+
+
+class KeyedRuntimeContext(RuntimeContext):
+    """The runtime context of a keyed function: also where state comes from."""
+
+    _backend: KeyedStateBackend
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """The state of ``descriptor`` (any kind), scoped to the current key."""
+        return self._backend.get_state(descriptor)
+
+    get_list_state = get_state
+    get_map_state = get_state
+    get_reducing_state = get_state
+    get_aggregating_state = get_state
+
+
+class KeyedProcessContext:
+    """``ctx`` of ``process_element`` and ``on_timer``."""
+
+    __slots__ = ("_backend", "_domain", "_timer_service", "_timestamp")
+
+    def __init__(self, backend: KeyedStateBackend, timer_service: TimerService) -> None:
+        self._backend = backend
+        self._timer_service = timer_service
+        self._timestamp: float | None = None
+        self._domain: TimeDomain | None = None
+
+    def timestamp(self) -> float | None:
+        """The record's timestamp, or the firing timer's."""
+        return self._timestamp
+
+    def timer_service(self) -> TimerService:
+        return self._timer_service
+
+    @property
+    def current_key(self) -> Any:
+        return self._backend.get_current_key()
+
+    def get_current_key(self) -> Any:
+        return self._backend.get_current_key()
+
+    def time_domain(self) -> TimeDomain | None:
+        """In ``on_timer``: the firing timer's domain (None in ``process_element``)."""
+        return self._domain
+
+
+class KeyedProcessFunction(ABC, Generic[K, IN, OUT]):
+    """Processes records of a keyed stream, with keyed state and timers.
+
+    ``open(runtime_context)`` once (get state from ``runtime_context.get_state``),
+    ``process_element`` per record, ``on_timer`` per firing timer, ``close``.
+    """
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        """Called once before the first element."""
+
+    @abstractmethod
+    def process_element(self, value: IN, ctx: KeyedProcessContext, out: Collector[OUT]) -> None:
+        """Handle one record; its key is ``ctx.current_key``."""
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[OUT]) -> None:
+        """A timer of ``ctx.current_key`` fired at ``timestamp``."""
+
+    def close(self) -> None:
+        """Called once at the end, also after a failure."""
+
+
+class KeyedProcessOperator:
+    """Runs a :class:`KeyedProcessFunction` (see the module docstring for the contract)."""
+
+    def __init__(
+        self,
+        function: KeyedProcessFunction[Any, Any, Any],
+        key_selector: Callable[[Any], Any],
+        *,
+        backend: KeyedStateBackend,
+        output: Callable[[StreamElement], object],
+        clock: Scheduler | None = None,
+        runtime_context: RuntimeContext | None = None,
+    ) -> None:
+        if not isinstance(function, KeyedProcessFunction):
+            raise ConfigurationError(
+                f"function must be a KeyedProcessFunction, got {type(function).__name__}"
+            )
+        if not callable(key_selector):
+            raise ConfigurationError(f"key_selector must be callable, got {key_selector!r}")
+        if not isinstance(backend, KeyedStateBackend):
+            raise ConfigurationError(f"backend must be a KeyedStateBackend, got {backend!r}")
+        if not callable(output):
+            raise ConfigurationError(f"output must be callable, got {output!r}")
+        self.function = function
+        self.backend = backend
+        self._key_selector = key_selector
+        self._output = output
+        self.timer_service = InternalTimerService(
+            USER_TIMERS,
+            self,
+            clock=clock,
+            key_context=backend,
+            max_parallelism=backend.max_parallelism,
+            key_group_range=backend.key_group_range,
+        )
+        base = runtime_context if runtime_context is not None else RuntimeContext()
+        ctx = KeyedRuntimeContext(
+            task_name=base.task_name,
+            index_of_this_subtask=base.index_of_this_subtask,
+            number_of_parallel_subtasks=base.number_of_parallel_subtasks,
+            attempt_number=base.attempt_number,
+            job_parameters=base.job_parameters,
+        )
+        object.__setattr__(ctx, "_backend", backend)
+        self.runtime_context = ctx
+        self._ctx = KeyedProcessContext(backend, TimerService(self.timer_service))
+        self._out: Collector[Any] = Collector(output)
+        self._opened = False
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    def open(self) -> None:
+        if self._opened:
+            raise StateError("KeyedProcessOperator.open called twice")
+        self._opened = True
+        self.function.open(self.runtime_context)
+
+    def close(self) -> None:
+        """Stop timers and close the function (not the backend, which the caller owns)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.timer_service.close()
+        if self._opened:
+            self.function.close()
+
+    def _check(self) -> None:
+        if not self._opened or self._closed:
+            state = "closed" if self._closed else "not open"
+            raise StateError(f"KeyedProcessOperator is {state}")
+
+    # -- input ------------------------------------------------------------------------
+    def process(self, element: StreamElement) -> None:
+        """Handle a Record or a Watermark (the ``output`` shape of the async operator)."""
+        if isinstance(element, Record):
+            self.process_element(element)
+        elif isinstance(element, Watermark):
+            self.process_watermark(element)
+        else:
+            raise TypeError(f"expected a Record or a Watermark, got {type(element).__name__}")
+
+    __call__ = process
+
+    def process_element(self, record: Record[Any]) -> None:
+        self._check()
+        value = record.value
+        backend = self.backend
+        backend.set_current_key(self._key_selector(value))
+        ctx = self._ctx
+        ctx._timestamp = record.timestamp
+        ctx._domain = None
+        out = self._out
+        out.timestamp = record.timestamp
+        self.function.process_element(value, ctx, out)
+        backend.on_record()
+
+    def process_watermark(self, watermark: Watermark) -> None:
+        """Event-time TTL, then due event-time timers, then the watermark downstream."""
+        self._check()
+        self.backend.advance_watermark(watermark.timestamp)
+        self.timer_service.advance_watermark(watermark.timestamp)
+        self._output(watermark)
+
+    # -- timers (Triggerable) -----------------------------------------------------------
+    def on_event_time(self, timer: Timer) -> None:
+        self._fire(timer, TimeDomain.EVENT_TIME, timer.timestamp)
+
+    def on_processing_time(self, timer: Timer) -> None:
+        self._fire(timer, TimeDomain.PROCESSING_TIME, None)
+
+    def _fire(self, timer: Timer, domain: TimeDomain, out_ts: float | None) -> None:
+        # The timer service has already made timer.key the backend's current key.
+        ctx = self._ctx
+        ctx._timestamp = timer.timestamp
+        ctx._domain = domain
+        self._out.timestamp = out_ts
+        self.function.on_timer(timer.timestamp, ctx, self._out)
+
+    # -- snapshot ---------------------------------------------------------------------
+    def snapshot(self) -> dict[int, bytes]:
+        """``{key_group: blob}``: each blob holds the group's state blob and its timers."""
+        state = self.backend.snapshot()
+        timers = self.timer_service.snapshot()
+        return {
+            kg: seal(KEYED_OPERATOR, kg, (state.get(kg), timers.get(kg, [])))
+            for kg in sorted(state.keys() | timers.keys())
+        }
+
+    def restore(self, snapshot: Mapping[int, bytes]) -> int:
+        """Take the key groups of ``snapshot`` inside the backend's range; returns how many.
+
+        Call before :meth:`open`, once per old instance on rescale. Every blob
+        is verified before any is applied.
+        """
+        if self._opened:
+            raise StateError("KeyedProcessOperator.restore must come before open")
+        kgr = self.backend.key_group_range
+        states: dict[int, bytes] = {}
+        timers: dict[int, list[tuple[str, Any, Any, float]]] = {}
+        taken = 0
+        for kg, blob in snapshot.items():
+            if not isinstance(kg, int) or kg not in kgr:
+                continue
+            payload = unseal(KEYED_OPERATOR, kg, blob)
+            try:
+                state_blob, kg_timers = payload
+            except (TypeError, ValueError) as exc:
+                raise CorruptStateError(f"key group {kg}: malformed operator snapshot") from exc
+            if state_blob is not None:
+                states[kg] = state_blob
+            timers[kg] = kg_timers
+            taken += 1
+        self.backend.restore(states)
+        self.timer_service.restore(timers)
+        return taken
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedProcessOperator({type(self.function).__name__}, backend={self.backend!r}, "
+            f"timers={self.timer_service!r})"
+        )

@@ -1,0 +1,240 @@
+"""KeyedProcessOperator: state and timers per key, watermark order, snapshot with rescale."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from asyncio_ops import AsyncWaitOperator, Record, Watermark
+from asyncio_ops._elements import StreamElement
+from asyncio_ops.state import (
+    Collector,
+    ConfigurationError,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedProcessOperator,
+    KeyedRuntimeContext,
+    KeyedStateBackend,
+    StateError,
+    TimeDomain,
+    ValueStateDescriptor,
+    assign_to_key_group,
+    compute_key_group_range_for_operator_index,
+)
+from asyncio_ops.testing import ManualClock
+
+from .conftest import BackendFactory
+
+COUNT = ValueStateDescriptor[int]("count")
+
+
+class CountWithTimeout(KeyedProcessFunction[str, tuple[str, int], Any]):
+    """Counts per key; 10 time units after a key's last record, emits (key, count, domain)."""
+
+    def __init__(self, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self.domain = domain
+        self.closed = False
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.count = runtime_context.get_state(COUNT)
+        self.last = runtime_context.get_state(ValueStateDescriptor[float]("last"))
+
+    def process_element(
+        self, value: tuple[str, int], ctx: KeyedProcessContext, out: Collector[Any]
+    ) -> None:
+        assert ctx.current_key == value[0]
+        self.count.update((self.count.value() or 0) + 1)
+        ts = self.domain_time(ctx) + 10
+        old = self.last.value()
+        timers = ctx.timer_service()
+        if old is not None:  # only the latest deadline counts
+            if self.domain is TimeDomain.EVENT_TIME:
+                timers.delete_event_time_timer(old)
+            else:
+                timers.delete_processing_time_timer(old)
+        self.last.update(ts)
+        if self.domain is TimeDomain.EVENT_TIME:
+            timers.register_event_time_timer(ts)
+        else:
+            timers.register_processing_time_timer(ts)
+        out.collect(("seen", value))
+
+    def domain_time(self, ctx: KeyedProcessContext) -> float:
+        if self.domain is TimeDomain.EVENT_TIME:
+            ts = ctx.timestamp()
+            assert ts is not None
+            return ts
+        return ctx.timer_service().current_processing_time()
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Any]) -> None:
+        assert ctx.time_domain() is self.domain
+        assert self.last.value() == timestamp  # state of the timer's key
+        out.collect((ctx.current_key, self.count.value(), timestamp))
+        self.count.clear()
+        self.last.clear()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make_op(
+    backend: KeyedStateBackend, clock: ManualClock, fn: CountWithTimeout | None = None
+) -> tuple[KeyedProcessOperator, list[StreamElement]]:
+    out: list[StreamElement] = []
+    op = KeyedProcessOperator(
+        fn or CountWithTimeout(), lambda v: v[0], backend=backend, output=out.append, clock=clock
+    )
+    return op, out
+
+
+def test_event_time_timers_fire_before_the_watermark(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
+    op, out = make_op(backend, clock)
+    op.open()
+    for element in [
+        Record(("a", 1), 1.0),
+        Record(("b", 2), 2.0),
+        Record(("a", 3), 5.0),  # moves a's deadline from 11 to 15
+        Watermark(12.0),
+        Record(("b", 4), 13.0),
+        Watermark(30.0),
+    ]:
+        op(element)
+    assert out == [
+        Record(("seen", ("a", 1)), 1.0),
+        Record(("seen", ("b", 2)), 2.0),
+        Record(("seen", ("a", 3)), 5.0),
+        Record(("b", 1, 12.0), 12.0),
+        Watermark(12.0),
+        Record(("seen", ("b", 4)), 13.0),
+        Record(("a", 2, 15.0), 15.0),
+        Record(("b", 1, 23.0), 23.0),
+        Watermark(30.0),
+    ]
+    assert list(backend.keys("count")) == []
+    op.close()
+    assert op.function.closed  # type: ignore[attr-defined]
+
+
+def test_processing_time_timers_fire_from_the_clock(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
+    op, out = make_op(backend, clock, CountWithTimeout(TimeDomain.PROCESSING_TIME))
+    op.open()
+    op(Record(("a", 1)))
+    clock.advance(4)
+    op(Record(("a", 2)))
+    op(Record(("b", 3)))
+    clock.advance(9)
+    assert out[-1:] == [Record(("seen", ("b", 3)))]
+    clock.advance(1)
+    now = clock.now()
+    assert out[3:] == [Record(("a", 2, now)), Record(("b", 1, now))]  # no timestamp
+    op.close()
+    clock.advance(100)
+    assert len(out) == 5
+
+
+def test_snapshot_and_rescale_moves_state_and_timers(
+    make_backend: BackendFactory, clock: ManualClock
+) -> None:
+    maxp = 32
+    keys = [f"k{i}" for i in range(40)]
+
+    def ops(p: int) -> list[tuple[KeyedProcessOperator, list[StreamElement]]]:
+        return [
+            make_op(
+                make_backend(
+                    max_parallelism=maxp,
+                    key_group_range=compute_key_group_range_for_operator_index(maxp, p, i),
+                    clock=clock,
+                ),
+                clock,
+            )
+            for i in range(p)
+        ]
+
+    def owner(
+        group: list[tuple[KeyedProcessOperator, list[StreamElement]]], key: str
+    ) -> KeyedProcessOperator:
+        kg = assign_to_key_group(key, maxp)
+        return next(op for op, _ in group if kg in op.backend.key_group_range)
+
+    old = ops(2)
+    for op, _ in old:
+        op.open()
+    for i, k in enumerate(keys):
+        owner(old, k)(Record((k, i), float(i)))
+        owner(old, k)(Record((k, i), float(i)))
+    snaps = [op.snapshot() for op, _ in old]
+    for op, _ in old:
+        op.close()
+
+    new = ops(3)
+    for op, _ in new:
+        for s in snaps:
+            op.restore(s)
+        op.open()
+    fired: list[Any] = []
+    for op, out in new:
+        op(Watermark(1000.0))
+        fired += [e.value for e in out if isinstance(e, Record)]
+        assert out[-1] == Watermark(1000.0)
+    assert sorted(fired) == sorted((k, 2, float(i) + 10) for i, k in enumerate(keys))
+
+
+def test_restore_after_open_is_an_error(backend: KeyedStateBackend, clock: ManualClock) -> None:
+    op, _ = make_op(backend, clock)
+    op.open()
+    with pytest.raises(StateError, match="before open"):
+        op.restore({})
+    with pytest.raises(StateError, match="twice"):
+        op.open()
+    with pytest.raises(TypeError, match="Record or a Watermark"):
+        op.process("raw")  # type: ignore[arg-type]
+    op.close()
+    with pytest.raises(StateError, match="closed"):
+        op(Record(("a", 1), 1.0))
+
+
+def test_bad_arguments(backend: KeyedStateBackend) -> None:
+    with pytest.raises(ConfigurationError, match="KeyedProcessFunction"):
+        KeyedProcessOperator(object(), len, backend=backend, output=print)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="output"):
+        KeyedProcessOperator(CountWithTimeout(), len, backend=backend, output=None)  # type: ignore[arg-type]
+
+
+def test_chains_after_the_async_operator(backend: KeyedStateBackend) -> None:
+    """AsyncWaitOperator(output=keyed.process): one partition, one loop, no glue."""
+
+    async def enrich(value: tuple[str, int]) -> list[tuple[str, int]]:
+        await asyncio.sleep(0)
+        return [(value[0], value[1] * 10)]
+
+    async def main() -> list[StreamElement]:
+        out: list[StreamElement] = []
+        keyed = KeyedProcessOperator(
+            CountWithTimeout(), lambda v: v[0], backend=backend, output=out.append
+        )
+        keyed.open()
+        op = AsyncWaitOperator(enrich, output=keyed.process, timeout=5.0)
+        async with op:
+            for i, k in enumerate(["a", "b", "a"]):
+                await op.process_element(Record((k, i), float(i)))
+            await op.process_watermark(Watermark(100.0))
+            await op.end_input()
+        keyed.close()
+        return out
+
+    out = asyncio.run(main())
+    assert out == [
+        Record(("seen", ("a", 0)), 0.0),
+        Record(("seen", ("b", 10)), 1.0),
+        Record(("seen", ("a", 20)), 2.0),
+        Record(("b", 1, 11.0), 11.0),
+        Record(("a", 2, 12.0), 12.0),
+        Watermark(100.0),
+    ]
