@@ -30,7 +30,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import AsyncFunction, as_async_function
 from .._keygroups import check_parallelism
 from .._operator import OutputMode, timeout_seconds
@@ -153,7 +153,10 @@ def _wait(
         raise ConfigurationError(
             f"late_records must be one of {LATE_RECORDS}, got {late_records!r}"
         )
-    check_parallelism(max_parallelism)
+    try:
+        check_parallelism(max_parallelism, num_partitions)
+    except KeyGroupError as exc:
+        raise ConfigurationError(str(exc)) from exc
     if batch_size is None:
         batch_size = int(
             df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")

@@ -1,0 +1,28 @@
+"""One local SparkSession for the whole test session (JVM start-up costs seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from asyncio_ops.spark import session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    # local[2, 4]: two threads, and up to 4 attempts per task, so that the
+    # worker-crash tests see Spark retry the task as a cluster would.
+    s = session(
+        "local[2, 4]",
+        app_name="asyncio_ops-tests",
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.sql.session.timeZone": "UTC",
+        },
+    )
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()

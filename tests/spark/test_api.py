@@ -1,0 +1,276 @@
+"""ordered_wait / unordered_wait on a real local SparkSession."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from pyspark.errors import PythonException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
+from asyncio_ops.async_retry_predicates import exception_type_predicate
+from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
+
+pytestmark = pytest.mark.spark
+
+
+async def jittery(row: dict[str, Any]) -> list[dict[str, Any]]:
+    await asyncio.sleep(random.random() * 0.005)
+    return [{"name": f"customer-{row['id']}", "tier": int(row["id"] % 3)}]
+
+
+def test_ordered_output_equals_input_order(spark: SparkSession) -> None:
+    df = spark.range(0, 3000, numPartitions=3)
+    metrics = AsyncMetrics(spark)
+    out = ordered_wait(
+        df, jittery, timeout=10, capacity=50, output_schema="name string, tier int",
+        metrics=metrics,
+    )  # fmt: skip
+    assert out.columns == ["id", "name", "tier"]
+    rows = out.collect()
+    assert [r.id for r in rows] == list(range(3000))
+    assert all(r.name == f"customer-{r.id}" and r.tier == r.id % 3 for r in rows)
+    summary = metrics.summary()
+    assert summary["received"] == 3000 and summary["emitted"] == 3000
+    assert summary["partitions"] == 3 and summary["failed"] == 0
+    assert 0 < summary["max_in_flight"] <= 50
+    assert summary["latency_p99_ms"] is not None
+
+
+def test_unordered_loses_and_duplicates_nothing(spark: SparkSession) -> None:
+    df = spark.range(0, 3000, numPartitions=2)
+    out = unordered_wait(
+        df, jittery, timeout=10, capacity=64, output_schema="name string, tier int"
+    )
+    ids = [r.id for r in out.collect()]
+    assert sorted(ids) == list(range(3000))
+    assert ids != sorted(ids)  # completion order really differs from input order
+
+
+def test_fan_out_and_drop(spark: SparkSession) -> None:
+    async def explode(row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)
+        return [{"copy": i} for i in range(row["id"] % 3)]
+
+    rows = ordered_wait(
+        spark.range(0, 30, numPartitions=2), explode, timeout=5, output_schema="copy int"
+    ).collect()
+    assert [(r.id, r.copy) for r in rows] == [(i, c) for i in range(30) for c in range(i % 3)]
+
+
+def test_without_input_columns(spark: SparkSession) -> None:
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"double": row["id"] * 2}]
+
+    out = ordered_wait(
+        spark.range(5), f, timeout=5, output_schema="double long", keep_input_columns=False
+    )
+    assert [tuple(r) for r in out.collect()] == [(0,), (2,), (4,), (6,), (8,)]
+
+
+def test_result_with_an_undeclared_column_names_it_and_the_row(spark: SparkSession) -> None:
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"name": "x", "surprise": 1}]
+
+    out = ordered_wait(spark.range(3, numPartitions=1), f, timeout=5, output_schema="name string")
+    with pytest.raises(PythonException) as info:
+        out.collect()
+    text = str(info.value)
+    assert "surprise" in text and "'id': 0" in text and "OutputSchemaError" in text
+
+
+def test_value_that_does_not_fit_names_column_value_and_row(spark: SparkSession) -> None:
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"tier": "gold" if row["id"] == 7 else 1}]
+
+    out = ordered_wait(spark.range(10), f, timeout=5, output_schema="tier int")
+    with pytest.raises(PythonException) as info:
+        out.collect()
+    text = str(info.value)
+    assert "'tier'" in text and "'gold'" in text and "'id': 7" in text
+
+
+def test_error_column_keeps_failed_and_timed_out_rows(spark: SparkSession) -> None:
+    class Flaky(AsyncFunction[dict[str, Any], dict[str, Any]]):
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            if row["id"] % 10 == 3:
+                raise LookupError(f"no customer {row['id']}")
+            if row["id"] % 10 == 7:
+                await asyncio.sleep(30)  # times out
+            return [{"name": f"c{row['id']}"}]
+
+    out = unordered_wait(
+        spark.range(0, 40, numPartitions=2), Flaky(), timeout=0.3, capacity=50,
+        output_schema="name string", on_error="error_column",
+    )  # fmt: skip
+    rows = {r.id: r for r in out.collect()}
+    assert sorted(rows) == list(range(40))
+    for i, r in rows.items():
+        if i % 10 == 3:
+            assert r.name is None
+            assert r._error.exception == "AsyncOperatorError" or r._error.exception == "LookupError"
+            assert f"no customer {i}" in r._error.message and r._error.attempts == 1
+        elif i % 10 == 7:
+            assert r.name is None and r._error.exception == "AsyncTimeoutError"
+        else:
+            assert r.name == f"c{i}" and r._error is None
+
+
+def test_failure_fails_the_job_with_the_input_named(spark: SparkSession) -> None:
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        if row["id"] == 5:
+            raise ConnectionRefusedError("lookup service down")
+        return [{"name": "ok"}]
+
+    out = ordered_wait(spark.range(10), f, timeout=5, output_schema="name string")
+    with pytest.raises(PythonException) as info:
+        out.collect()
+    text = str(info.value)
+    assert "'id': 5" in text and "lookup service down" in text
+
+
+def test_retry_recovers_transient_errors(spark: SparkSession) -> None:
+    class Transient(AsyncFunction[dict[str, Any], dict[str, Any]]):
+        def open(self, runtime_context: Any) -> None:
+            self.seen: set[int] = set()
+
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            await asyncio.sleep(0)
+            if row["id"] % 4 == 0 and row["id"] not in self.seen:
+                self.seen.add(row["id"])
+                raise ConnectionResetError("reset by peer")
+            return [{"ok": True}]
+
+    retry = AsyncRetryStrategy.fixed_delay(
+        3, 10, exception_predicate=exception_type_predicate(ConnectionError)
+    )
+    metrics = AsyncMetrics(spark)
+    out = ordered_wait(
+        spark.range(0, 200, numPartitions=2), Transient(), timeout=5, output_schema="ok boolean",
+        retry=retry, metrics=metrics,
+    )  # fmt: skip
+    assert [r.id for r in out.collect()] == list(range(200))
+    assert metrics.summary()["retried"] == 50
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"capacity": 0}, "capacity"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1}, "timeout"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"key": "nope"}, "key column"),
+        ({"event_time": "nope"}, "event_time column"),
+        ({"event_time": "name"}, "timestamp, date or numeric"),
+        ({"output_schema": "id long"}, "already exist"),
+        ({"output_schema": "not a schema ("}, "DDL"),
+        ({"output_schema": "_error string"}, "reserved"),
+        ({"watermark_delay": 5}, "event_time"),
+        ({"late_records": "hide"}, "late_records"),
+        ({"max_parallelism": 0}, "max_parallelism"),
+    ],
+)
+def test_options_are_validated_on_the_driver(
+    spark: SparkSession, kwargs: dict[str, Any], match: str
+) -> None:
+    df = spark.range(3).withColumn("name", F.lit("x"))
+    options: dict[str, Any] = {"timeout": 1, "output_schema": "out string"}
+    options.update(kwargs)
+    with pytest.raises(ConfigurationError, match=match):
+        ordered_wait(df, jittery, **options)
+
+
+def test_keyed_mode_keeps_per_key_order_and_key_group_ranges(spark: SparkSession) -> None:
+    n, keys, parts, maxp = 6000, 1000, 3, 128
+    df = spark.range(0, n, numPartitions=2).select(
+        (F.col("id") % keys).alias("customer"), F.col("id").alias("seq")
+    )
+
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(random.random() * 0.004)
+        return [{"seen": row["seq"]}]
+
+    out = unordered_wait(
+        df, f, timeout=10, capacity=100, output_schema="seen long", key="customer",
+        num_partitions=parts, max_parallelism=maxp,
+    ).withColumn("pid", F.spark_partition_id()).withColumn(
+        "kg", F.pmod(F.hash("customer"), F.lit(maxp))
+    )  # fmt: skip
+    rows = out.collect()
+    assert sorted(r.seq for r in rows) == list(range(n))
+    by_key: dict[int, list[int]] = defaultdict(list)
+    for r in rows:
+        by_key[r.customer].append(r.seq)
+        assert r.kg * parts // maxp == r.pid  # the partition owns the key group
+    assert len(by_key) == keys
+    for seqs in by_key.values():
+        assert seqs == sorted(seqs)  # per-key input order, even unordered
+    assert "__aops_key_group" not in out.columns
+
+
+def test_watermark_bounded_order_on_event_time(spark: SparkSession) -> None:
+    df = spark.range(0, 400, numPartitions=1).select(
+        F.col("id"), F.timestamp_seconds(F.col("id")).alias("ts")
+    )
+
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(random.random() * 0.004)
+        return [{"v": row["id"]}]
+
+    out = unordered_wait(
+        df, f, timeout=10, capacity=40, output_schema="v long", event_time="ts",
+        watermark_delay=0, watermark_interval=10,
+    )  # fmt: skip
+    rows = out.collect()
+    ids = [r.id for r in rows]
+    assert sorted(ids) == list(range(400))
+    blocks = [i // 10 for i in ids]
+    assert blocks == sorted(blocks)  # no row crosses a watermark
+    assert ids != sorted(ids)  # but within a block: completion order
+    assert not any(r._late for r in rows)
+
+
+def test_late_records_are_flagged_or_dropped(spark: SparkSession) -> None:
+    times = [10, 11, 12, 13, 2, 14, 15, 3, 16]
+    df = spark.createDataFrame([(i, float(t)) for i, t in enumerate(times)], "id long, t double")
+
+    async def f(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"v": 1}]
+
+    opts: dict[str, Any] = {
+        "timeout": 5, "output_schema": "v int", "event_time": "t", "watermark_delay": 1.0,
+        "watermark_interval": 1,
+    }  # fmt: skip
+    kept = ordered_wait(df.coalesce(1), f, **opts).collect()
+    assert [r.id for r in kept if r._late] == [4, 7]
+    assert len(kept) == len(times)
+    metrics = AsyncMetrics(spark)
+    dropped = ordered_wait(df.coalesce(1), f, late_records="drop", metrics=metrics, **opts)
+    assert [r.id for r in dropped.collect()] == [0, 1, 2, 3, 5, 6, 8]
+    assert metrics.summary()["dropped_late"] == 2
+
+
+def test_worker_killed_on_first_attempt_job_still_exact(spark: SparkSession) -> None:
+    class Killer(AsyncFunction[dict[str, Any], dict[str, Any]]):
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            first_attempt = ctx is not None and ctx.attemptNumber() == 0
+            if first_attempt and row["id"] == 1500:
+                os._exit(17)  # the Python worker dies mid-partition
+            await asyncio.sleep(0)
+            return [{"ok": row["id"] * 2}]
+
+    out = ordered_wait(
+        spark.range(0, 2000, numPartitions=2), Killer(), timeout=5, output_schema="ok long"
+    )
+    rows = out.collect()
+    assert [(r.id, r.ok) for r in rows] == [(i, i * 2) for i in range(2000)]
