@@ -1,0 +1,1 @@
+"""The small HTTP customer lookup service used by the HTTP examples and benchmark."""
