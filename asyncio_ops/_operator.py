@@ -449,7 +449,7 @@ class AsyncWaitOperator:
             if type(element) is Watermark:
                 await self.process_watermark(element)
             elif entry.results is not None:
-                await self._put_completed(element, entry.results)  # type: ignore[arg-type]
+                await self.process_completed_element(element, entry.results)  # type: ignore[arg-type]
             else:
                 await self.process_element(element)
 
@@ -592,7 +592,14 @@ class AsyncWaitOperator:
         self._queue.try_put(watermark)
         self._emit()
 
-    async def _put_completed(self, record: Record[Any], results: Sequence[Any]) -> None:
+    async def process_completed_element(self, record: Record[Any], results: Sequence[Any]) -> None:
+        """Put an element whose results are already known (replayed from a log or snapshot).
+
+        It takes a queue slot and leaves by the mode's rule like any other, but
+        no request is made and no timer is set.
+        """
+        self._check()
+        self._received += 1
         await self._wait_for_space()
         key = self._key_selector(record.value) if self._key_selector is not None else None
         handle = self._queue.try_put(record, key)

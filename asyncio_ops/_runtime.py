@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import logging
 import math
+import pickle
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,15 +34,24 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from ._checkpoint import CheckpointStorage
 from ._elements import Record, Watermark
-from ._exceptions import AsyncOpsError, ConfigurationError, OutputSchemaError
+from ._exceptions import CheckpointError, ConfigurationError, OutputSchemaError
 from ._functions import AsyncFunction, RuntimeContext, maybe_await
-from ._operator import AsyncWaitOperator, LatencyHistogram, OperatorSnapshot, OutputMode
+from ._keygroups import compute_key_group_range_for_operator_index
+from ._operator import (
+    AsyncWaitOperator,
+    LatencyHistogram,
+    OperatorSnapshot,
+    OutputMode,
+    SnapshotEntry,
+)
 from ._retry import AsyncRetryStrategy
 
 log = logging.getLogger("asyncio_ops.runtime")
 
 ERROR_COLUMN: Final = "_error"
+KEY_GROUP_COLUMN: Final = "__aops_key_group"
 LATE_COLUMN: Final = "_late"
 ERROR_TYPE: Final = pa.struct(
     [
@@ -73,6 +85,11 @@ class PartitionSpec:
     batch_size: int = 10_000
     operator_uid: str = "async-wait"
     num_partitions: int | None = None
+    max_parallelism: int = 128
+    checkpoint: CheckpointStorage | None = None
+    checkpoint_version: int | None = None
+    drain_timeout: float | None = None
+    retain_versions: int = 10
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,8 @@ class RunMetrics:
     late: int = 0
     dropped_late: int = 0
     restored: int = 0
+    replayed: int = 0
+    carried_over: int = 0
     max_in_flight: int = 0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -109,7 +128,8 @@ class RunMetrics:
     def merge(self, other: RunMetrics) -> RunMetrics:
         for name in (
             "partitions", "received", "emitted", "completed", "timed_out", "retried",
-            "failed", "error_rows", "late", "dropped_late", "restored", "seconds",
+            "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
+            "carried_over", "seconds",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -131,6 +151,8 @@ class RunMetrics:
             "late": self.late,
             "dropped_late": self.dropped_late,
             "restored": self.restored,
+            "replayed": self.replayed,
+            "carried_over": self.carried_over,
             "max_in_flight": self.max_in_flight,
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
@@ -203,22 +225,22 @@ def _describe_row(row: Any) -> str:
 class RowFunction(AsyncFunction[Any, Any]):
     """Calls the user's function with a row dict; merges each result dict into the row.
 
-    The value is the row dict, or ``(row, late)`` in event-time mode. A result
-    must be a dict whose keys are declared output columns; the message of a
-    violation names the column and the input row.
+    The operator's value is ``(row, late, position)``: ``late`` is None without
+    event time, ``position`` identifies the row within its partition for the
+    replay log (None when there is no log). A result must be a dict whose keys
+    are declared output columns; the message of a violation names the column
+    and the input row. With ``log`` set, each completed lookup is appended to
+    it as ``(position, fingerprint, results)``.
     """
 
     def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
         self.user = user
         self.allowed = frozenset(spec.added_columns)
         self.keep = spec.keep_input_columns
-        self.event_time = spec.event_time is not None
+        self.log: list[tuple[Any, bytes, list[dict[str, Any]]]] | None = None
 
-    def _merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
-        if self.event_time:
-            row, late = value
-        else:
-            row, late = value, None
+    def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        row, late, _ = value
         if results is None or not isinstance(results, list | tuple):
             raise OutputSchemaError(
                 f"the async function must return a list of dicts, got "
@@ -244,19 +266,29 @@ class RowFunction(AsyncFunction[Any, Any]):
             out.append(merged)
         return out
 
+    def _record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        merged = self.merge(value, results)
+        log = self.log
+        if log is not None and value[2] is not None:
+            log.append((value[2], fingerprint(value[0]), list(results)))
+        return merged
+
     async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
-        row = value[0] if self.event_time else value
-        return self._merge(value, await self.user.async_invoke(row))
+        return self._record(value, await self.user.async_invoke(value[0]))
 
     def timeout(self, value: Any) -> Any:
-        row = value[0] if self.event_time else value
-        results = self.user.timeout(row)
+        results = self.user.timeout(value[0])
         if asyncio.iscoroutine(results):
             return self._merge_later(value, results)
-        return self._merge(value, results)
+        return self.merge(value, results)
 
     async def _merge_later(self, value: Any, awaitable: Any) -> list[dict[str, Any]]:
-        return self._merge(value, await awaitable)
+        return self.merge(value, await awaitable)
+
+
+def fingerprint(row: Any) -> bytes:
+    """A digest of an input row: a replayed result is used only for the same row."""
+    return hashlib.blake2b(pickle.dumps(row, protocol=5), digest_size=12).digest()
 
 
 class ArrowSink:
@@ -362,12 +394,11 @@ def error_row_handler(
     """For ``on_error="error_column"``: a failed element becomes its input row plus ``_error``."""
     if spec.on_error != "error_column":
         return None
-    event_time = spec.event_time is not None
 
     def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[dict[str, Any]]:
         if isinstance(exc, OutputSchemaError):
             raise exc  # a bug in the function's output, not a failed lookup: fail loudly
-        row, late = record.value if event_time else (record.value, None)
+        row, late, _ = record.value
         out = dict(row) if spec.keep_input_columns else {}
         out[ERROR_COLUMN] = {
             "exception": type(exc).__name__,
@@ -386,10 +417,16 @@ def run_partition(
     spec: PartitionSpec,
     batches: Iterable[pa.RecordBatch],
     task: TaskInfo,
-    restored: OperatorSnapshot | None = None,
     on_done: Callable[[RunMetrics], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Run the operator over one partition's batches; yield output batches lazily."""
+    """Run the operator over one partition's batches; yield output batches lazily.
+
+    With checkpoint storage: carried-over elements of the previous version are
+    replayed first, lookups completed by an earlier attempt of this task are
+    served from its log instead of being requested again, and (streaming)
+    elements still in flight when ``drain_timeout`` runs out are written to
+    this version for the next micro-batch.
+    """
     runtime = WorkerRuntime.get()
     user_fn = runtime.function(spec, task)
     metrics = RunMetrics(partitions=1)
@@ -406,26 +443,36 @@ def run_partition(
         manage_function=False,
         key_selector=_key_selector(spec),
     )
+    ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
+    if ckpt is not None:
+        row_fn.log = []
     started = time.perf_counter()
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
         else None
     )
+    feeder = _Feeder(op, spec, watermarks, metrics, ckpt)
+    drained = True
     try:
+        restored = ckpt.restore() if ckpt is not None else None
         runtime.run(op.open(restored))
         for batch in batches:
-            rows = batch.to_pylist()
-            if watermarks is None:
-                runtime.run(op.process_elements(rows))
-            else:
-                runtime.run(_process_event_time(op, rows, spec, watermarks, metrics))
+            runtime.run(feeder.feed(batch.to_pylist()))
             metrics.max_in_flight = max(metrics.max_in_flight, len(op))
+            if ckpt is not None and row_fn.log:
+                ckpt.write_log(row_fn.log)
+                row_fn.log = []
             if sink.full():
                 yield from sink.take()
-        runtime.run(op.end_input())
-    except AsyncOpsError:
-        raise
+        drained = runtime.run(_drain(op, spec.drain_timeout if ckpt is not None else None))
+        if ckpt is not None:
+            if row_fn.log:
+                ckpt.write_log(row_fn.log)
+                row_fn.log = []
+            remaining = op.snapshot_state() if not drained else None
+            metrics.carried_over = len(remaining) if remaining is not None else 0
+            ckpt.finish(remaining)
     finally:
         runtime.run(op.close())
         stats = op.statistics()
@@ -447,40 +494,201 @@ def run_partition(
         on_done(metrics)
 
 
+async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
+    """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
+    if drain_timeout is None:
+        await op.end_input()
+        return True
+    try:
+        await asyncio.wait_for(op.end_input(), drain_timeout)
+    except TimeoutError:
+        if op.failure is not None:
+            raise op.failure from None
+        return False
+    return True
+
+
+class _Feeder:
+    """Turns rows into operator input: positions, replayed results, watermarks, late rows."""
+
+    def __init__(
+        self,
+        op: AsyncWaitOperator,
+        spec: PartitionSpec,
+        watermarks: BoundedOutOfOrderness | None,
+        metrics: RunMetrics,
+        ckpt: PartitionCheckpoint | None,
+    ) -> None:
+        self.op = op
+        self.spec = spec
+        self.watermarks = watermarks
+        self.metrics = metrics
+        self.ckpt = ckpt
+        self.position = 0
+
+    async def feed(self, rows: list[dict[str, Any]]) -> None:
+        op = self.op
+        if self.watermarks is None and self.ckpt is None:
+            # the common case, kept lean: one tuple per row, no per-row branches
+            await op.process_elements([(row, None, None) for row in rows])
+            return
+        column = self.spec.event_time
+        drop_late = self.spec.late_records == "drop"
+        watermarks = self.watermarks
+        replay = self.ckpt.replay if self.ckpt is not None else None
+        for row in rows:
+            pos = self.position
+            self.position += 1
+            ts: float | None = None
+            late: bool | None = None
+            if watermarks is not None:
+                assert column is not None
+                ts = event_time_seconds(row.get(column), column, row)
+                late = ts < watermarks.current
+                if late:
+                    self.metrics.late += 1
+                    if drop_late:
+                        self.metrics.dropped_late += 1
+                        continue
+            value = (row, late, pos if replay is not None else None)
+            stored = replay.get(pos) if replay else None
+            if stored is not None and stored[0] == fingerprint(row):
+                self.metrics.replayed += 1
+                await op.process_completed_element(
+                    Record(value, ts),
+                    op.function.merge(value, stored[1]),  # type: ignore[attr-defined]
+                )
+            else:
+                await op.process_element(Record(value, ts))
+            if watermarks is not None:
+                assert ts is not None
+                wm = watermarks.observe(ts)
+                if wm is not None:
+                    await op.process_watermark(Watermark(wm))
+
+
+class PartitionCheckpoint:
+    """The checkpoint files one partition reads and writes (see ``_checkpoint``).
+
+    Versions: a streaming micro-batch ``N`` (Spark's ``streaming.sql.batchId``)
+    restores the elements carried over in version ``N - 1`` and writes version
+    ``N``, so a re-run batch is idempotent. A batch job uses the version chosen
+    on the driver. In both, logs of completed lookups written by earlier
+    attempts of the same partition in the same version are replayed.
+    """
+
+    def __init__(self, spec: PartitionSpec, task: TaskInfo) -> None:
+        assert spec.checkpoint is not None
+        self.spec = spec
+        self.task = task
+        self.storage = spec.checkpoint
+        self.streaming = task.batch_id is not None
+        version = task.batch_id if task.batch_id is not None else spec.checkpoint_version
+        self.version: int = version if version is not None else 0
+        self.partition = task.partition_id
+        self.token = uuid.uuid4().hex[:12]
+        self.segment = 0
+        self.replay: dict[Any, tuple[bytes, list[Any]]] = self._load_logs()
+
+    # -- replay log ------------------------------------------------------------------
+    def _load_logs(self) -> dict[Any, tuple[bytes, list[Any]]]:
+        found: dict[Any, tuple[bytes, list[Any]]] = {}
+        for name in self.storage.list_files(self.version, f"results-p{self.partition:05d}-"):
+            for pos, fp, results in self.storage.read(self.version, name):
+                found[pos] = (fp, results)
+        return found
+
+    def write_log(self, entries: list[tuple[Any, bytes, list[Any]]]) -> None:
+        name = f"results-p{self.partition:05d}-{self.token}-{self.segment:06d}.ckpt"
+        self.segment += 1
+        self.storage.write(self.version, name, entries)
+
+    # -- carry-over between micro-batches ----------------------------------------------
+    def restore(self) -> OperatorSnapshot | None:
+        if not self.streaming or self.version <= 0:
+            return None
+        previous = self.version - 1
+        manifests = self.storage.list_files(previous, "subtask-")
+        if not manifests:
+            return None
+        first = self.storage.read(previous, manifests[0])
+        expected = [f"subtask-{i:05d}.ckpt" for i in range(first["num_partitions"])]
+        missing = sorted(set(expected) - set(manifests))
+        if missing:
+            raise CheckpointError(
+                f"checkpoint version {previous} of {self.storage.describe(self.storage.root)} "
+                f"is incomplete: missing {[self.storage.path(previous, m) for m in missing]}"
+            )
+        entries: list[SnapshotEntry] = []
+        p_new = self.task.num_partitions or 1
+        if self.spec.key_columns:
+            kg_range = compute_key_group_range_for_operator_index(
+                self.spec.max_parallelism, p_new, self.partition
+            )
+            for name in expected:
+                manifest = first if name == manifests[0] else self.storage.read(previous, name)
+                for kg, file in manifest["key_group_files"]:
+                    if kg in kg_range:
+                        entries.extend(self.storage.read(previous, file))
+        else:
+            for index, name in enumerate(expected):
+                if index % p_new != self.partition:
+                    continue  # even split of the old subtasks' state over the new ones
+                manifest = first if name == manifests[0] else self.storage.read(previous, name)
+                entries.extend(manifest["operator_state"])
+        if not entries:
+            return None
+        return OperatorSnapshot(
+            tuple(_fresh_position(e, i) for i, e in enumerate(entries)), self.spec.mode
+        )
+
+    def finish(self, remaining: OperatorSnapshot | None) -> None:
+        """Write this partition's manifest (streaming) and prune old versions."""
+        if not self.streaming:
+            return
+        entries = list(remaining.entries) if remaining is not None else []
+        manifest: dict[str, Any] = {
+            "num_partitions": self.task.num_partitions or 1,
+            "partition": self.partition,
+            "operator_state": [],
+            "key_group_files": [],
+        }
+        if self.spec.key_columns:
+            by_kg: dict[int, list[SnapshotEntry]] = {}
+            for e in entries:
+                if type(e.element) is Record:
+                    kg = e.element.value[0][KEY_GROUP_COLUMN]
+                    by_kg.setdefault(kg, []).append(e)
+            for kg, group in sorted(by_kg.items()):
+                name = f"kg-{kg:05d}.ckpt"
+                self.storage.write(self.version, name, group)
+                manifest["key_group_files"].append((kg, name))
+        else:
+            manifest["operator_state"] = [e for e in entries if type(e.element) is Record]
+        self.storage.write(self.version, f"subtask-{self.partition:05d}.ckpt", manifest)
+        if self.partition == 0:
+            old = [
+                v for v in self.storage.versions() if v <= self.version - self.spec.retain_versions
+            ]
+            self.storage.delete_versions(old)
+
+
+def _fresh_position(entry: SnapshotEntry, index: int) -> SnapshotEntry:
+    """A carried-over element gets a position of its own in the new batch's replay log."""
+    element = entry.element
+    if type(element) is not Record:
+        return entry
+    row, late, _ = element.value
+    return SnapshotEntry(
+        Record((row, late, ("carried", index)), element.timestamp), entry.results, entry.key
+    )
+
+
 def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
     cols = spec.key_columns
     if not cols:
         return None
-    event_time = spec.event_time is not None
     if len(cols) == 1:
         (col,) = cols
-        if event_time:
-            return lambda value: value[0][col]
-        return lambda row: row[col]
-    if event_time:
-        return lambda value: tuple(value[0][c] for c in cols)
-    return lambda row: tuple(row[c] for c in cols)
-
-
-async def _process_event_time(
-    op: AsyncWaitOperator,
-    rows: list[dict[str, Any]],
-    spec: PartitionSpec,
-    watermarks: BoundedOutOfOrderness,
-    metrics: RunMetrics,
-) -> None:
-    column = spec.event_time
-    assert column is not None
-    drop_late = spec.late_records == "drop"
-    for row in rows:
-        ts = event_time_seconds(row.get(column), column, row)
-        late = ts < watermarks.current
-        if late:
-            metrics.late += 1
-            if drop_late:
-                metrics.dropped_late += 1
-                continue
-        await op.process_element(Record((row, late), ts))
-        wm = watermarks.observe(ts)
-        if wm is not None:
-            await op.process_watermark(Watermark(wm))
+        return lambda value: value[0][col]
+    return lambda value: tuple(value[0][c] for c in cols)

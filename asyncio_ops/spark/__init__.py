@@ -7,8 +7,9 @@ this interpreter; ``AsyncMetrics`` collects operator metrics across tasks.
 
 from __future__ import annotations
 
+from .._runtime import KEY_GROUP_COLUMN
 from ._api import AsyncMetrics, ordered_wait, unordered_wait
-from ._keyed import KEY_GROUP_COLUMN, route_values
+from ._keyed import route_values
 from ._session import session
 
 __all__ = [

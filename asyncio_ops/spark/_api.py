@@ -30,6 +30,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
+from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import AsyncFunction, as_async_function
 from .._keygroups import check_parallelism
@@ -38,6 +39,7 @@ from .._queues import _check_capacity
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
     ERROR_COLUMN,
+    KEY_GROUP_COLUMN,
     LATE_COLUMN,
     PartitionSpec,
     RunMetrics,
@@ -45,7 +47,7 @@ from .._runtime import (
     run_partition,
     seconds_option,
 )
-from ._keyed import KEY_GROUP_COLUMN, partition_by_key_group
+from ._keyed import partition_by_key_group
 
 log = logging.getLogger("asyncio_ops.spark")
 
@@ -139,6 +141,10 @@ def _wait(
     keep_input_columns: bool,
     metrics: AsyncMetrics | None,
     uid: str | None,
+    checkpoint_location: str | None,
+    checkpoint_version: int | None,
+    drain_timeout: float | timedelta | None,
+    retain_versions: int,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -197,6 +203,32 @@ def _wait(
         raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
     delay = seconds_option(watermark_delay, "watermark_delay")
 
+    operator_uid = uid or f"{mode.value}-wait"
+    storage: CheckpointStorage | None = None
+    drain: float | None = None
+    if checkpoint_location is not None:
+        if not isinstance(checkpoint_location, str) or not checkpoint_location:
+            raise ConfigurationError(
+                f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
+            )
+        storage = CheckpointStorage(checkpoint_location, operator_uid)
+        storage.check_writable()
+        if checkpoint_version is None:
+            # one version per job run; a streaming query uses its batch ids instead
+            checkpoint_version = max(storage.versions(), default=0) + 1
+        elif not isinstance(checkpoint_version, int) or checkpoint_version < 0:
+            raise ConfigurationError(
+                f"checkpoint_version must be an int >= 0, got {checkpoint_version!r}"
+            )
+        if drain_timeout is not None:
+            drain = timeout_seconds(drain_timeout, "drain_timeout")
+        if not isinstance(retain_versions, int) or retain_versions < 2:
+            raise ConfigurationError(
+                f"retain_versions must be an int >= 2, got {retain_versions!r}"
+            )
+    elif checkpoint_version is not None or drain_timeout is not None:
+        raise ConfigurationError("checkpoint_version and drain_timeout need checkpoint_location=")
+
     parts = num_partitions
     if key_cols:
         df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
@@ -232,8 +264,13 @@ def _wait(
         late_records=late_records,
         key_columns=key_cols,
         batch_size=batch_size,
-        operator_uid=uid or f"{mode.value}-wait",
+        operator_uid=operator_uid,
         num_partitions=parts,
+        max_parallelism=max_parallelism,
+        checkpoint=storage,
+        checkpoint_version=checkpoint_version,
+        drain_timeout=drain,
+        retain_versions=retain_versions,
     )
     on_done = metrics._add if metrics is not None else None
 
@@ -280,6 +317,10 @@ def ordered_wait(
     keep_input_columns: bool = True,
     metrics: AsyncMetrics | None = None,
     uid: str | None = None,
+    checkpoint_location: str | None = None,
+    checkpoint_version: int | None = None,
+    drain_timeout: float | timedelta | None = None,
+    retain_versions: int = 10,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -296,6 +337,8 @@ def ordered_wait(
         late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
+        checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
+        drain_timeout=drain_timeout, retain_versions=retain_versions,
     )  # fmt: skip
 
 
@@ -319,6 +362,10 @@ def unordered_wait(
     keep_input_columns: bool = True,
     metrics: AsyncMetrics | None = None,
     uid: str | None = None,
+    checkpoint_location: str | None = None,
+    checkpoint_version: int | None = None,
+    drain_timeout: float | timedelta | None = None,
+    retain_versions: int = 10,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -332,4 +379,6 @@ def unordered_wait(
         late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
+        checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
+        drain_timeout=drain_timeout, retain_versions=retain_versions,
     )  # fmt: skip

@@ -23,8 +23,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from .._keygroups import HASH_SEED, check_parallelism
+from .._runtime import KEY_GROUP_COLUMN
 
-KEY_GROUP_COLUMN: Final = "__aops_key_group"
 _ROUTE_COLUMN: Final = "__aops_route"
 _pack_i = struct.Struct("<i").pack
 

@@ -1,0 +1,173 @@
+"""Checkpoint storage: versioned, verified files on any filesystem pyarrow.fs handles.
+
+Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://)::
+
+    <uid>/v<version>/subtask-<i>.ckpt        manifest + operator state of partition i
+    <uid>/v<version>/kg-<kg>.ckpt            in-flight elements of one key group (keyed mode)
+    <uid>/v<version>/results-p<i>-a<attempt>-<seq>.ckpt
+                                             completed lookups of a task attempt (replay log)
+
+Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
+(u32) | payload`` with a pickled payload. It is written to a temporary name
+and then moved into place, so a reader sees a whole file or none; a torn,
+truncated, bit-flipped or too-new file raises :class:`CorruptCheckpointError`
+naming it, never a silent loss.
+
+Files hold the payloads of in-flight rows (whatever columns the input had):
+protect the location as you would the input data. They are written with the
+process umask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import re
+import struct
+import uuid
+import zlib
+from collections.abc import Iterable
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ._exceptions import CheckpointError, CorruptCheckpointError
+
+MAGIC: Final = b"AOPSCKP1"
+FORMAT_VERSION: Final = 1
+_HEADER = struct.Struct("<8sHQI")
+_VERSION_DIR = re.compile(r"^v(\d{10})$")
+
+
+def encode(payload: Any) -> bytes:
+    """The bytes of one checkpoint file holding ``payload``."""
+    body = pickle.dumps(payload, protocol=5)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
+
+
+def decode(data: bytes, name: str) -> Any:
+    """Verify and unpickle one checkpoint file; ``name`` is used in errors."""
+    if len(data) < _HEADER.size:
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} is truncated: {len(data)} bytes, shorter than its header"
+        )
+    magic, version, length, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptCheckpointError(f"checkpoint file {name} is not an asyncio_ops checkpoint")
+    if version > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} has format version {version}, newer than this asyncio_ops "
+            f"reads ({FORMAT_VERSION}); upgrade asyncio_ops to restore it"
+        )
+    body = data[_HEADER.size :]
+    if len(body) != length:
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} is truncated or torn: payload has {len(body)} bytes, "
+            f"the header says {length}"
+        )
+    if zlib.crc32(body) != crc:
+        raise CorruptCheckpointError(f"checkpoint file {name} fails its checksum (corrupted)")
+    try:
+        return pickle.loads(body)
+    except Exception as exc:  # a payload that verifies but does not load: same answer
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} could not be unpickled: {exc}"
+        ) from exc
+
+
+class CheckpointStorage:
+    """Files of one operator (``uid``) under ``location``; see the module docstring."""
+
+    def __init__(self, location: str, uid: str) -> None:
+        self.location = location
+        self.uid = uid
+        try:
+            fs, root = pafs.FileSystem.from_uri(location)
+        except (pa.ArrowInvalid, ValueError):
+            fs, root = pafs.LocalFileSystem(), location
+        self.fs: pafs.FileSystem = fs
+        self.root = f"{root.rstrip('/')}/{uid}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location, "uid": self.uid}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"], state["uid"])  # type: ignore[misc]
+
+    # -- paths -----------------------------------------------------------------------
+    def version_dir(self, version: int) -> str:
+        return f"{self.root}/v{version:010d}"
+
+    def path(self, version: int, name: str) -> str:
+        return f"{self.version_dir(version)}/{name}"
+
+    def describe(self, path: str) -> str:
+        return f"{self.location.rstrip('/')}/{path[len(self.root) - len(self.uid) :]}"
+
+    # -- writing ---------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Create the operator's directory and a probe file; raise naming the path if not."""
+        probe = f"{self.root}/.probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+            with self.fs.open_output_stream(probe) as out:
+                out.write(b"ok")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointError(
+                f"checkpoint_location {self.location!r} is not writable: {exc}"
+            ) from exc
+
+    def write(self, version: int, name: str, payload: Any) -> None:
+        """Atomically write ``payload`` as ``v<version>/<name>`` (temp file + move)."""
+        final = self.path(version, name)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        data = encode(payload)
+        try:
+            self.fs.create_dir(self.version_dir(version), recursive=True)
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.fs.move(tmp, final)
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointError(f"cannot write checkpoint file {final}: {exc}") from exc
+
+    # -- reading ---------------------------------------------------------------------
+    def exists(self, version: int, name: str) -> bool:
+        info = self.fs.get_file_info(self.path(version, name))
+        return bool(info.type == pafs.FileType.File)
+
+    def read(self, version: int, name: str) -> Any:
+        path = self.path(version, name)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                data = f.read()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"checkpoint file {path} is missing") from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
+        return decode(data, path)
+
+    def list_files(self, version: int, prefix: str = "") -> list[str]:
+        """Names of the complete files of ``version`` starting with ``prefix`` (sorted)."""
+        selector = pafs.FileSelector(self.version_dir(version), allow_not_found=True)
+        names = []
+        for info in self.fs.get_file_info(selector):
+            name = info.base_name
+            if info.type == pafs.FileType.File and name.startswith(prefix) and ".tmp-" not in name:
+                names.append(name)
+        return sorted(names)
+
+    def versions(self) -> list[int]:
+        selector = pafs.FileSelector(self.root, allow_not_found=True)
+        found = []
+        for info in self.fs.get_file_info(selector):
+            m = _VERSION_DIR.match(info.base_name)
+            if m and info.type == pafs.FileType.Directory:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def delete_versions(self, versions: Iterable[int]) -> None:
+        for v in versions:
+            with contextlib.suppress(FileNotFoundError):  # another task deleted it first
+                self.fs.delete_dir(self.version_dir(v))
