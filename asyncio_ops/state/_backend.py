@@ -176,21 +176,21 @@ class KeyedStateBackend(ABC):
         """Make ``key`` the key that state reads and writes.
 
         Raises :class:`UnsupportedKeyError` for a key with no canonical encoding
-        and :class:`KeyGroupError` for a key outside this backend's key-group range.
+        and :class:`KeyGroupError` for a key outside this backend's key-group
+        range; the current key is unchanged then.
         """
+        # The hot path of every record and timer: one dict lookup of a per-key cache
+        # (each backend caches what its states need) and two attribute stores.
         try:
-            entry = self._key_cache[key]
+            self._kgi, self._kprefix = self._key_cache[key]
         except KeyError:
-            entry = self._new_key_entry(key)
+            self._kgi, self._kprefix = self._new_key_entry(key)
         except TypeError:  # unhashable: canonical_bytes names the type
             canonical_bytes(key)
             raise UnsupportedKeyError(  # pragma: no cover - hashable tuple of unhashables
                 f"key {key!r} is not hashable"
             ) from None
         self._key = key
-        self._has_key = True
-        self._kgi = entry[0]
-        self._kprefix = entry[1]
 
     def _new_key_entry(self, key: Any) -> tuple[int, bytes]:
         enc = canonical_bytes(key)
@@ -207,6 +207,7 @@ class KeyedStateBackend(ABC):
         if len(cache) >= _KEY_CACHE_LIMIT:
             cache.clear()  # bounded memory; a miss costs one hash, not correctness
         cache[key] = entry
+        self._has_key = True
         return entry
 
     def get_current_key(self) -> Any:

@@ -206,8 +206,9 @@ class _HeapValueState(_HeapState, ValueState[Any]):
     __slots__ = ()
 
     def value(self) -> Any:
+        b = self._b
         try:
-            return self._groups[self._b._kgi].get(self._b._key)
+            return self._groups[b._kgi].get(b._key)
         except IndexError:
             raise no_current_key() from None
 
