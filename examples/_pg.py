@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import glob
 import os
 import pwd
@@ -124,12 +125,12 @@ async def drop(dsn: str, table: str) -> None:
         await connection.close(timeout=5)
 
 
-async def probe(dsn: str, timeout: float = 5.0) -> None:
+async def probe(dsn: str, connect_timeout: float = 5.0) -> None:
     """Connect and disconnect; raises what asyncpg raises when ``dsn`` is unreachable."""
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-    connection = await asyncpg.connect(dsn, timeout=timeout)
-    await connection.close(timeout=timeout)
+    connection = await asyncpg.connect(dsn, timeout=connect_timeout)
+    await connection.close(timeout=connect_timeout)
 
 
 # -- throwaway server ---------------------------------------------------------------------
@@ -314,10 +315,8 @@ def _stop_on_sigterm(callback: Callable[[], None]) -> None:
             previous(signum, frame)
         sys.exit(128 + signum)
 
-    try:
+    with contextlib.suppress(ValueError):  # not the main thread: atexit still applies
         signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: atexit still applies
-        pass
 
 
 def no_postgres_help() -> str:

@@ -122,7 +122,9 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def make_app(*, customers: int = 100_000, latency: float = 0.0, jitter: float = 0.0) -> web.Application:
+def make_app(
+    *, customers: int = 100_000, latency: float = 0.0, jitter: float = 0.0
+) -> web.Application:
     """The service's application; ``latency`` and ``jitter`` are in seconds."""
     if customers < 0 or latency < 0 or jitter < 0:
         raise ValueError("customers, latency and jitter must be >= 0")
@@ -223,9 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         "--latency-ms", type=float, default=float(os.environ.get("LATENCY_MS", "20"))
     )
     parser.add_argument("--jitter-ms", type=float, default=float(os.environ.get("JITTER_MS", "0")))
-    parser.add_argument(
-        "--customers", type=int, default=int(os.environ.get("CUSTOMERS", "100000"))
-    )
+    parser.add_argument("--customers", type=int, default=int(os.environ.get("CUSTOMERS", "100000")))
     args = parser.parse_args(argv)
     app = make_app(
         customers=args.customers, latency=args.latency_ms / 1000, jitter=args.jitter_ms / 1000
