@@ -1,0 +1,84 @@
+"""Checkpoint files: atomic, verified, and every kind of damage named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncio_ops import CheckpointError, CorruptCheckpointError
+from asyncio_ops._checkpoint import FORMAT_VERSION, CheckpointStorage, decode, encode
+
+
+def test_round_trip_and_listing(tmp_path: Path) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.check_writable()
+    s.write(3, "subtask-00000.ckpt", {"rows": [1, 2, 3]})
+    s.write(3, "kg-00007.ckpt", [("a", 1)])
+    assert s.read(3, "subtask-00000.ckpt") == {"rows": [1, 2, 3]}
+    assert s.list_files(3) == ["kg-00007.ckpt", "subtask-00000.ckpt"]
+    assert s.list_files(3, "kg-") == ["kg-00007.ckpt"]
+    assert s.versions() == [3]
+    assert s.exists(3, "kg-00007.ckpt") and not s.exists(3, "kg-00008.ckpt")
+    s.delete_versions([3])
+    assert s.versions() == []
+
+
+def test_file_uri_works_like_a_path(tmp_path: Path) -> None:
+    s = CheckpointStorage(f"file://{tmp_path}", "op")
+    s.write(1, "x.ckpt", 42)
+    assert (tmp_path / "op" / "v0000000001" / "x.ckpt").is_file()
+    assert CheckpointStorage(str(tmp_path), "op").read(1, "x.ckpt") == 42
+
+
+def test_a_torn_temp_file_is_never_read(tmp_path: Path) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "subtask-00000.ckpt", "whole")
+    torn = tmp_path / "op" / "v0000000001" / "subtask-00001.ckpt.tmp-deadbeef"
+    torn.write_bytes(encode("half")[:10])  # a writer died half-way
+    assert s.list_files(1) == ["subtask-00000.ckpt"]
+
+
+def test_truncated_file_is_named(tmp_path: Path) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "kg-00001.ckpt", list(range(1000)))
+    f = tmp_path / "op" / "v0000000001" / "kg-00001.ckpt"
+    f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(CorruptCheckpointError, match=r"kg-00001\.ckpt.*truncated"):
+        s.read(1, "kg-00001.ckpt")
+    f.write_bytes(b"AOPS")
+    with pytest.raises(CorruptCheckpointError, match=r"kg-00001\.ckpt"):
+        s.read(1, "kg-00001.ckpt")
+
+
+def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "kg-00002.ckpt", {"payload": "x" * 100})
+    f = tmp_path / "op" / "v0000000001" / "kg-00002.ckpt"
+    data = bytearray(f.read_bytes())
+    data[-20] ^= 0x04
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"kg-00002\.ckpt fails its checksum"):
+        s.read(1, "kg-00002.ckpt")
+
+
+def test_newer_format_version_is_refused_by_name() -> None:
+    data = bytearray(encode("future"))
+    data[8] = FORMAT_VERSION + 1  # the u16 after the magic
+    with pytest.raises(CorruptCheckpointError, match=r"format version 2.*upgrade"):
+        decode(bytes(data), "some/file.ckpt")
+
+
+def test_not_a_checkpoint_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(CorruptCheckpointError, match="not an asyncio_ops checkpoint"):
+        decode(b"PK\x03\x04" + b"\x00" * 40, "x.zip")
+    s = CheckpointStorage(str(tmp_path), "op")
+    with pytest.raises(CheckpointError, match=r"missing"):
+        s.read(5, "subtask-00000.ckpt")
+
+
+def test_location_under_a_file_is_not_writable(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match=r"not writable"):
+        CheckpointStorage(str(blocker / "ckpt"), "op").check_writable()
