@@ -1,0 +1,106 @@
+"""Fixtures for the example tests: a real PostgreSQL, and a runner for the example scripts.
+
+The examples run as subprocesses, exactly as a user runs them
+(``python examples/NAME.py ...``), from a temporary working directory, with
+small sizes. Postgres comes from ``ASYNCIO_OPS_PG_DSN`` (default: trust auth on
+127.0.0.1:5432, database ``test``); when it cannot be reached the Postgres
+tests are skipped with the reason, except under ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples import _pg
+from examples._common import JSON_MARKER
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail under CI=true: CI must never pass by not testing."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """A reachable DSN, or skip (fail under CI=true)."""
+    dsn = os.environ.get(_pg.DSN_ENV, DEFAULT_DSN)
+    try:
+        _pg.run(_pg.probe(dsn))
+    except Exception as exc:  # any failure to connect means "no Postgres here"
+        unavailable(
+            f"PostgreSQL not reachable ({type(exc).__name__}); set {_pg.DSN_ENV} or start "
+            "one (docker compose up -d)"
+        )
+    return dsn
+
+
+@pytest.fixture
+def customers_table(pg_dsn: str) -> Iterator[str]:
+    """A unique table name for one test (the test seeds it); dropped afterwards."""
+    name = f"aops_example_customers_{uuid.uuid4().hex[:10]}"
+    try:
+        yield name
+    finally:
+        _pg.run(_pg.drop(pg_dsn, name))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished example run: exit code, output, and the ``RESULT`` document if printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def result(self) -> dict[str, Any]:
+        lines = [ln for ln in self.stdout.splitlines() if ln.startswith(JSON_MARKER)]
+        assert len(lines) == 1, f"expected one RESULT line:\n{self.describe()}"
+        return json.loads(lines[0][len(JSON_MARKER) :])  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        return (
+            f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-4000:]}"
+        )
+
+
+@pytest.fixture
+def run_example(tmp_path: Path) -> Any:
+    """``run_example("enrich_orders_postgres.py", "--orders", "10", env={...})`` -> :class:`Run`."""
+
+    def run(
+        script: str, *args: str, env: dict[str, str | None] | None = None, timeout: float = 100
+    ) -> Run:
+        environ = dict(os.environ)
+        for k, v in (env or {}).items():
+            if v is None:
+                environ.pop(k, None)
+            else:
+                environ[k] = v
+        proc = subprocess.run(
+            [sys.executable, str(EXAMPLES / script), *args],
+            cwd=tmp_path,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return Run(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
