@@ -232,8 +232,13 @@ def _wait(
     parts = num_partitions
     if key_cols:
         df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
-    elif num_partitions is not None:
-        df = df.repartition(num_partitions)
+    else:
+        if parts is None and storage is not None and df.isStreaming:
+            # Carry-over needs stable subtask indices and a known count across
+            # micro-batches, whatever partitioning the source gives each batch.
+            parts = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+        if parts is not None:
+            df = df.repartition(parts)
 
     in_fields = list(df.schema.fields) if keep_input_columns else []
     out_fields = in_fields + list(added.fields)
