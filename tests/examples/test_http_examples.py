@@ -1,0 +1,112 @@
+"""The HTTP customer service, and the HTTP and streaming examples run as a user runs them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from examples.http_service.app import ServiceThread, customer
+
+
+def test_service_answers_single_batch_and_errors() -> None:
+    async def calls(base: str) -> list[tuple[int, Any]]:
+        out = []
+        async with aiohttp.ClientSession() as session:
+            for method, path, body in [
+                ("GET", "/customers/30", None),
+                ("GET", "/customers/51", None),  # beyond the 50 customers
+                ("GET", "/customers/x", None),
+                ("GET", "/customers?ids=1,50,51,100", None),
+                ("POST", "/customers/batch", {"ids": [3, 4]}),
+                ("POST", "/customers/batch", {"ids": "3"}),
+                ("GET", "/healthz", None),
+            ]:
+                async with session.request(method, base + path, json=body) as r:
+                    out.append((r.status, await r.json()))
+        return out
+
+    with ServiceThread(customers=50, latency=0.001) as service:
+        results = asyncio.run(calls(service.url))
+    assert results[0] == (200, customer(30))
+    assert results[0][1]["tier"] == "gold"
+    assert results[1][0] == 404
+    assert results[2][0] == 400
+    assert results[3] == (200, {"items": [customer(1), customer(50)]})
+    assert results[4] == (200, {"items": [customer(3), customer(4)]})
+    assert results[5][0] == 400
+    assert results[6] == (200, {"status": "ok"})
+
+
+def test_service_latency_is_applied() -> None:
+    async def timed(base: str) -> float:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+            start = loop.time()
+            async with session.get(base + "/customers/1") as r:
+                assert r.status == 200
+            return loop.time() - start
+
+    with ServiceThread(latency=0.1) as service:
+        assert asyncio.run(timed(service.url)) >= 0.1
+
+
+def check_sample(result: dict[str, Any], n: int) -> None:
+    sample = result["sample"]
+    assert [r["order_id"] for r in sample] == list(range(n))
+    for row in sample:
+        expected = customer(row["customer_id"])
+        assert {k: row[k] for k in expected} == expected, row
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("batch", [False, True], ids=["per-row", "batch-endpoint"])
+def test_enrich_http_example(run_example: Any, batch: bool) -> None:
+    args = ["--orders", "3000", "--customers", "2000", "--partitions", "2", "--latency-ms", "2"]
+    run = run_example("enrich_http.py", *args, *(["--batch"] if batch else []), "--json")
+    assert run.returncode == 0, run.describe()
+    result = run.result
+    assert result["local_service"] is True and result["batch"] is batch
+    assert result["rows"] == 3000 and result["missing"] == 0 and result["mismatches"] == 0
+    check_sample(result, 5)
+    metrics = result["metrics"]
+    assert metrics["received"] == metrics["emitted"] == 3000
+    assert metrics["failed"] == 0 and metrics["timed_out"] == 0
+
+
+@pytest.mark.spark
+def test_enrich_http_against_a_given_url(run_example: Any) -> None:
+    with ServiceThread(customers=100, latency=0.001) as service:
+        # Customers 1..100 exist; orders ask for 1..150: a third is missing (404 -> dropped).
+        run = run_example(
+            "enrich_http.py", "--url", service.url, "--orders", "300", "--customers", "150",
+            "--partitions", "2", "--json",
+        )  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    result = run.result
+    assert result["local_service"] is False
+    assert result["rows"] == 200 and result["missing"] == 100 and result["mismatches"] == 0
+
+
+@pytest.mark.spark
+def test_streaming_watermark_example(run_example: Any) -> None:
+    run = run_example(
+        "streaming_watermark.py", "--rows-per-batch", "200", "--batches", "2", "--json",
+        timeout=110,
+    )  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    result = run.result
+    first, second = result["runs"]
+    assert len(first) >= 2 and len(second) >= 2
+    assert min(second) > max(first), "the restarted query must continue, not start over"
+    rows = result["rows"]
+    assert rows >= 800 and rows % 200 == 0
+    assert result["duplicates"] == 0 and result["lost"] == 0 and result["mismatches"] == 0
+    assert result["min_order_id"] == 0
+    # Event times are up to 9 s out of order and the watermark delay is 5 s:
+    # some rows are behind the watermark, flagged and kept.
+    assert 0 < result["late_rows"] < rows
+    assert result["metrics"]["late"] >= result["late_rows"]
+    assert result["metrics"]["dropped_late"] == 0
