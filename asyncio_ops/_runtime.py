@@ -36,7 +36,12 @@ import pyarrow as pa
 
 from ._checkpoint import CheckpointStorage
 from ._elements import Record, Watermark
-from ._exceptions import CheckpointError, ConfigurationError, OutputSchemaError
+from ._exceptions import (
+    CheckpointError,
+    ConfigurationError,
+    InvalidResultError,
+    OutputSchemaError,
+)
 from ._functions import AsyncFunction, RuntimeContext, maybe_await
 from ._keygroups import compute_key_group_range_for_operator_index
 from ._operator import (
@@ -242,7 +247,9 @@ class RowFunction(AsyncFunction[Any, Any]):
     def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
         row, late, _ = value
         if results is None or not isinstance(results, list | tuple):
-            raise OutputSchemaError(
+            # a failed lookup (an error row with on_error="error_column"), unlike a
+            # result that does not fit the schema, which is a bug and always fails
+            raise InvalidResultError(
                 f"the async function must return a list of dicts, got "
                 f"{type(results).__name__} for input row {_describe_row(row)}"
             )

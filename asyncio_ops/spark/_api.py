@@ -17,6 +17,7 @@ from pyspark import AccumulatorParam, TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    AtomicType,
     BooleanType,
     DataType,
     DateType,
@@ -189,6 +190,13 @@ def _wait(
             )
 
     key_cols = _columns(key, "key", df)
+    for c in key_cols:
+        ktype = df.schema[c].dataType
+        if not isinstance(ktype, AtomicType):
+            raise ConfigurationError(
+                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
+                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
+            )
     (event_col,) = _columns(event_time, "event_time", df) or (None,)
     if event_col is not None:
         dtype: DataType = df.schema[event_col].dataType
