@@ -1,0 +1,391 @@
+"""Connector benchmark: lookups in Spark against their ceilings outside Spark, and a JDBC join.
+
+    python -m bench.connectors --quick          # ~2 min: 100k customers, 200k orders
+    python -m bench.connectors                  # 100k customers, 1M orders
+    python -m bench.connectors --large          # + 10M customers, 100k distinct keys
+
+Rows of the table (every Spark figure is a ``write.format("noop")`` action on
+``local[2]``, after a warm-up job, so every output column is materialised):
+
+- ``pg per-row``: ``ordered_wait`` + ``PostgresLookup(batch_size=1)``, one query per row;
+- ``pg batched``: the same with ``batch_size`` ids per ``WHERE id = ANY($1)`` query;
+- ``pg asyncpg ceiling``: the same batched queries (same key sequence, same
+  chunks, each key's row fanned back out to every order) from plain asyncpg in
+  two processes outside Spark, the ceiling for two workers;
+- ``pg JDBC + broadcast join``: ``spark.read.jdbc`` of the whole table (2
+  partitions on ``id``) broadcast-joined to the orders (Debian's
+  ``libpostgresql-jdbc-java`` jar; skipped, saying so, when it is missing);
+- ``http per-row``: ``unordered_wait`` + ``HttpLookup`` against the customer
+  service (a separate process, ``--http-latency-ms`` per request), and
+  ``http aiohttp ceiling``: two aiohttp client processes with the same number of
+  requests in flight against the same service.
+
+Targets (issue 5): batched >= 10x per-row, batched >= 0.8 of the asyncpg
+ceiling, HTTP >= 0.8 of its ceiling. Postgres is ``--dsn`` /
+``ASYNCIO_OPS_PG_DSN`` or a throwaway server (the default: the bench then owns
+the whole server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+STEP = 7919  # customer_id = (order * STEP) % customers + 1, as in examples/_common.orders
+
+
+@dataclass
+class Row:
+    name: str
+    rows: int
+    seconds: float | None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float | None:
+        return self.rows / self.seconds if self.seconds else None
+
+
+def key_of(order: int, customers: int) -> int:
+    return (order * STEP) % customers + 1
+
+
+# -- ceilings outside Spark (run in child processes) ------------------------------------------
+def _pg_ceiling_worker(
+    dsn: str, table: str, start: int, stop: int, customers: int, batch_size: int,
+    concurrency: int, pool_size: int, barrier: Any, out: Any,
+) -> None:  # fmt: skip
+    import asyncpg  # type: ignore[import-untyped,unused-ignore]
+    import uvloop
+
+    async def main() -> None:
+        pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
+        query = f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)'
+        keys = [key_of(i, customers) for i in range(start, stop)]
+        chunks = [keys[i : i + batch_size] for i in range(0, len(keys), batch_size)]
+        sem = asyncio.Semaphore(concurrency)
+        emitted = 0
+
+        async def one(chunk: list[int]) -> None:
+            nonlocal emitted
+            async with sem:
+                records = await pool.fetch(query, list(dict.fromkeys(chunk)))
+            by_id = {r["id"]: dict(r) for r in records}
+            emitted += sum(1 for k in chunk if by_id.get(k) is not None)
+
+        await pool.fetch(query, [1])  # warm the connections and the statement cache
+        barrier.wait()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(c) for c in chunks))
+        out.put((emitted, time.perf_counter() - t0))
+        await pool.close()
+
+    uvloop.run(main())
+
+
+def _http_ceiling_worker(
+    base: str, start: int, stop: int, customers: int, concurrency: int, barrier: Any, out: Any
+) -> None:
+    import aiohttp
+    import uvloop
+
+    async def main() -> None:
+        keys = iter([key_of(i, customers) for i in range(start, stop)])
+        ok = 0
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def worker() -> None:
+                nonlocal ok
+                for k in keys:
+                    async with session.get(f"{base}/customers/{k}") as r:
+                        await r.json()
+                        ok += r.status == 200
+
+            async with session.get(f"{base}/customers/1") as r:
+                await r.read()
+            barrier.wait()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            out.put((ok, time.perf_counter() - t0))
+
+    uvloop.run(main())
+
+
+def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float]:
+    """Run ``target`` in two spawned processes over halves of ``0..n``; (rows, slowest s)."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    half = n // 2
+    procs = [
+        ctx.Process(target=target, args=(*args_for(a, b), barrier, out))
+        for a, b in ((0, half), (half, n))
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return sum(r[0] for r in results), max(r[1] for r in results)
+
+
+# -- Spark side --------------------------------------------------------------------------------
+def run_noop(df: Any) -> float:
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def orders_df(spark: Any, n: int, customers: int) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(0, n, numPartitions=2).select(
+        F.col("id").alias("order_id"),
+        ((F.col("id") * STEP) % customers + 1).alias("customer_id"),
+    )
+
+
+def pg_lookup_row(
+    spark: Any, name: str, dsn: str, table: str, n: int, customers: int, batch_size: int,
+    capacity: int, pool_size: int,
+) -> Row:  # fmt: skip
+    from asyncio_ops.spark import AsyncMetrics, ordered_wait
+    from connectors.postgres import PostgresLookup
+
+    lookup = PostgresLookup(
+        dsn,
+        f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)',
+        key="customer_id",
+        on="id",
+        columns=("name", "tier", "country"),
+        batch_size=batch_size,
+        pool_size=pool_size,
+        min_pool_size=pool_size,
+    )
+    metrics = AsyncMetrics(spark)
+    df = ordered_wait(
+        orders_df(spark, n, customers), lookup, timeout=120.0, capacity=capacity,
+        output_schema="name string, tier string, country string", metrics=metrics,
+    )  # fmt: skip
+    seconds = run_noop(df)
+    emitted = metrics.summary()["emitted"]
+    return Row(name, emitted, seconds, f"batch_size={batch_size} capacity={capacity}")
+
+
+def jdbc_join_row(spark: Any, name: str, dsn: str, table: str, n: int, customers: int) -> Row:
+    from pyspark.sql import functions as F
+
+    if not JDBC_JAR.exists():
+        return Row(name, 0, None, f"skipped: {JDBC_JAR} missing (apt-get install "
+                   "libpostgresql-jdbc-java)")  # fmt: skip
+    from urllib.parse import urlsplit
+
+    u = urlsplit(dsn)
+    url = f"jdbc:postgresql://{u.hostname}:{u.port or 5432}{u.path}"
+    props = {"user": u.username or "postgres", "driver": "org.postgresql.Driver",
+             "fetchsize": "10000"}  # fmt: skip
+    if u.password:
+        props["password"] = u.password
+    table_df = spark.read.jdbc(
+        url, f'"{table}"', column="id", lowerBound=1, upperBound=customers + 1,
+        numPartitions=2, properties=props,
+    ).select("id", "name", "tier", "country")  # fmt: skip
+    joined = orders_df(spark, n, customers).join(
+        F.broadcast(table_df), F.col("customer_id") == F.col("id")
+    )
+    # Every customer id in 1..customers exists, so the inner join keeps all n orders.
+    seconds = run_noop(joined.drop("id"))
+    return Row(name, n, seconds, f"reads all {customers:,} customers over JDBC")
+
+
+def http_rows(spark: Any, n: int, customers: int, latency_ms: float, capacity: int) -> list[Row]:
+    from asyncio_ops.spark import AsyncMetrics, unordered_wait
+    from connectors.http import HttpLookup
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "examples.http_service.app", "--host", "127.0.0.1",
+         "--port", str(port), "--latency-ms", str(latency_ms), "--customers", str(customers)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the customer service did not start")
+            time.sleep(0.1)
+        rows, secs = two_processes(
+            _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), n
+        )
+        ceiling = Row("http aiohttp ceiling (2 procs)", rows, secs, f"{capacity} in flight each")
+        metrics = AsyncMetrics(spark)
+        df = unordered_wait(
+            orders_df(spark, n, customers),
+            HttpLookup(f"{base}/customers/{{customer_id}}", max_connections=capacity),
+            timeout=60.0, capacity=capacity,
+            output_schema="id bigint, name string, tier string, country string", metrics=metrics,
+        )  # fmt: skip
+        seconds = run_noop(df)
+        spark_row = Row(
+            "http per-row (spark)", metrics.summary()["emitted"], seconds,
+            f"capacity={capacity} latency={latency_ms}ms",
+        )  # fmt: skip
+        return [spark_row, ceiling]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+# -- orchestration -----------------------------------------------------------------------------
+def fmt_rate(r: float | None) -> str:
+    return "-" if r is None else f"{r:,.0f}"
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    print(f"\n## {title}\n")
+    print(f"| {'case':<34} | {'rows':>9} | {'seconds':>8} | {'rows/s':>9} | note")
+    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 10}|{'-' * 11}|------")
+    for r in rows:
+        secs = "-" if r.seconds is None else f"{r.seconds:.2f}"
+        print(f"| {r.name:<34} | {r.rows:>9,} | {secs:>8} | {fmt_rate(r.rate):>9} | {r.note}")
+
+
+def ratio_line(label: str, a: Row | None, b: Row | None, target: float | None) -> None:
+    if a is None or b is None or a.rate is None or b.rate is None:
+        print(f"- {label}: n/a")
+        return
+    ratio = a.rate / b.rate
+    verdict = "" if target is None else (" PASS" if ratio >= target else " MISS")
+    goal = "" if target is None else f" (target >= {target})"
+    print(f"- {label}: {ratio:.2f}{goal}{verdict}")
+
+
+def pg_suite(
+    spark: Any, dsn: str, table: str, customers: int, orders: int, per_row_orders: int,
+    args: argparse.Namespace, title: str,
+) -> list[Row]:  # fmt: skip
+    rows: list[Row] = []
+    if per_row_orders:
+        rows.append(pg_lookup_row(spark, "pg per-row (spark)", dsn, table, per_row_orders,
+                                  customers, 1, args.capacity, args.pool_size))  # fmt: skip
+    batched = pg_lookup_row(spark, "pg batched (spark)", dsn, table, orders, customers,
+                            args.batch_size, args.capacity, args.pool_size)  # fmt: skip
+    rows.append(batched)
+    emitted, secs = two_processes(
+        _pg_ceiling_worker,
+        lambda a, b: (dsn, table, a, b, customers, args.batch_size,
+                      max(1, args.capacity // args.batch_size), args.pool_size),
+        orders,
+    )  # fmt: skip
+    rows.append(Row("pg asyncpg ceiling (2 procs)", emitted, secs,
+                    f"same ANY($1) chunks of {args.batch_size}"))  # fmt: skip
+    if not args.no_jdbc:
+        rows.append(jdbc_join_row(spark, "pg JDBC + broadcast join", dsn, table, orders,
+                                  customers))  # fmt: skip
+    print_table(title, rows)
+    by = {r.name: r for r in rows}
+    print()
+    ratio_line("batched / per-row", by.get("pg batched (spark)"), by.get("pg per-row (spark)"), 10)
+    ratio_line("batched / asyncpg ceiling", by.get("pg batched (spark)"),
+               by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
+    ratio_line("batched / JDBC join (>1: lookups win)", by.get("pg batched (spark)"),
+               by.get("pg JDBC + broadcast join"), None)  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (about 2 minutes)")
+    p.add_argument("--large", action="store_true", help="also the 10M-customer case (slow)")
+    p.add_argument("--dsn", help="PostgreSQL (default: $ASYNCIO_OPS_PG_DSN, else throwaway)")
+    p.add_argument("--customers", type=int, default=100_000)
+    p.add_argument("--orders", type=int, default=None, help="default 1M (200k with --quick)")
+    p.add_argument("--per-row-orders", type=int, default=None,
+                   help="orders for the per-row case (default orders/10)")  # fmt: skip
+    p.add_argument("--large-customers", type=int, default=10_000_000)
+    p.add_argument("--large-keys", type=int, default=100_000, help="distinct keys looked up")
+    p.add_argument("--capacity", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--pool-size", type=int, default=8)
+    p.add_argument("--http-orders", type=int, default=None, help="default 50k (10k --quick)")
+    p.add_argument("--http-latency-ms", type=float, default=20.0)
+    p.add_argument("--http-capacity", type=int, default=200)
+    p.add_argument("--no-jdbc", action="store_true")
+    p.add_argument("--no-http", action="store_true")
+    args = p.parse_args(argv)
+    orders = args.orders or (200_000 if args.quick else 1_000_000)
+    per_row = args.per_row_orders if args.per_row_orders is not None else orders // 10
+    http_orders = args.http_orders or (10_000 if args.quick else 50_000)
+
+    from asyncio_ops.spark import session
+    from examples import _pg
+
+    dsn, throwaway = _pg.resolve_dsn(args.dsn)
+    table = "bench_customers"
+    t0 = time.perf_counter()
+    _pg.run(_pg.drop(dsn, table))
+    _pg.run(_pg.seed(dsn, table, args.customers))
+    print(f"seeded {args.customers:,} customers in {time.perf_counter() - t0:.1f} s")
+
+    conf_jars = str(JDBC_JAR) if JDBC_JAR.exists() and not args.no_jdbc else None
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.default.parallelism": "2",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": "4g",
+        "spark.sql.autoBroadcastJoinThreshold": "-1",  # only the explicit broadcast
+    }
+    if conf_jars:
+        conf["spark.jars"] = conf_jars
+    spark = session("local[2]", app_name="bench.connectors", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    if conf_jars is None and not args.no_jdbc:
+        print(f"JDBC: {JDBC_JAR} missing; apt-get install -y libpostgresql-jdbc-java "
+              "(the JDBC row is skipped)")  # fmt: skip
+    # Warm-up: start the Python workers once so no figure pays for it.
+    pg_lookup_row(spark, "warm-up", dsn, table, 2000, args.customers, args.batch_size,
+                  args.capacity, args.pool_size)  # fmt: skip
+
+    print(f"\n# bench.connectors  python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"local[2], postgres {'throwaway' if throwaway else 'given'}")  # fmt: skip
+    pg_suite(spark, dsn, table, args.customers, orders, per_row, args,
+             f"Postgres: {args.customers:,} customers, {orders:,} orders")  # fmt: skip
+
+    if args.large:
+        big = "bench_customers_large"
+        t0 = time.perf_counter()
+        _pg.run(_pg.seed(dsn, big, args.large_customers))
+        print(f"\nseeded {args.large_customers:,} customers in {time.perf_counter() - t0:.1f} s")
+        # Distinct keys: orders 0..k-1 map to k distinct customers when k <= customers.
+        pg_suite(spark, dsn, big, args.large_customers, args.large_keys, 0, args,
+                 f"Postgres: {args.large_customers:,} customers, "
+                 f"{args.large_keys:,} distinct keys looked up")  # fmt: skip
+
+    if not args.no_http:
+        rows = http_rows(spark, http_orders, args.customers, args.http_latency_ms,
+                         args.http_capacity)  # fmt: skip
+        print_table(f"HTTP: {http_orders:,} lookups, {args.http_latency_ms} ms per request", rows)
+        print()
+        ratio_line("http spark / aiohttp ceiling", rows[0], rows[1], 0.8)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
