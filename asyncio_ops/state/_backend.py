@@ -65,10 +65,25 @@ IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 
 _NEG_INF: Final = float("-inf")
-# An index no key-group list has: a state used before set_current_key raises IndexError
-# on its first lookup, which the state turns into a clear StateError (no per-op check).
-NO_KEY_INDEX: Final = 1 << 30
 _KEY_CACHE_LIMIT: Final = 1 << 16
+
+
+class _NoKey:
+    """The current key before any ``set_current_key``: unhashable on purpose.
+
+    A heap state looks the current key up in a dict with no "is there a key"
+    check; with this sentinel that lookup raises TypeError, which the state
+    turns into a clear StateError (zero cost on the hot path in CPython 3.11+).
+    """
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "<no current key>"
+
+
+NO_KEY: Final = _NoKey()
 
 # Logical snapshot entries (see the module docstring):
 #   value, reducing, aggregating: (key_enc, ns_enc, (ts | None, value_bytes))
@@ -157,9 +172,7 @@ class KeyedStateBackend(ABC):
         self._kg_start = key_group_range.start
         self._n_groups = len(key_group_range)
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
-        self._key: Any = None
-        self._has_key = False
-        self._kgi = NO_KEY_INDEX
+        self._key: Any = NO_KEY
         self._kprefix: bytes | None = None
         self._key_cache: dict[Any, tuple[int, bytes]] = {}
         self._watermark = _NEG_INF
@@ -180,11 +193,12 @@ class KeyedStateBackend(ABC):
         range; the current key is unchanged then.
         """
         # The hot path of every record and timer: one dict lookup of a per-key cache
-        # (each backend caches what its states need) and two attribute stores.
+        # (key group index, RocksDB row prefix) and two attribute stores. The heap
+        # backend overrides this with a cheaper version (its states need only the key).
         try:
-            self._kgi, self._kprefix = self._key_cache[key]
+            self._kprefix = self._key_cache[key][1]
         except KeyError:
-            self._kgi, self._kprefix = self._new_key_entry(key)
+            self._kprefix = self._new_key_entry(key)[1]
         except TypeError:  # unhashable: canonical_bytes names the type
             canonical_bytes(key)
             raise UnsupportedKeyError(  # pragma: no cover - hashable tuple of unhashables
@@ -202,21 +216,28 @@ class KeyedStateBackend(ABC):
                 f"{r.start}..{r.end} (max_parallelism {self.max_parallelism}): the input was "
                 "not partitioned by key group"
             )
-        entry = (kg - self._kg_start, key_prefix(kg, enc))
+        # The row prefix is for RocksDB; the heap backend needs only the validation.
+        entry = (kg - self._kg_start, key_prefix(kg, enc) if self.is_rocksdb else b"")
         cache = self._key_cache
         if len(cache) >= _KEY_CACHE_LIMIT:
             cache.clear()  # bounded memory; a miss costs one hash, not correctness
         cache[key] = entry
-        self._has_key = True
         return entry
 
     def get_current_key(self) -> Any:
         """The current key (None before the first ``set_current_key``)."""
-        return self._key
+        key = self._key
+        return None if key is NO_KEY else key
 
     @property
     def current_key_group(self) -> int | None:
-        return self._kgi + self._kg_start if self._has_key else None
+        key = self._key
+        if key is NO_KEY:
+            return None
+        entry = self._key_cache.get(key)
+        if entry is None:  # evicted from the bounded cache meanwhile
+            entry = self._new_key_entry(key)
+        return entry[0] + self._kg_start
 
     # -- time -------------------------------------------------------------------------
     def advance_watermark(self, watermark: float) -> None:

@@ -1,8 +1,12 @@
-"""The heap backend: state in Python dicts, one dict per key group.
+"""The heap backend: state in Python dicts.
 
-Layout: per state, per namespace, a list with one dict per key group of the
-backend's range, mapping key -> stored entry. ``set_current_key`` caches the
-key group's index, so a state access is one list index and one dict lookup.
+Layout: per state, per namespace, one flat dict ``key -> stored entry`` over
+all keys of the backend (its key-group range). ``set_current_key`` validates a
+key once (canonical encoding, key group inside the range; cached per key) and
+then only records it, so a state access is one dict operation with the
+current key: no key-group indirection on the hot path. The key group of a key
+is computed where it is needed: in ``snapshot`` (which encodes every key
+canonically anyway) to cut the state into one blob per key group.
 
 Stored entries (``ts`` is the last-access timestamp of TTL state):
 
@@ -14,18 +18,24 @@ Stored entries (``ts`` is the last-access timestamp of TTL state):
 (``ts`` is 0.0 where there is no TTL.) Values are stored by reference, as in
 Flink's heap backend: a value read from state and mutated in place changes the
 state. Serializers run only in ``snapshot`` and ``restore``.
+
+Before the first ``set_current_key`` the backend's current key is
+:data:`NO_KEY`, which is unhashable: the hot paths (value state ``value`` /
+``update``, list state ``add``) need no "is there a key" test, the dict
+operation raises TypeError and the state turns it into a clear StateError.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .._clock import Clock
-from .._exceptions import StateError
+from .._exceptions import StateError, UnsupportedKeyError
 from .._keygroups import KeyGroupRange, canonical_bytes
 from ._api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
 from ._backend import (
+    NO_KEY,
     Entry,
     KeyedStateBackend,
     StateDump,
@@ -43,7 +53,7 @@ from ._descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
 )
-from ._keycodec import decode_canonical
+from ._keycodec import decode_canonical, encoded_key_group
 
 __all__ = ["HeapKeyedStateBackend"]
 
@@ -51,24 +61,23 @@ __all__ = ["HeapKeyedStateBackend"]
 class _HeapTable(TableBase):
     def __init__(self, backend: HeapKeyedStateBackend, descriptor: StateDescriptor) -> None:
         super().__init__(backend, descriptor)
-        self.n_groups = backend._n_groups
-        self.namespaces: dict[Any, list[dict[Any, Any]]] = {}
+        self.namespaces: dict[Any, dict[Any, Any]] = {}
         self._cursor: Iterator[tuple[dict[Any, Any], Any]] | None = None
         # Which stored form this table uses (see module docstring).
         self.raw = not self.has_ttl and self.kind in (VALUE, LIST)
 
-    def groups(self, namespace: Any) -> list[dict[Any, Any]]:
-        g = self.namespaces.get(namespace)
-        if g is None:
-            g = self.namespaces[namespace] = [{} for _ in range(self.n_groups)]
-        return g
+    def entries(self, namespace: Any) -> dict[Any, Any]:
+        """The dict ``key -> entry`` of ``namespace`` (created empty; never replaced)."""
+        d = self.namespaces.get(namespace)
+        if d is None:
+            d = self.namespaces[namespace] = {}
+        return d
 
     # -- TTL cleanup ------------------------------------------------------------------
     def _walk(self) -> Iterator[tuple[dict[Any, Any], Any]]:
-        for groups in list(self.namespaces.values()):
-            for d in groups:
-                for k in list(d):  # a copy: cleanup and user writes mutate d meanwhile
-                    yield d, k
+        for d in list(self.namespaces.values()):
+            for k in list(d):  # a copy: cleanup and user writes mutate d meanwhile
+                yield d, k
 
     def cleanup_step(self) -> None:
         n = self.incremental
@@ -108,15 +117,17 @@ class _HeapTable(TableBase):
             del d[k]
 
     # -- snapshot ---------------------------------------------------------------------
-    def dump(self, kgi: int, enc: dict[Any, bytes]) -> list[Entry]:
-        """Logical entries of key group index ``kgi`` (expired ones dropped if configured)."""
-        out: list[Entry] = []
-        dumps = self.dumps
-        has_ttl = self.has_ttl
-        drop = self.full_snapshot_cleanup
+    def dump(
+        self, located: dict[Any, tuple[int, bytes]], enc: dict[Any, bytes]
+    ) -> dict[int, list[Entry]]:
+        """Logical entries by key group (expired ones dropped if configured).
+
+        ``located`` caches each key's (key group, canonical bytes) and ``enc``
+        the canonical bytes of map keys, across the states of one snapshot.
+        """
+        maxp = self.backend.max_parallelism
+        out: dict[int, list[Entry]] = {}
         now = self.now()
-        expired = self.expired
-        kind = self.kind
 
         def e(x: Any) -> bytes:
             b = enc.get(x)
@@ -124,49 +135,80 @@ class _HeapTable(TableBase):
                 b = enc[x] = canonical_bytes(x)
             return b
 
-        for ns, groups in self.namespaces.items():
-            d = groups[kgi]
+        for ns, d in self.namespaces.items():
             if not d:
                 continue
             ns_enc = canonical_bytes(ns)
+            # Bucket by key group first, then encode group by group: each blob's objects
+            # are allocated together, which keeps pickling them cache-friendly.
+            by_kg: dict[int, list[tuple[bytes, Any]]] = {}
             for key, entry in d.items():
-                payload: Any
-                if kind == LIST:
-                    if self.raw:
-                        payload = [(None, dumps(x)) for x in entry]
-                    else:
-                        payload = [
-                            (ts, dumps(x)) for x, ts in entry if not (drop and expired(ts, now))
-                        ]
-                    if not payload:
-                        continue
-                elif kind == MAP:
-                    payload = [
-                        (e(mk), ts if has_ttl else None, dumps(v))
-                        for mk, (v, ts) in entry.items()
-                        if not (drop and expired(ts, now))
-                    ]
-                    if not payload:
-                        continue
-                elif self.raw:
-                    payload = (None, dumps(entry))
-                else:
-                    v, ts = entry
-                    if drop and expired(ts, now):
-                        continue
-                    payload = (ts if has_ttl else None, dumps(v))
-                out.append((e(key), ns_enc, payload))
+                where = located.get(key)
+                if where is None:
+                    b = canonical_bytes(key)
+                    where = located[key] = (encoded_key_group(b, maxp), b)
+                kg, key_enc = where
+                bucket = by_kg.get(kg)
+                if bucket is None:
+                    bucket = by_kg[kg] = []
+                bucket.append((key_enc, entry))
+            for kg, bucket in by_kg.items():
+                group = out.get(kg)
+                if group is None:
+                    group = out[kg] = []
+                self._encode(bucket, ns_enc, group, e, now)
         return out
 
-    def load(self, kgi: int, entries: list[Entry]) -> None:
+    def _encode(
+        self,
+        bucket: list[tuple[bytes, Any]],
+        ns_enc: bytes,
+        group: list[Entry],
+        e: Callable[[Any], bytes],
+        now: float,
+    ) -> None:
+        dumps = self.dumps
+        has_ttl = self.has_ttl
+        drop = self.full_snapshot_cleanup
+        expired = self.expired
+        kind = self.kind
+        raw = self.raw
+        for key_enc, entry in bucket:
+            payload: Any
+            if kind == LIST:
+                if raw:
+                    payload = [(None, dumps(x)) for x in entry]
+                else:
+                    payload = [(ts, dumps(x)) for x, ts in entry if not (drop and expired(ts, now))]
+                if not payload:
+                    continue
+            elif kind == MAP:
+                payload = [
+                    (e(mk), ts if has_ttl else None, dumps(v))
+                    for mk, (v, ts) in entry.items()
+                    if not (drop and expired(ts, now))
+                ]
+                if not payload:
+                    continue
+            elif raw:
+                payload = (None, dumps(entry))
+            else:
+                v, ts = entry
+                if drop and expired(ts, now):
+                    continue
+                payload = (ts if has_ttl else None, dumps(v))
+            group.append((key_enc, ns_enc, payload))
+
+    def load(self, entries: list[Entry]) -> None:
         loads = self.loads
         stamp = self.now()
         kind = self.kind
+        raw = self.raw
         for key_enc, ns_enc, payload in entries:
             key = decode_canonical(key_enc)
-            d = self.groups(decode_canonical(ns_enc))[kgi]
+            d = self.entries(decode_canonical(ns_enc))
             if kind == LIST:
-                if self.raw:
+                if raw:
                     items = [loads(b) for _, b in payload]
                 else:
                     items = [(loads(b), stamp if ts is None else ts) for ts, b in payload]
@@ -177,51 +219,49 @@ class _HeapTable(TableBase):
                     m[decode_canonical(mk_enc)] = (loads(b), stamp if ts is None else ts)
             else:
                 ts, b = payload
-                d[key] = loads(b) if self.raw else (loads(b), stamp if ts is None else ts)
+                d[key] = loads(b) if raw else (loads(b), stamp if ts is None else ts)
 
 
 class _HeapState:
-    """Shared plumbing: the per-key-group dicts of one (state, namespace)."""
+    """Shared plumbing: the entry dict of one (state, namespace)."""
 
-    __slots__ = ("_b", "_groups", "_t")
+    __slots__ = ("_b", "_d", "_t")
 
     def __init__(self, backend: HeapKeyedStateBackend, table: _HeapTable, namespace: Any):
         self._b = backend
         self._t = table
-        self._groups = table.groups(namespace)
+        self._d = table.entries(namespace)
 
-    def _dict(self) -> dict[Any, Any]:
-        try:
-            return self._groups[self._b._kgi]
-        except IndexError:
-            raise no_current_key() from None
+    def _current(self) -> Any:
+        """The current key, or StateError if there is none."""
+        key = self._b._key
+        if key is NO_KEY:
+            raise no_current_key()
+        return key
 
     def clear(self) -> None:
-        self._dict().pop(self._b._key, None)
+        self._d.pop(self._current(), None)
 
 
 class _HeapValueState(_HeapState, ValueState[Any]):
-    """Value state without TTL: the hot path is one list index and one dict op."""
+    """Value state without TTL: the hot path is one dict op with the current key."""
 
     __slots__ = ()
 
     def value(self) -> Any:
-        b = self._b
         try:
-            return self._groups[b._kgi].get(b._key)
-        except IndexError:
+            return self._d.get(self._b._key)
+        except TypeError:  # NO_KEY is unhashable; stored keys are canonical types
             raise no_current_key() from None
 
     def update(self, value: Any) -> None:
-        b = self._b
         try:
-            d = self._groups[b._kgi]
-        except IndexError:
+            if value is None:
+                self._d.pop(self._b._key, None)
+            else:
+                self._d[self._b._key] = value
+        except TypeError:
             raise no_current_key() from None
-        if value is None:
-            d.pop(b._key, None)
-        else:
-            d[b._key] = value
 
 
 class _HeapCell(_HeapState):
@@ -233,8 +273,8 @@ class _HeapCell(_HeapState):
         t = self._t
         if t.incremental:
             t.cleanup_step()
-        d = self._dict()
-        key = self._b._key
+        d = self._d
+        key = self._current()
         entry = d.get(key)
         if entry is None:
             return None
@@ -250,7 +290,7 @@ class _HeapCell(_HeapState):
         return entry[0]
 
     def _write(self, value: Any) -> None:
-        self._dict()[self._b._key] = (value, self._t.now())
+        self._d[self._current()] = (value, self._t.now())
 
 
 class _HeapTtlValueState(_HeapCell, ValueState[Any]):
@@ -311,20 +351,19 @@ class _HeapListState(_HeapState, ListState[Any]):
     __slots__ = ()
 
     def get(self) -> list[Any]:
-        lst = self._dict().get(self._b._key)
+        lst = self._d.get(self._current())
         return list(lst) if lst else []
 
     def add(self, value: Any) -> None:
-        b = self._b
+        key = self._b._key
         try:
-            d = self._groups[b._kgi]
-        except IndexError:
+            lst = self._d.get(key)
+        except TypeError:  # NO_KEY
             raise no_current_key() from None
         if value is None:
             check_element(self._t.name, value)
-        lst = d.get(b._key)
         if lst is None:
-            d[b._key] = [value]
+            self._d[key] = [value]
         else:
             lst.append(value)
 
@@ -333,17 +372,17 @@ class _HeapListState(_HeapState, ListState[Any]):
         for v in items:
             check_element(self._t.name, v)
         if items:
-            self._dict().setdefault(self._b._key, []).extend(items)
+            self._d.setdefault(self._current(), []).extend(items)
 
     def update(self, values: Iterable[Any]) -> None:
         items = list(values)
         for v in items:
             check_element(self._t.name, v)
-        d = self._dict()
+        key = self._current()
         if items:
-            d[self._b._key] = items
+            self._d[key] = items
         else:
-            d.pop(self._b._key, None)
+            self._d.pop(key, None)
 
 
 class _HeapTtlListState(_HeapState, ListState[Any]):
@@ -355,8 +394,8 @@ class _HeapTtlListState(_HeapState, ListState[Any]):
         t = self._t
         if t.incremental:
             t.cleanup_step()
-        d = self._dict()
-        key = self._b._key
+        d = self._d
+        key = self._current()
         lst = d.get(key)
         if not lst:
             return []
@@ -386,11 +425,10 @@ class _HeapTtlListState(_HeapState, ListState[Any]):
             check_element(t.name, v)
             items.append((v, now))
         if items:
-            self._dict().setdefault(self._b._key, []).extend(items)
+            self._d.setdefault(self._current(), []).extend(items)
 
     def update(self, values: Iterable[Any]) -> None:
-        d = self._dict()
-        d.pop(self._b._key, None)
+        self._d.pop(self._current(), None)
         self.add_all(values)
 
 
@@ -403,15 +441,16 @@ class _HeapMapState(_HeapState, MapState[Any, Any]):
         t = self._t
         if t.incremental:
             t.cleanup_step()
-        d = self._dict()
-        m: dict[Any, Any] | None = d.get(self._b._key)
+        d = self._d
+        key = self._current()
+        m: dict[Any, Any] | None = d.get(key)
         if m is None and create:
-            m = d[self._b._key] = {}
+            m = d[key] = {}
         return m
 
     def _drop_if_empty(self, m: dict[Any, Any]) -> None:
         if not m:
-            self._dict().pop(self._b._key, None)
+            self._d.pop(self._current(), None)
 
     def get(self, key: Any) -> Any:
         m = self._map(False)
@@ -537,27 +576,43 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         raise AssertionError(kind)  # pragma: no cover - descriptors validate kinds
 
     def _keys(self, table: _HeapTable, namespace: Any) -> Iterator[Any]:
-        groups = table.namespaces.get(namespace)
-        if groups is None:
+        d = table.namespaces.get(namespace)
+        if d is None:
             return iter(())
-        return iter([k for d in groups for k in d])
+        return iter(list(d))
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key that state reads and writes.
+
+        Raises :class:`UnsupportedKeyError` for a key with no canonical encoding
+        and :class:`KeyGroupError` for a key outside this backend's key-group
+        range; the current key is unchanged then.
+        """
+        # The hot path of every record and timer: a key seen before (bounded cache) is
+        # validated already; heap states need nothing but the key itself.
+        try:
+            if key not in self._key_cache:
+                self._new_key_entry(key)  # KeyGroupError / UnsupportedKeyError
+        except TypeError:  # unhashable (or unsupported): canonical_bytes names the type
+            canonical_bytes(key)
+            raise UnsupportedKeyError(  # pragma: no cover - hashable tuple of unhashables
+                f"key {key!r} is not hashable"
+            ) from None
+        self._key = key
 
     def _dump_groups(self) -> dict[int, list[StateDump]]:
         out: dict[int, list[StateDump]] = {}
+        located: dict[Any, tuple[int, bytes]] = {}
         enc: dict[Any, bytes] = {}
-        start = self._kg_start
+
         for table in self._tables.values():
             assert isinstance(table, _HeapTable)
-            for kgi in range(self._n_groups):
-                entries = table.dump(kgi, enc)
-                if entries:
-                    out.setdefault(start + kgi, []).append(
-                        (table.name, table.kind, table.has_ttl, entries)
-                    )
+            for kg, entries in table.dump(located, enc).items():
+                out.setdefault(kg, []).append((table.name, table.kind, table.has_ttl, entries))
         return out
 
     def _load_entries(self, table: _HeapTable, kg: int, entries: list[Entry]) -> None:
-        table.load(kg - self._kg_start, entries)
+        table.load(entries)
 
     def __repr__(self) -> str:
         r = self.key_group_range

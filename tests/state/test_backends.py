@@ -28,6 +28,7 @@ from asyncio_ops.state import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
+from asyncio_ops.state import _backend as backend_module
 
 from .conftest import BackendFactory
 
@@ -260,6 +261,36 @@ def test_key_outside_range_is_an_error(make_backend: BackendFactory) -> None:
     with pytest.raises(KeyGroupError, match=rf"key group {assign_to_key_group(outside, 128)}"):
         b.set_current_key(outside)
     assert b.get_current_key() == inside  # unchanged by the failed call
+
+
+def test_key_validation_survives_key_cache_eviction(
+    make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # set_current_key validates a key once and caches that (bounded): after the cache
+    # is cleared, keys are validated again and their state is intact.
+    monkeypatch.setattr(backend_module, "_KEY_CACHE_LIMIT", 4)
+    kgr = compute_key_group_range_for_operator_index(128, 4, 1)
+    b = make_backend(key_group_range=kgr)
+    s = b.get_state(ValueStateDescriptor[int]("v"))
+    inside = [k for k in range(2000) if assign_to_key_group(k, 128) in kgr][:20]
+    outside = next(k for k in range(1000) if assign_to_key_group(k, 128) not in kgr)
+    with pytest.raises(KeyGroupError):
+        b.set_current_key(outside)
+    with pytest.raises(StateError, match="set_current_key"):  # still no current key
+        s.value()
+    for _ in range(3):
+        for k in inside:
+            b.set_current_key(k)
+            assert b.current_key_group == assign_to_key_group(k, 128)
+            s.update((s.value() or 0) + k)
+        with pytest.raises(KeyGroupError):
+            b.set_current_key(outside)
+        assert b.get_current_key() == inside[-1]
+        assert b.current_key_group == assign_to_key_group(inside[-1], 128)
+    for k in inside:
+        b.set_current_key(k)
+        assert s.value() == (3 * k or None)
+    assert sorted(b.keys("v")) == sorted(k for k in inside if k)
 
 
 def test_unsupported_key_is_an_error(backend: KeyedStateBackend) -> None:

@@ -30,7 +30,8 @@ from asyncio_ops.state import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
-from asyncio_ops.state._blob import FORMAT_VERSION, HEADER_SIZE
+from asyncio_ops.state._blob import FORMAT_VERSION, HEADER_SIZE, KEYED_STATE, unseal
+from asyncio_ops.state._keycodec import decode_canonical
 from asyncio_ops.testing import ManualClock
 
 from .conftest import BackendFactory
@@ -138,6 +139,17 @@ def test_one_blob_per_key_group(backend: KeyedStateBackend) -> None:
     blobs = backend.snapshot()
     assert set(blobs) == {assign_to_key_group(k, 128) for k in keys}
     assert all(isinstance(b, bytes) for b in blobs.values())
+
+
+def test_every_entry_is_filed_under_its_key_group(backend: KeyedStateBackend) -> None:
+    # The heap backend keeps one flat dict per state and namespace and cuts it by key
+    # group only at snapshot time: each blob must hold exactly the keys of its group.
+    keys: list[Any] = [*range(200), *(f"k{i}" for i in range(200)), (1, "a"), None, 2.5]
+    fill(backend, keys)
+    for kg, blob in backend.snapshot().items():
+        for _name, _kind, _ttl, entries in unseal(KEYED_STATE, kg, blob):
+            for key_enc, _ns, _payload in entries:
+                assert assign_to_key_group(decode_canonical(key_enc), 128) == kg
 
 
 def test_restore_kind_mismatch_is_an_error(make_backend: BackendFactory) -> None:
