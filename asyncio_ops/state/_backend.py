@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -97,6 +97,21 @@ def no_current_key() -> StateError:
     return StateError("no current key: call backend.set_current_key(key) before using state")
 
 
+def _naming_dumps(dumps: Callable[[Any], bytes], name: str) -> Callable[[Any], bytes]:
+    """``dumps`` whose failures name the state and the value's type (not a bare TypeError)."""
+
+    def checked(value: Any) -> bytes:
+        try:
+            return dumps(value)
+        except Exception as exc:
+            raise StateError(
+                f"state {name!r}: a value of type {type(value).__module__}."
+                f"{type(value).__qualname__} cannot be serialised: {exc}"
+            ) from exc
+
+    return checked
+
+
 class TableBase:
     """What every backend keeps per registered state: descriptor, TTL, cleanup cursor."""
 
@@ -106,7 +121,7 @@ class TableBase:
         self.name = descriptor.name
         self.kind = descriptor.kind
         self.serializer = descriptor.serializer
-        self.dumps = descriptor.serializer.dumps
+        self.dumps = _naming_dumps(descriptor.serializer.dumps, descriptor.name)
         self.loads = descriptor.serializer.loads
         ttl: StateTtlConfig | None = descriptor.ttl
         self.ttl_config = ttl

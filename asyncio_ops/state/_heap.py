@@ -156,7 +156,10 @@ class _HeapTable(TableBase):
                 group = out.get(kg)
                 if group is None:
                     group = out[kg] = []
-                self._encode(bucket, ns_enc, group, e, now)
+                try:
+                    self._encode(bucket, ns_enc, group, e, now)
+                except StateError as exc:
+                    raise StateError(f"{exc} (snapshot of key group {kg})") from exc
         return out
 
     def _encode(

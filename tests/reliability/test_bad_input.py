@@ -83,3 +83,32 @@ def test_operator_options_are_named() -> None:
         AsyncWaitOperator(echo, output=print, timeout=1, capacity=0)
     with pytest.raises(ConfigurationError, match="timeout"):
         AsyncWaitOperator(echo, output=print, timeout=float("nan"))
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_non_serialisable_state_value_names_the_state(backend: str, tmp_path: Any) -> None:
+    import threading
+
+    from asyncio_ops.state import (
+        HeapKeyedStateBackend,
+        KeyGroupRange,
+        RocksDBKeyedStateBackend,
+        StateError,
+        ValueStateDescriptor,
+    )
+
+    kgr = KeyGroupRange(0, 7)
+    b = (
+        HeapKeyedStateBackend(max_parallelism=8, key_group_range=kgr)
+        if backend == "heap"
+        else RocksDBKeyedStateBackend(path=str(tmp_path / "db"), max_parallelism=8,
+                                      key_group_range=kgr)
+    )  # fmt: skip
+    try:
+        b.set_current_key("customer-1")
+        state = b.get_state(ValueStateDescriptor("last_seen"))
+        with pytest.raises(StateError, match=r"state 'last_seen'.*_thread\.lock"):
+            state.update(threading.Lock())  # RocksDB serialises on write
+            b.snapshot()  # the heap serialises on snapshot
+    finally:
+        b.close()
