@@ -25,6 +25,7 @@ import hashlib
 import logging
 import math
 import pickle
+import resource
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
@@ -127,6 +128,7 @@ class RunMetrics:
     replayed: int = 0
     carried_over: int = 0
     max_in_flight: int = 0
+    max_worker_rss_mb: float = 0.0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -138,6 +140,7 @@ class RunMetrics:
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
+        self.max_worker_rss_mb = max(self.max_worker_rss_mb, other.max_worker_rss_mb)
         self.latency.merge(other.latency)
         return self
 
@@ -159,6 +162,7 @@ class RunMetrics:
             "replayed": self.replayed,
             "carried_over": self.carried_over,
             "max_in_flight": self.max_in_flight,
+            "max_worker_rss_mb": round(self.max_worker_rss_mb, 1),
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
         }
@@ -491,6 +495,8 @@ def run_partition(
         metrics.restored = stats.restored
         metrics.latency = op.latency
         metrics.seconds = time.perf_counter() - started
+        # peak resident memory of this worker process so far (kB on Linux)
+        metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     yield from sink.take()
     metrics.emitted = sink.emitted
     log.info(
