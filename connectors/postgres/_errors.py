@@ -14,7 +14,9 @@ asyncpg / builtin                                           raised as
 intervention (class 57: admin/crash shutdown, cannot
 connect now), ``TooManyConnectionsError`` (53300),
 ``OSError`` (refused, reset), ``ConnectionError``,
-``InterfaceError`` on a closed connection or pool
+``InterfaceError`` on a closed connection or pool,
+``InternalClientError`` (protocol state lost when the
+connection broke mid-statement; the connection is dropped)
 other ``PostgresError`` (syntax, undefined table, types),   LookupQueryError
 ``InterfaceError``, ``DataError`` (argument encoding)
 ==========================================================  =========================
@@ -63,6 +65,10 @@ def _classify(exc: BaseException) -> type[ConnectorError] | None:
         return LookupQueryError
     if isinstance(exc, TimeoutError):
         return LookupTimeout
+    if isinstance(exc, asyncpg.InternalClientError):
+        # The client lost track of the protocol, in practice because the connection broke
+        # mid-statement; the lookup drops that connection, so a retry gets a fresh one.
+        return LookupConnectionError
     if isinstance(exc, asyncpg.InterfaceError):
         text = str(exc).lower()
         if "closed" in text or ("connection" in text and "lost" in text):

@@ -61,6 +61,7 @@ class _PoolSettings:
     min_size: int
     max_size: int
     connect_timeout: float
+    command_timeout: float
     server_settings: tuple[tuple[str, str], ...]
 
     def __repr__(self) -> str:
@@ -75,6 +76,12 @@ async def _create_pool(key: Hashable) -> asyncpg.Pool:
         min_size=key.min_size,
         max_size=key.max_size,
         timeout=key.connect_timeout,  # per connection attempt
+        # The default timeout of every protocol operation we do not time ourselves: the
+        # reset when a connection goes back to the pool, and the cancellation of a query
+        # whose task was cancelled. Without it (asyncpg's default is None) a stalled network
+        # hangs both, and close() with them, forever; with it asyncpg terminates the
+        # connection when the bound runs out.
+        command_timeout=key.command_timeout,
         server_settings=dict(key.server_settings),
     )
 
@@ -133,7 +140,9 @@ class PostgresLookup(BaseLookup[_Runtime]):
     per worker process (``min_pool_size`` opened eagerly, so ``open()`` fails fast
     on a wrong DSN); ``statement_timeout`` seconds, enforced by the server
     (None: the server's default); ``query_timeout`` seconds for acquiring a
-    connection and for the query, enforced by the client; ``connect_timeout``
+    connection and for the query, enforced by the client, and the bound of
+    every other protocol step (cancelling a query, resetting a connection for
+    the pool), so that ``close()`` returns even on a stalled network; ``connect_timeout``
     seconds per connection attempt; ``server_settings`` extra session settings;
     ``cache`` a :class:`~connectors.LookupCache` consulted before querying.
 
@@ -223,6 +232,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
             min_size=min_pool_size,
             max_size=pool_size,
             connect_timeout=self.connect_timeout,
+            command_timeout=self.query_timeout,
             server_settings=tuple(sorted(settings.items())),
         )
         self._where = redact_dsn(dsn)
@@ -291,7 +301,15 @@ class PostgresLookup(BaseLookup[_Runtime]):
             args = [list(keys)]
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
-                records = await self._run_query(connection, args)
+                try:
+                    records = await self._run_query(connection, args)
+                except asyncpg.InternalClientError:
+                    # asyncpg's protocol state machine is broken, as happens when the
+                    # server terminates the connection mid-statement (MagicStack/asyncpg
+                    # #784, #1069). The connection must not be reused: drop it, and the
+                    # pool opens a fresh one on the next acquire.
+                    connection.terminate()
+                    raise
         grouped: dict[Hashable, list[Row]] = {}
         names = self.on.names
         for record in records:
