@@ -10,6 +10,7 @@ one request and the answer is fanned out by a key field of each item.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import json as jsonlib
 import math
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 from aiolimiter import AsyncLimiter
@@ -323,6 +325,11 @@ class HttpLookup(BaseLookup[_Runtime]):
 
     def _secrets(self, url: str, params: Mapping[str, Any] | None) -> list[str]:
         found = url_secrets(url)
+        basic = _basic_credentials(url)
+        if basic is not None:
+            # aiohttp sends URL userinfo as "Authorization: Basic <b64>"; a server that
+            # echoes the header back would otherwise leak the password, merely encoded.
+            found.append(basic)
         for name, value in self.headers.items():
             if is_sensitive_name(name):
                 found.append(value)
@@ -534,6 +541,18 @@ class HttpLookup(BaseLookup[_Runtime]):
             f"headers={redact_headers(self.headers)!r}, batch={self.batch!r}, "
             f"rate_limit={self.rate_limit!r})"
         )
+
+
+def _basic_credentials(url: str) -> str | None:
+    """The base64 credentials aiohttp derives from ``url``'s userinfo, if it has a password."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if not parts.password:
+        return None
+    token = f"{unquote(parts.username or '')}:{unquote(parts.password)}"
+    return base64.b64encode(token.encode("latin1", "replace")).decode("ascii")
 
 
 def _canonical(body: Any) -> str | None:
