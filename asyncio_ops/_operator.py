@@ -60,6 +60,7 @@ from ._clock import SYSTEM_CLOCK, Scheduler
 from ._elements import Record, StreamElement, Watermark
 from ._exceptions import (
     AsyncOperatorError,
+    AsyncTimeoutError,
     ConfigurationError,
     InvalidResultError,
 )
@@ -207,6 +208,7 @@ class _Entry:
         "deadline",
         "handle",
         "key",
+        "last_error",
         "record",
         "retry_at",
         "started",
@@ -226,6 +228,7 @@ class _Entry:
         self.retry_at: float | None = None
         self.task: asyncio.Task[None] | None = None
         self.timed_out = False
+        self.last_error: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"_Entry({self.record!r}, attempts={self.attempts})"
@@ -688,6 +691,7 @@ class AsyncWaitOperator:
             and retry.should_retry_exception(exc)
             and retry.can_retry(entry.attempts)
         ):
+            entry.last_error = exc
             self._schedule_retry(entry)
             return
         self._fail_element(entry, exc)
@@ -781,7 +785,16 @@ class AsyncWaitOperator:
                 return
         if not entry.timed_out:
             self._timeouts.delete_processing_time_timer(entry, entry.deadline, entry.key)
-        if isinstance(exc, AsyncOperatorError) and exc.element is entry.record.value:
+        last = entry.last_error
+        if isinstance(exc, AsyncTimeoutError) and last is not None:
+            # the budget ran out between retries: say why the attempts failed
+            error = AsyncTimeoutError(
+                f"{exc}; {entry.attempts} attempt(s) made, the last failed with "
+                f"{type(last).__name__}: {last}",
+                entry.record.value,
+            )
+            error.__cause__ = last
+        elif isinstance(exc, AsyncOperatorError) and exc.element is entry.record.value:
             error = exc
         else:
             error = AsyncOperatorError(

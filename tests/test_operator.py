@@ -805,3 +805,30 @@ def test_process_elements_applies_backpressure_and_raises_failures(run: Runner[A
         assert [r.value for r in out] == [0, 1, 2]  # type: ignore[union-attr]
 
     run(main())
+
+
+def test_timeout_between_retries_names_the_last_error(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+
+        async def down(v: Any) -> list[Any]:
+            await asyncio.sleep(0)
+            raise ConnectionRefusedError("db-host:5432 refused")
+
+        retry = AsyncRetryStrategy.fixed_delay(
+            100, 300, exception_predicate=exception_type_predicate(ConnectionError)
+        )
+        op, _ = make_op(down, clock, timeout=1.0, retry=retry)
+        await op.open()
+        await op.process_element("row-9")
+        for _ in range(5):
+            await settle()
+            clock.advance(0.3)
+        await settle()
+        err = op.failure
+        assert isinstance(err, AsyncTimeoutError)
+        assert "row-9" in str(err) and "db-host:5432 refused" in str(err)
+        assert isinstance(err.__cause__, ConnectionRefusedError)
+        await op.close()
+
+    run(main())

@@ -365,12 +365,6 @@ async def test_pg_outage_beyond_the_timeout_budget_fails_in_time(
 @pytest.mark.postgres
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    reason="asyncio_ops operator: an element whose budget runs out between retries fails "
-    "with a bare AsyncTimeoutError; the last error (here LookupConnectionError naming the "
-    "server) is neither its __cause__ nor in its message",
-    raises=AssertionError,
-)
 async def test_pg_outage_beyond_the_timeout_budget_names_the_last_error(
     throwaway_pg: RestartablePostgres,
 ) -> None:
