@@ -786,6 +786,7 @@ class AsyncWaitOperator:
         if not entry.timed_out:
             self._timeouts.delete_processing_time_timer(entry, entry.deadline, entry.key)
         last = entry.last_error
+        error: AsyncOperatorError
         if isinstance(exc, AsyncTimeoutError) and last is not None:
             # the budget ran out between retries: say why the attempts failed
             error = AsyncTimeoutError(
