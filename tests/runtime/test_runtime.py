@@ -176,3 +176,35 @@ def test_incomplete_previous_version_is_an_error_naming_the_file(tmp_path: Path)
     missing.unlink()
     with pytest.raises(CheckpointError, match=r"incomplete.*subtask-00001\.ckpt"):
         list(run_partition(spec, batches([]), TaskInfo(0, 2, batch_id=1)))
+
+
+def _carried_keyed(fn: Lookup, tmp_path: Path) -> PartitionSpec:
+    fn.hang = set(range(40))
+    spec = spec_for(
+        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2, key_columns=("id",),
+        num_partitions=1, capacity=100,
+    )  # fmt: skip
+    assert rows_of(list(run_partition(spec, batches(list(range(40)), keyed=True),
+                                      TaskInfo(0, 1, batch_id=0)))) == []  # fmt: skip
+    return spec
+
+
+def test_missing_key_group_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    spec = _carried_keyed(Lookup(), tmp_path)
+    kg_files = sorted((tmp_path / "op" / "v0000000000").glob("kg-*.ckpt"))
+    assert kg_files
+    kg_files[0].unlink()
+    with pytest.raises(CheckpointError, match=rf"{kg_files[0].name} is missing"):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+
+
+def test_corrupt_carried_over_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    from asyncio_ops import CorruptCheckpointError
+
+    spec = _carried_keyed(Lookup(), tmp_path)
+    victim = sorted((tmp_path / "op" / "v0000000000").glob("kg-*.ckpt"))[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=rf"{victim.name} fails its checksum"):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
