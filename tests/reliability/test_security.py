@@ -508,6 +508,8 @@ def test_docs_say_what_checkpoint_files_contain() -> None:
     assert "umask" in spark_doc
     module_doc = " ".join((ROOT / "asyncio_ops" / "_checkpoint.py").read_text().split())
     assert "Files hold the payloads of in-flight rows" in module_doc
+    guarantees = " ".join((ROOT / "docs" / "guarantees.md").read_text().split())
+    assert "hold the payloads of in-flight rows" in guarantees and "umask" in guarantees
 
 
 # -- TLS is verified by default -------------------------------------------------------------------
