@@ -129,6 +129,10 @@ class RunMetrics:
     carried_over: int = 0
     max_in_flight: int = 0
     max_worker_rss_mb: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    cache_expirations: int = 0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -136,7 +140,8 @@ class RunMetrics:
         for name in (
             "partitions", "received", "emitted", "completed", "timed_out", "retried",
             "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
-            "carried_over", "seconds",
+            "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
+            "cache_expirations",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -163,6 +168,10 @@ class RunMetrics:
             "carried_over": self.carried_over,
             "max_in_flight": self.max_in_flight,
             "max_worker_rss_mb": round(self.max_worker_rss_mb, 1),
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "cache_evictions": self.cache_evictions,
+            "cache_expirations": self.cache_expirations,
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
         }
@@ -458,6 +467,7 @@ def run_partition(
     if ckpt is not None:
         row_fn.log = []
     started = time.perf_counter()
+    cache_before = _cache_counters(user_fn)
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
@@ -497,6 +507,15 @@ def run_partition(
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)
         metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        cache_after = _cache_counters(user_fn)
+        if cache_before is not None and cache_after is not None:
+            # the cache lives as long as the worker: count this partition's share
+            (
+                metrics.cache_hits,
+                metrics.cache_misses,
+                metrics.cache_evictions,
+                metrics.cache_expirations,
+            ) = (a - b for a, b in zip(cache_after, cache_before, strict=True))
     yield from sink.take()
     metrics.emitted = sink.emitted
     log.info(
@@ -505,6 +524,25 @@ def run_partition(
     )  # fmt: skip
     if on_done is not None:
         on_done(metrics)
+
+
+def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
+    """(hits, misses, evictions, expirations) of a function's cache, if it reports one.
+
+    A function with ``statistics()`` whose result has a ``cache`` with those
+    counters (the connectors' lookups) gets them into the operator metrics.
+    """
+    statistics = getattr(fn, "statistics", None)
+    if not callable(statistics):
+        return None
+    try:
+        cache = getattr(statistics(), "cache", None)
+        if cache is None:
+            return None
+        return (int(cache.hits), int(cache.misses), int(cache.evictions), int(cache.expirations))
+    except Exception:  # statistics are best effort: never fail a partition over them
+        log.debug("cache statistics of %r unavailable", fn, exc_info=True)
+        return None
 
 
 async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:

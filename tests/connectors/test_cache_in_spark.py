@@ -1,0 +1,43 @@
+"""The lookup cache through the Spark runtime: hits, misses and evictions in the metrics."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from asyncio_ops.spark import AsyncMetrics, ordered_wait
+from connectors import LookupCache
+from connectors.postgres import PostgresLookup
+from tests.spark.conftest import spark
+
+from .support import PgTables
+
+__all__ = ["spark"]
+
+
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_cache_counters_reach_the_operator_metrics(
+    spark: SparkSession, pg_tables: PgTables
+) -> None:
+    lookup = PostgresLookup(
+        pg_tables.dsn,
+        f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1)",
+        key="customer_id", on="id", columns=("name",),
+        cache=LookupCache(ttl=600, max_size=50),
+    )  # fmt: skip
+    # 2,000 orders in runs of 20 per customer, cycling over 100 customers: repeats hit,
+    # and 100 keys do not fit a cache of 50
+    orders = spark.range(0, 2000, numPartitions=1).select(
+        F.col("id"), ((F.col("id") / 20).cast("int") % 100 + 1).alias("customer_id")
+    )
+    metrics = AsyncMetrics(spark)
+    rows = ordered_wait(
+        orders, lookup, timeout=10, capacity=8, output_schema="name string", metrics=metrics
+    ).collect()
+    assert [r.name for r in rows] == [f"customer-{r.customer_id}" for r in rows]
+    s = metrics.summary()
+    assert s["cache_hits"] + s["cache_misses"] == 2000
+    assert s["cache_misses"] >= 100 and s["cache_hits"] > 0
+    assert s["cache_evictions"] > 0
