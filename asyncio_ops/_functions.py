@@ -12,7 +12,13 @@ Call order, per operator instance::
     close()                      once, after the last element or on failure (may be async)
 
 ``async_invoke`` returns a sequence (list or tuple) of results: empty emits
-nothing, several fan out. ``None`` is an error. Clients, pools and sessions
+nothing, several fan out. ``None`` is an error.
+
+Checkpointed functions (optional, like Flink's ``CheckpointedFunction``): a
+function with ``snapshot_function_state() -> list[(key, value)]`` and
+``initialize_function_state(entries)`` gets its state written with each
+checkpoint version by the partition runtime and offered back, before the first
+element, in the next version (the connectors' lookup cache uses this). Clients, pools and sessions
 belong in ``open``: the function object is pickled to Spark executors, and
 ``__init__`` runs on the driver.
 """

@@ -476,7 +476,10 @@ def run_partition(
     feeder = _Feeder(op, spec, watermarks, metrics, ckpt)
     drained = True
     try:
-        restored = ckpt.restore() if ckpt is not None else None
+        restored = None
+        if ckpt is not None:
+            restored = ckpt.restore()
+            ckpt.restore_function_state(user_fn)
         runtime.run(op.open(restored))
         for batch in batches:
             runtime.run(feeder.feed(batch.to_pylist()))
@@ -494,6 +497,7 @@ def run_partition(
             remaining = op.snapshot_state() if not drained else None
             metrics.carried_over = len(remaining) if remaining is not None else 0
             ckpt.finish(remaining)
+            ckpt.snapshot_function_state(user_fn)
     finally:
         runtime.run(op.close())
         stats = op.statistics()
@@ -692,6 +696,32 @@ class PartitionCheckpoint:
         return OperatorSnapshot(
             tuple(_fresh_position(e, i) for i, e in enumerate(entries)), self.spec.mode
         )
+
+    # -- state of the function itself (e.g. a lookup cache) -------------------------------
+    def restore_function_state(self, fn: object) -> None:
+        """Give a checkpointed function what every partition wrote in the previous version.
+
+        A function opts in with ``initialize_function_state(entries)`` and
+        ``snapshot_function_state() -> entries`` (a list of ``(key, value)``).
+        Functions live per worker, across partitions, so every partition's
+        entries are offered (for a cache: merged; stale ones are the
+        function's to drop).
+        """
+        initialize = getattr(fn, "initialize_function_state", None)
+        if not callable(initialize) or self.version <= 0:
+            return
+        previous = self.version - 1
+        entries: list[tuple[Any, Any]] = []
+        for name in self.storage.list_files(previous, "fnstate-"):
+            entries.extend(self.storage.read(previous, name))
+        initialize(entries)
+
+    def snapshot_function_state(self, fn: object) -> None:
+        snapshot = getattr(fn, "snapshot_function_state", None)
+        if not callable(snapshot):
+            return
+        entries = list(snapshot())
+        self.storage.write(self.version, f"fnstate-p{self.partition:05d}.ckpt", entries)
 
     def finish(self, remaining: OperatorSnapshot | None) -> None:
         """Write this partition's manifest (streaming) and prune old versions."""

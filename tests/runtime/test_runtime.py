@@ -208,3 +208,41 @@ def test_corrupt_carried_over_file_is_an_error_naming_it(tmp_path: Path) -> None
     victim.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=rf"{victim.name} fails its checksum"):
         list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+
+
+class Memo(Lookup):
+    """A lookup with a memo that it checkpoints (the shape of a connector's cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memo: dict[int, int] = {}
+        self.offered: list[tuple[int, int]] | None = None
+
+    async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        i = row["id"]
+        if i not in self.memo:
+            self.calls.append(i)
+            self.memo[i] = i * 2
+        return [{"double": self.memo[i]}]
+
+    def snapshot_function_state(self) -> list[tuple[int, int]]:
+        return sorted(self.memo.items())
+
+    def initialize_function_state(self, entries: list[tuple[int, int]]) -> None:
+        self.offered = list(entries)
+        self.memo.update(entries)
+
+
+def test_function_state_is_checkpointed_and_offered_to_the_next_version(tmp_path: Path) -> None:
+    first = Memo()
+    spec1 = spec_for(first, tmp_path, checkpoint_version=1)
+    list(run_partition(spec1, batches(list(range(10))), TaskInfo(0, 2)))
+    list(run_partition(spec1, batches(list(range(10, 20))), TaskInfo(1, 2)))
+    assert first.calls == list(range(20))
+
+    second = Memo()  # another job run: a fresh function on a fresh worker
+    spec2 = spec_for(second, tmp_path, checkpoint_version=2)
+    out = rows_of(list(run_partition(spec2, batches(list(range(25))), TaskInfo(0, 1))))
+    assert [r["double"] for r in out] == [2 * i for i in range(25)]
+    assert second.offered is not None and sorted(second.offered) == [(i, 2 * i) for i in range(20)]
+    assert second.calls == list(range(20, 25))  # only what no earlier partition had
