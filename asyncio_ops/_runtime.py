@@ -721,7 +721,8 @@ class PartitionCheckpoint:
         if not callable(snapshot):
             return
         entries = list(snapshot())
-        self.storage.write(self.version, f"fnstate-p{self.partition:05d}.ckpt", entries)
+        if entries:
+            self.storage.write(self.version, f"fnstate-p{self.partition:05d}.ckpt", entries)
 
     def finish(self, remaining: OperatorSnapshot | None) -> None:
         """Write this partition's manifest (streaming) and prune old versions."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -160,6 +160,31 @@ class LookupCache(Generic[V]):
             self._expirations += 1
         else:
             self._evictions += 1
+
+    # -- checkpointing: entries written with the job's checkpoint -------------------------
+    def snapshot(self) -> list[tuple[Hashable, tuple[float, V]]]:
+        """Live entries as ``(key, (written_at, value))``, least recently used first."""
+        now = self.clock.now()
+        return [(k, e) for k, e in self._entries.items() if now - e[0] < self.ttl]
+
+    def restore(self, entries: Iterable[tuple[Hashable, tuple[float, V]]]) -> int:
+        """Take entries from a snapshot; returns how many were taken.
+
+        An entry keeps its original write time, so a restore never makes a
+        result fresher than it is: expired ones are skipped, and an entry
+        already present (written by this worker) wins. ``max_size`` holds.
+        """
+        now = self.clock.now()
+        taken = 0
+        store = self._entries
+        for key, (written, value) in entries:
+            if key in store or now - written >= self.ttl:
+                continue
+            if len(store) >= self.max_size:
+                self._evict_one()
+            store[key] = (written, value)
+            taken += 1
+        return taken
 
     def invalidate(self, key: Hashable) -> bool:
         """Forget ``key``; True if it was present."""

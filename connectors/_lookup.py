@@ -203,6 +203,16 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    # -- checkpointing (asyncio_ops calls these when checkpoint_location is set) ----------
+    def snapshot_function_state(self) -> list[tuple[Any, Any]]:
+        """The cache's live entries, written with each checkpoint version."""
+        return self.cache.snapshot() if self.cache is not None else []
+
+    def initialize_function_state(self, entries: list[tuple[Any, Any]]) -> None:
+        """Warm the cache from the previous checkpoint version (unexpired entries only)."""
+        if self.cache is not None:
+            self.cache.restore(entries)
+
     # -- statistics ------------------------------------------------------------------
     def statistics(self) -> LookupStatistics:
         """Counters since construction; safe to call open or closed."""

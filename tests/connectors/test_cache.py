@@ -139,3 +139,25 @@ def test_size_bound_and_counters_hold(ops: list[tuple[str, int]], max_size: int)
         assert len(cache) <= max_size
     stats = cache.statistics()
     assert stats.hits + stats.misses == gets
+
+
+def test_snapshot_and_restore_keep_write_times_and_limits() -> None:
+    clock = ManualClock(1000.0)
+    cache: LookupCache[str] = LookupCache(10, max_size=3, clock=clock)
+    cache.put("a", "A")
+    clock.advance(4)
+    cache.put("b", "B")
+    snap = cache.snapshot()
+    assert [k for k, _ in snap] == ["a", "b"]
+
+    clock.advance(7)  # "a" is 11 s old now: expired; "b" is 7 s old
+    warm: LookupCache[str] = LookupCache(10, max_size=3, clock=clock)
+    warm.put("b", "fresh-B")
+    assert warm.restore(snap) == 0  # "a" expired, "b" already present (this worker's wins)
+    assert warm.get("b") == "fresh-B"
+
+    other: LookupCache[str] = LookupCache(10, max_size=1, clock=clock)
+    assert other.restore([("x", (clock.now(), "X")), ("y", (clock.now(), "Y"))]) == 2
+    assert len(other) == 1 and other.get("y") == "Y"  # max_size holds on restore
+    clock.advance(10)
+    assert other.get("y") is MISS  # a restored entry keeps its original write time

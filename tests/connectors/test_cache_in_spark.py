@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -41,3 +44,32 @@ def test_cache_counters_reach_the_operator_metrics(
     assert s["cache_hits"] + s["cache_misses"] == 2000
     assert s["cache_misses"] >= 100 and s["cache_hits"] > 0
     assert s["cache_evictions"] > 0
+
+
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_cache_is_checkpointed_and_warms_the_next_run(
+    spark: SparkSession, pg_tables: PgTables, tmp_path: Path
+) -> None:
+    def run() -> dict[str, Any]:
+        lookup = PostgresLookup(
+            pg_tables.dsn,
+            f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1)",
+            key="customer_id", on="id", columns=("name",), cache=LookupCache(ttl=600),
+        )  # fmt: skip
+        orders = spark.range(0, 300, numPartitions=2).select(
+            F.col("id"), (F.col("id") % 100 + 1).cast("int").alias("customer_id")
+        )
+        metrics = AsyncMetrics(spark)
+        rows = ordered_wait(
+            orders, lookup, timeout=10, output_schema="name string", metrics=metrics,
+            checkpoint_location=str(tmp_path / "ckpt"), uid="customers",
+        ).collect()  # fmt: skip
+        assert [r.name for r in rows] == [f"customer-{r.customer_id}" for r in rows]
+        return metrics.summary()
+
+    first = run()
+    assert first["cache_misses"] >= 100
+    assert list((tmp_path / "ckpt" / "customers").glob("v*/fnstate-*.ckpt"))
+    second = run()  # a new job run: a new function, its cache restored from the checkpoint
+    assert second["cache_misses"] == 0 and second["cache_hits"] == 300
