@@ -260,27 +260,18 @@ class _Attempt(collections.abc.Coroutine[Any, Any, None]):
         if first is not None:
             self.first = None
             return first  # what the user's coroutine is waiting on, for the task
-        try:
-            return self.coro.send(value)
-        except StopIteration as stop:
-            self._finished()
-            self.op._on_result(self.entry, stop.value)
-            raise StopIteration from None
-        except asyncio.CancelledError:
-            self._finished()
-            raise
-        except Exception as exc:
-            self._finished()
-            self.op._on_error(self.entry, exc)
-            raise StopIteration from None
+        return self._step(self.coro.send, value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         exc = typ if val is None and isinstance(typ, BaseException) else val
         if exc is None:
             exc = typ()
         self.first = None
+        return self._step(self.coro.throw, exc)
+
+    def _step(self, method: Callable[[Any], Any], arg: Any) -> Any:
         try:
-            return self.coro.throw(exc)
+            return method(arg)
         except StopIteration as stop:
             self._finished()
             self.op._on_result(self.entry, stop.value)
@@ -289,11 +280,12 @@ class _Attempt(collections.abc.Coroutine[Any, Any, None]):
             self._finished()
             entry = self.entry
             if not (entry.handle.done or entry.timed_out or self.op._closed):
+                # cancelled by someone else than the operator: a failed attempt
                 self.op._on_error(entry, asyncio.CancelledError("the attempt was cancelled"))
             raise
-        except Exception as exc2:
+        except Exception as exc:
             self._finished()
-            self.op._on_error(self.entry, exc2)
+            self.op._on_error(self.entry, exc)
             raise StopIteration from None
 
     def close(self) -> None:

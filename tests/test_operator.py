@@ -832,3 +832,16 @@ def test_timeout_between_retries_names_the_last_error(run: Runner[Any]) -> None:
         await op.close()
 
     run(main())
+
+
+def test_a_lookup_cancelled_by_someone_else_fails_instead_of_hanging(run: Runner[Any]) -> None:
+    async def main() -> None:
+        async def cancelled_inside(v: Any) -> list[Any]:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError()  # e.g. a client whose own task was cancelled
+
+        with pytest.raises(AsyncOperatorError, match="cancelled") as info:
+            await asyncio.wait_for(run_async_wait(cancelled_inside, ["x"], timeout=60), 5)
+        assert isinstance(info.value.__cause__, asyncio.CancelledError)
+
+    run(main())
