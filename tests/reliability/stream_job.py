@@ -18,22 +18,16 @@ from typing import Any
 
 from asyncio_ops import AsyncFunction
 from asyncio_ops.spark import session, unordered_wait
+from tests.cross_process import first_time
 
 
 class SlowOnce(AsyncFunction[dict[str, Any], dict[str, Any]]):
     def __init__(self, markers: str) -> None:
         self.markers = markers
 
-    def _first(self, i: int) -> bool:
-        marker = Path(self.markers) / str(i)
-        if marker.exists():
-            return False
-        marker.touch()
-        return True
-
     async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         i = row["id"]
-        if i % 11 == 0 and self._first(i):
+        if i % 11 == 0 and first_time(self.markers, i):
             await asyncio.sleep(3600)
         await asyncio.sleep(0.01)
         return [{"v": i * 7}]

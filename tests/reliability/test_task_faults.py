@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction
 from asyncio_ops.spark import ordered_wait, unordered_wait
+from tests.cross_process import first_attempt, log_request, requests
 
 pytestmark = pytest.mark.spark
 
@@ -26,15 +27,8 @@ class FailsFirstAttempt(AsyncFunction[dict[str, Any], dict[str, Any]]):
         self.log, self.at, self.how = log, at, how
 
     async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        from pyspark import TaskContext
-
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{row['id']}\n".encode())
-        finally:
-            os.close(fd)
-        ctx = TaskContext.get()
-        if row["id"] == self.at and ctx is not None and ctx.attemptNumber() == 0:
+        log_request(self.log, row["id"])
+        if row["id"] == self.at and first_attempt():
             if self.how == "kill":
                 os._exit(31)
             raise RuntimeError(f"executor-side failure at row {row['id']}")
@@ -67,9 +61,9 @@ def test_failed_attempt_after_emitting_rows_retries_to_exactly_once(
     rows = out.collect()
     assert Counter(r.id for r in rows) == Counter(range(4000))
     assert all(r.v == 3 * r.id for r in rows)
-    requests = Counter(int(x) for x in log.read_text().split())
-    assert set(requests) == set(range(4000))
-    repeated = [i for i, n in requests.items() if n > 1]
+    counts = requests(log)
+    assert set(counts) == set(range(4000))
+    repeated = [i for i, n in counts.items() if n > 1]
     if checkpoint:
         # completed lookups logged before the failure are not requested again
         assert repeated and len(repeated) <= 200 + 64

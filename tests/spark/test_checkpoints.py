@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction, CheckpointError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
+from tests.cross_process import first_attempt, first_time, log_request, requests
 
 pytestmark = pytest.mark.spark
 
@@ -28,15 +29,8 @@ class RequestLog(AsyncFunction[dict[str, Any], dict[str, Any]]):
         self.kill_at = kill_at
 
     async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        from pyspark import TaskContext
-
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{row['id']}\n".encode())
-        finally:
-            os.close(fd)
-        ctx = TaskContext.get()
-        if row["id"] == self.kill_at and ctx is not None and ctx.attemptNumber() == 0:
+        log_request(self.path, row["id"])
+        if row["id"] == self.kill_at and first_attempt():
             os._exit(23)
         await asyncio.sleep(0)
         return [{"double": row["id"] * 2}]
@@ -51,10 +45,6 @@ def small_arrow_batches(spark: SparkSession) -> Iterator[None]:
     spark.conf.set(key, old)
 
 
-def _requests(path: Path) -> Counter[int]:
-    return Counter(int(line) for line in path.read_text().split())
-
-
 def test_killed_worker_retry_does_not_repeat_completed_lookups(
     spark: SparkSession, tmp_path: Path, small_arrow_batches: None
 ) -> None:
@@ -66,9 +56,9 @@ def test_killed_worker_retry_does_not_repeat_completed_lookups(
     )  # fmt: skip
     rows = out.collect()
     assert [(r.id, r.double) for r in rows] == [(i, 2 * i) for i in range(2000)]
-    requests = _requests(log)
-    assert set(requests) == set(range(2000))
-    repeated = sorted(i for i, n in requests.items() if n > 1)
+    counts = requests(log)
+    assert set(counts) == set(range(2000))
+    repeated = sorted(i for i, n in counts.items() if n > 1)
     # Without the replay log, 1000..1500 (all the crashed attempt did) would repeat;
     # with it, at most the rows of the Arrow batch in flight at the crash do.
     assert repeated, "the first attempt really crashed and was retried"
@@ -84,8 +74,8 @@ def test_without_checkpoint_the_retry_repeats_everything(
         timeout=10, capacity=50, output_schema="double long",
     )  # fmt: skip
     assert out.count() == 2000
-    requests = _requests(log)
-    assert all(requests[i] == 2 for i in range(1000, 1500))
+    counts = requests(log)
+    assert all(counts[i] == 2 for i in range(1000, 1500))
 
 
 def test_unwritable_checkpoint_location_is_named_on_the_driver(
@@ -107,16 +97,9 @@ class SlowFirstTime(AsyncFunction[dict[str, Any], dict[str, Any]]):
         self.marker_dir = marker_dir
         self.slow_below = slow_below
 
-    def _first_request(self, i: int) -> bool:
-        marker = Path(self.marker_dir) / str(i)
-        if marker.exists():
-            return False
-        marker.touch()
-        return True
-
     async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         i = row["id"]
-        if i % 7 == 0 and i < self.slow_below and self._first_request(i):
+        if i % 7 == 0 and i < self.slow_below and first_time(self.marker_dir, i):
             await asyncio.sleep(60)
         return [{"double": i * 2}]
 
@@ -185,4 +168,4 @@ def test_metrics_count_replayed_rows(
     # a second action on the same plan is the same job run (same version): served from the log
     assert sorted(r.double for r in out.collect()) == [2 * i for i in range(400)]
     assert metrics.summary()["replayed"] == 400
-    assert _requests(log) == Counter(range(400))
+    assert requests(log) == Counter(range(400))
