@@ -244,20 +244,27 @@ class WatermarkBoundedElementQueue:
     def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
         if len(self._all) >= self.capacity:
             return None
-        segments = self._segments
         if type(element) is Watermark:
-            last = segments[-1]
-            if not last.is_empty():
-                last = _Segment(self._key_ordered)
-                segments.append(last)
-            handle = ResultHandle(element, last)
-            last.add(handle)
-            handle.complete(_EMPTY)
-            segments.append(_Segment(self._key_ordered))
+            return self._put_watermark(element)
+        last = self._segments[-1]
+        handle = ResultHandle(element, last, key)
+        if last.by_key is None:
+            last.pending += 1
         else:
-            last = segments[-1]
-            handle = ResultHandle(element, last, key)
             last.add(handle)
+        self._all[handle] = None
+        return handle
+
+    def _put_watermark(self, element: Watermark) -> ResultHandle:
+        segments = self._segments
+        last = segments[-1]
+        if not last.is_empty():
+            last = _Segment(self._key_ordered)
+            segments.append(last)
+        handle = ResultHandle(element, last)
+        last.add(handle)
+        handle.complete(_EMPTY)
+        segments.append(_Segment(self._key_ordered))
         self._all[handle] = None
         return handle
 
@@ -312,11 +319,9 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
 
     __slots__ = ()
 
-    def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
-        if type(element) is Watermark:
-            raise WatermarkNotSupportedError(
-                f"{element!r} given to the processing-time unordered queue, which has no event "
-                "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
-                "OutputMode.ORDERED"
-            )
-        return super().try_put(element, key)
+    def _put_watermark(self, element: Watermark) -> ResultHandle:
+        raise WatermarkNotSupportedError(
+            f"{element!r} given to the processing-time unordered queue, which has no event "
+            "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
+            "OutputMode.ORDERED"
+        )
