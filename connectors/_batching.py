@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from asyncio_ops._exceptions import ConfigurationError
 
@@ -59,18 +59,17 @@ class BatchStatistics:
         return self.keys_fetched / self.batches if self.batches else 0.0
 
 
-def _consume_exception(future: asyncio.Future[Any]) -> None:
-    # Every waiter may have been cancelled (timeouts); mark the exception as
-    # retrieved so asyncio does not log "exception was never retrieved".
-    if not future.cancelled():
-        future.exception()
-
-
 class KeyBatcher(Generic[K, V]):
     """Gathers concurrent ``load(key)`` calls into ``fetch(keys)`` batches.
 
     ``fetch`` receives distinct keys (at most ``max_size``) and returns a mapping
     from key to result; a key absent from the mapping gets ``missing()``.
+
+    Cost per load is O(1) and independent of how many loads are waiting: each
+    load gets its own future (so cancelling one row cancels nothing else, without
+    ``asyncio.shield``'s extra future and callbacks per row), and a key's
+    waiters are kept as that one future, or a list once a second load asks for
+    the same key. A settled batch touches each of its waiters once.
     """
 
     def __init__(
@@ -91,11 +90,13 @@ class KeyBatcher(Generic[K, V]):
         self._max_size = max_size
         self._max_delay = float(max_delay)
         self._missing = missing
-        # Keys not yet answered (waiting in the open batch or in flight) -> their future.
-        self._futures: dict[K, asyncio.Future[V]] = {}
+        # Keys not yet answered (waiting in the open batch or in flight) -> the
+        # future of their one load, or the list of futures of their loads.
+        self._waiters: dict[K, asyncio.Future[V] | list[asyncio.Future[V]]] = {}
         self._open_batch: list[K] = []
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._loads = 0
         self._batches = 0
@@ -109,24 +110,38 @@ class KeyBatcher(Generic[K, V]):
         Raises whatever ``fetch`` raised for the batch, or :class:`ConnectorError`
         if the batcher was closed.
         """
+        return await self.submit(key)
+
+    def submit(self, key: K) -> asyncio.Future[V]:
+        """:meth:`load` without the coroutine: the future of ``key``'s result.
+
+        The future belongs to the caller alone: cancelling it cancels neither
+        the batch nor other loads of the same key. It must be awaited (or
+        cancelled), like any future that may hold an exception.
+        """
         if self._closed:
             raise ConnectorError("lookup is closed; open() it again before use")
         self._loads += 1
-        future = self._futures.get(key)
-        if future is None:
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            future.add_done_callback(_consume_exception)
-            self._futures[key] = future
-            self._open_batch.append(key)
-            if len(self._open_batch) >= self._max_size:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[V] = loop.create_future()
+        waiting = self._waiters.get(key)
+        if waiting is None:
+            self._waiters[key] = future
+            batch = self._open_batch
+            batch.append(key)
+            if len(batch) >= self._max_size:
                 self._send()
             elif self._timer is None:
                 self._timer = loop.call_later(self._max_delay, self._send)
         else:
             self._deduplicated += 1
-        # shield: this row's cancellation must not cancel the shared future.
-        return await asyncio.shield(future)
+            if type(waiting) is list:
+                waiting.append(future)
+            else:
+                self._waiters[key] = [waiting, future]  # type: ignore[list-item]
+        return future
 
     def _send(self) -> None:
         if self._timer is not None:
@@ -137,7 +152,8 @@ class KeyBatcher(Generic[K, V]):
         keys, self._open_batch = self._open_batch, []
         self._batches += 1
         self._keys_fetched += len(keys)
-        task = asyncio.get_running_loop().create_task(self._run(keys))
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(self._run(keys))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
@@ -145,29 +161,55 @@ class KeyBatcher(Generic[K, V]):
         try:
             results = await self._fetch(keys)
         except asyncio.CancelledError:
-            self._settle(keys, None, asyncio.CancelledError())
+            self._cancel(keys)
             raise
         except Exception as exc:
             self._failed_batches += 1
-            self._settle(keys, None, exc)
+            self._fail(keys, exc)
         else:
-            self._settle(keys, results, None)
+            self._settle(keys, results)
 
-    def _settle(
-        self, keys: list[K], results: Mapping[K, V] | None, error: BaseException | None
-    ) -> None:
+    def _settle(self, keys: list[K], results: Mapping[K, V]) -> None:
+        pop = self._waiters.pop
+        get = results.get
+        missing = self._missing
         for key in keys:
-            future = self._futures.pop(key, None)
-            if future is None or future.done():
+            waiting = pop(key, None)
+            if waiting is None:
                 continue
-            if isinstance(error, asyncio.CancelledError):
-                future.cancel()
-            elif error is not None:
+            value = get(key)
+            if value is None:
+                value = missing()
+            if type(waiting) is list:
+                for future in waiting:
+                    if not future.done():
+                        future.set_result(value)
+            elif not waiting.done():  # type: ignore[union-attr]
+                waiting.set_result(value)  # type: ignore[union-attr]
+
+    def _fail(self, keys: list[K], error: BaseException) -> None:
+        for future in self._pop_waiters(keys):
+            if not future.done():
                 future.set_exception(error)
+                # Marked retrieved: a row gone without cancelling its future (the
+                # batch is shared, rows time out) must not log "never retrieved".
+                future.exception()
+
+    def _cancel(self, keys: list[K]) -> None:
+        for future in self._pop_waiters(keys):
+            future.cancel()
+
+    def _pop_waiters(self, keys: list[K]) -> list[asyncio.Future[V]]:
+        futures: list[asyncio.Future[V]] = []
+        for key in keys:
+            waiting = self._waiters.pop(key, None)
+            if waiting is None:
+                continue
+            if type(waiting) is list:
+                futures.extend(waiting)
             else:
-                assert results is not None
-                value = results.get(key)
-                future.set_result(self._missing() if value is None else value)
+                futures.append(waiting)  # type: ignore[arg-type]
+        return futures
 
     async def aclose(self) -> None:
         """Stop: cancel the timer and the fetches in flight; waiting loads are cancelled."""
@@ -176,10 +218,7 @@ class KeyBatcher(Generic[K, V]):
             self._timer.cancel()
             self._timer = None
         pending, self._open_batch = self._open_batch, []
-        for key in pending:
-            future = self._futures.pop(key, None)
-            if future is not None and not future.done():
-                future.cancel()
+        self._cancel(pending)
         tasks = list(self._in_flight)
         for task in tasks:
             task.cancel()

@@ -70,28 +70,51 @@ class KeyFields:
 
         Raises :class:`LookupKeyError` for a missing field or an unhashable value.
         """
+        if not self.composite:
+            # The common case, once per input row: no tuple, no generator.
+            try:
+                key = row[self.names[0]]
+            except KeyError:
+                raise self._missing_field(row, self.names[0]) from None
+            except TypeError:
+                raise self._not_a_mapping(row) from None
+            if key is None:
+                return None
+            try:
+                hash(key)
+            except TypeError:
+                raise self._unhashable(key) from None
+            return key  # type: ignore[no-any-return]
         try:
-            values = tuple(row[name] for name in self.names)
+            values = tuple([row[name] for name in self.names])
         except KeyError as exc:
-            raise LookupKeyError(
-                f"input row has no key field {exc.args[0]!r} (key={self.spec()!r}); "
-                f"fields present: {sorted(row)!r}"
-            ) from None
+            raise self._missing_field(row, exc.args[0]) from None
         except TypeError:
-            raise LookupKeyError(
-                f"input must be a mapping of field names to values, got {type(row).__name__}"
-            ) from None
+            raise self._not_a_mapping(row) from None
         if any(v is None for v in values):
             return None
-        key: Hashable = values if self.composite else values[0]
         try:
-            hash(key)
+            hash(values)
         except TypeError:
-            raise LookupKeyError(
-                f"key {self.spec()!r} has an unhashable value of type "
-                f"{type(values).__name__ if self.composite else type(values[0]).__name__}"
-            ) from None
-        return key
+            raise self._unhashable(values) from None
+        return values
+
+    def _missing_field(self, row: Mapping[str, Any], name: object) -> LookupKeyError:
+        return LookupKeyError(
+            f"input row has no key field {name!r} (key={self.spec()!r}); "
+            f"fields present: {sorted(row)!r}"
+        )
+
+    @staticmethod
+    def _not_a_mapping(row: object) -> LookupKeyError:
+        return LookupKeyError(
+            f"input must be a mapping of field names to values, got {type(row).__name__}"
+        )
+
+    def _unhashable(self, key: object) -> LookupKeyError:
+        return LookupKeyError(
+            f"key {self.spec()!r} has an unhashable value of type {type(key).__name__}"
+        )
 
     def spec(self) -> str | tuple[str, ...]:
         return self.names if self.composite else self.names[0]

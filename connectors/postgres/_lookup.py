@@ -49,7 +49,11 @@ _PARAM: Final = re.compile(r"\$(\d+)")
 # Graceful pool close waits for connections in use; past this it terminates them.
 _POOL_CLOSE_TIMEOUT: Final = 10.0
 
-Rows = tuple[Row, ...]
+# The matches of one key, shared by every row with that key: immutable asyncpg
+# Records, or dicts when a cache keeps them (a cache is checkpointed, i.e. pickled,
+# and Records cannot be). Each output row gets its own dict made from a match.
+Match = Mapping[str, Any]  # an asyncpg.Record or a dict: read by name, items()
+Rows = tuple[Match, ...]
 _EMPTY: Final[Rows] = ()
 
 
@@ -263,42 +267,57 @@ class PostgresLookup(BaseLookup[_Runtime]):
     # -- lookups -----------------------------------------------------------------------
     async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
         """The matches of ``value``'s key (see the class docstring for the shape)."""
-        runtime = self._require_runtime()
+        runtime = self._runtime
+        if runtime is None:
+            runtime = self._require_runtime()
         self._rows += 1
         key = self.key.of(value)
         if key is None:
             self._null_keys += 1
             return []
         cache = self.cache
-        cached = cache.get(key) if cache is not None else MISS
-        if cached is MISS:
-            matches: Rows = await runtime.batcher.load(key)
-            if cache is not None:
-                cache.put(key, matches, empty=not matches)
+        if cache is None:
+            matches: Rows = await runtime.batcher.submit(key)
         else:
-            matches = cached  # type: ignore[assignment]
-        if not self.many and len(matches) > 1:
+            cached = cache.get(key)
+            if cached is MISS:
+                matches = await runtime.batcher.submit(key)
+                cache.put(key, matches, empty=not matches)
+            else:
+                matches = cached  # type: ignore[assignment]
+        if not matches:
+            return []
+        if len(matches) == 1:
+            return [self._output(value, matches[0])]
+        if not self.many:
             raise LookupAmbiguousError(
                 f"key {key!r} matched {len(matches)} rows of a one-to-one lookup; "
                 "pass many=True for one output per match"
             )
         return [self._output(value, match) for match in matches]
 
-    def _output(self, value: Mapping[str, Any], match: Row) -> Row:
+    def _output(self, value: Mapping[str, Any], match: Match) -> Row:
+        # ``match`` is shared by every row with its key (and by the cache): each
+        # output row is the one fresh dict made from it.
         columns = self.columns
-        out = dict(match) if columns is None else {c: match[c] for c in columns}
+        out = dict(match.items()) if columns is None else {c: match[c] for c in columns}
         if self.include_input:
             return {**value, **out}
         return out
 
     async def _fetch(self, keys: Sequence[Hashable]) -> dict[Hashable, Rows]:
-        """One query for ``keys`` (distinct); returns the matches grouped by key."""
+        """One query for ``keys`` (distinct); returns the matching records grouped by key.
+
+        O(records): each record is placed once, as the asyncpg Record itself
+        (copied into a dict per output row by :meth:`_output`), or as a dict when
+        a cache will keep it.
+        """
         runtime = self._require_runtime()
         if self.key.composite:
             # Parallel arrays, one per key field, in the order of ``key``.
             args: list[list[Any]] = [list(column) for column in zip(*keys, strict=True)]  # type: ignore[call-overload,unused-ignore]
         else:
-            args = [list(keys)]
+            args = [keys if type(keys) is list else list(keys)]
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
                 try:
@@ -310,23 +329,38 @@ class PostgresLookup(BaseLookup[_Runtime]):
                     # pool opens a fresh one on the next acquire.
                     connection.terminate()
                     raise
-        grouped: dict[Hashable, list[Row]] = {}
+        if not records:
+            return {}
+        present = list(records[0].keys())
         names = self.on.names
-        for record in records:
-            try:
-                values = tuple(record[name] for name in names)
-            except KeyError:
-                raise LookupQueryError(
-                    f"the query's result has no column {self.on.spec()!r} to match keys on; "
-                    f"it returned {list(record.keys())!r} (select it, or set on=)"
-                ) from None
-            found = values if self.on.composite else values[0]
-            grouped.setdefault(found, []).append(dict(record.items()))
+        if not set(names) <= set(present):
+            raise LookupQueryError(
+                f"the query's result has no column {self.on.spec()!r} to match keys on; "
+                f"it returned {list(present)!r} (select it, or set on=)"
+            )
         columns = self.columns
-        if columns is not None and records and not set(columns) <= set(records[0].keys()):
-            missing = sorted(set(columns) - set(records[0].keys()))
+        if columns is not None and not set(columns) <= set(present):
+            missing = sorted(set(columns) - set(present))
             raise LookupQueryError(f"columns={missing!r} are not in the query's result")
-        return {k: tuple(v) for k, v in grouped.items()}
+        grouped: dict[Hashable, Rows] = {}
+        # Keys with several matches (one-to-many) collect them in a list first.
+        several: dict[Hashable, list[Match]] = {}
+        composite = self.on.composite
+        name = names[0]
+        as_dicts = self.cache is not None
+        for record in records:
+            found = tuple([record[n] for n in names]) if composite else record[name]
+            match: Match = dict(record.items()) if as_dicts else record
+            earlier = grouped.get(found)
+            if earlier is None:
+                grouped[found] = (match,)
+            elif found in several:
+                several[found].append(match)
+            else:
+                several[found] = [*earlier, match]
+        for found, matches in several.items():
+            grouped[found] = tuple(matches)
+        return grouped
 
     async def _run_query(
         self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]

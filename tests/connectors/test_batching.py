@@ -133,3 +133,32 @@ async def test_close_cancels_waiting_rows_and_refuses_new_ones() -> None:
         await waiting
     with pytest.raises(ConnectorError, match="closed"):
         await b.load(2)
+
+
+@pytest.mark.asyncio
+async def test_each_load_has_its_own_future_and_abandoned_ones_are_not_reported() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    source = Source()
+    source.release.clear()
+    b = batcher(source)
+    futures = [b.submit(1), b.submit(1), b.submit(2)]
+    assert len({id(f) for f in futures}) == 3
+    futures[0].cancel()  # one row gives up: the others of key 1 still get the batch
+    abandoned = b.submit(3)  # a row dropped without cancelling its future
+    del abandoned
+    await asyncio.sleep(0.01)
+    source.fail = RuntimeError("boom")
+    source.release.set()
+    with pytest.raises(RuntimeError, match="boom"):
+        await futures[1]
+    with pytest.raises(RuntimeError, match="boom"):
+        await futures[2]
+    assert source.batches == [[1, 2, 3]]
+    assert b.statistics().deduplicated == 1
+    import gc
+
+    gc.collect()
+    assert reported == []
+    await b.aclose()
