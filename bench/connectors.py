@@ -12,6 +12,9 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
 - ``pg asyncpg ceiling``: the same batched queries (same key sequence, same
   chunks, each key's row fanned back out to every order) from plain asyncpg in
   two processes outside Spark, the ceiling for two workers;
+- ``pg batched, 1 process, no Spark``: the same ``PostgresLookup`` and operator
+  (``process_elements``, same capacity) in one plain uvloop process, rows from a
+  generator: what the connector path costs without Spark and Arrow;
 - ``pg JDBC + broadcast join``: ``spark.read.jdbc`` of the whole table (2
   partitions on ``id``) broadcast-joined to the orders (Debian's
   ``libpostgresql-jdbc-java`` jar; skipped, saying so, when it is missing);
@@ -92,6 +95,63 @@ def _pg_ceiling_worker(
         await pool.close()
 
     uvloop.run(main())
+
+
+def _pg_inprocess_worker(
+    dsn: str, table: str, n: int, customers: int, batch_size: int, capacity: int,
+    pool_size: int, out: Any,
+) -> None:  # fmt: skip
+    """The Spark case's lookup and operator in one plain process: no Spark, no Arrow."""
+    import uvloop
+
+    from asyncio_ops import AsyncWaitOperator
+    from connectors.postgres import PostgresLookup
+
+    async def main() -> None:
+        lookup = PostgresLookup(
+            dsn, f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)',
+            key="customer_id", on="id", columns=("name", "tier", "country"),
+            batch_size=batch_size, pool_size=pool_size, min_pool_size=pool_size,
+        )  # fmt: skip
+        emitted = 0
+
+        def count(_element: Any) -> None:
+            nonlocal emitted
+            emitted += 1
+
+        async def run(count_rows: int) -> float:
+            op = AsyncWaitOperator(
+                lookup, output=count, timeout=120.0, capacity=capacity, manage_function=False
+            )
+            await op.open()
+            try:
+                t0 = time.perf_counter()
+                await op.process_elements(
+                    {"order_id": i, "customer_id": key_of(i, customers)} for i in range(count_rows)
+                )
+                await op.end_input()
+                return time.perf_counter() - t0
+            finally:
+                await op.close()
+
+        async with lookup:
+            await run(2000)  # warm the pool and the statement cache
+            emitted = 0
+            seconds = await run(n)
+        out.put((emitted, seconds))
+
+    uvloop.run(main())
+
+
+def one_process(target: Any, args: tuple[Any, ...]) -> tuple[int, float]:
+    """Run ``target(*args, out)`` in a spawned process; (rows, seconds)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, out))
+    proc.start()
+    result: tuple[int, float] = out.get(timeout=3600)
+    proc.join(timeout=60)
+    return result
 
 
 def _http_ceiling_worker(
@@ -296,6 +356,12 @@ def pg_suite(
     )  # fmt: skip
     rows.append(Row("pg asyncpg ceiling (2 procs)", emitted, secs,
                     f"same ANY($1) chunks of {args.batch_size}"))  # fmt: skip
+    emitted, secs = one_process(
+        _pg_inprocess_worker,
+        (dsn, table, orders, customers, args.batch_size, args.capacity, args.pool_size),
+    )
+    rows.append(Row("pg batched, 1 process, no Spark", emitted, secs,
+                    "the same lookup and operator, rows from a generator"))  # fmt: skip
     if not args.no_jdbc:
         rows.append(jdbc_join_row(spark, "pg JDBC + broadcast join", dsn, table, orders,
                                   customers))  # fmt: skip
