@@ -33,7 +33,7 @@ from typing import Any
 from .._clock import Clock
 from .._exceptions import StateError, UnsupportedKeyError
 from .._keygroups import KeyGroupRange, canonical_bytes
-from ._api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
+from ._api import ListState, MapState, State, ValueState
 from ._backend import (
     NO_KEY,
     Entry,
@@ -43,14 +43,13 @@ from ._backend import (
     check_element,
     no_current_key,
 )
+from ._cells import AggregatingCell, ReducingCell, TtlValueCell
 from ._descriptors import (
     AGGREGATING,
     LIST,
     MAP,
     REDUCING,
     VALUE,
-    AggregatingStateDescriptor,
-    ReducingStateDescriptor,
     StateDescriptor,
 )
 from ._keycodec import decode_canonical, encoded_key_group
@@ -296,56 +295,16 @@ class _HeapCell(_HeapState):
         self._d[self._current()] = (value, self._t.now())
 
 
-class _HeapTtlValueState(_HeapCell, ValueState[Any]):
+class _HeapTtlValueState(_HeapCell, TtlValueCell):
     __slots__ = ()
 
-    def value(self) -> Any:
-        return self._read()
 
-    def update(self, value: Any) -> None:
-        if value is None:
-            self.clear()
-        else:
-            self._write(value)
+class _HeapReducingState(_HeapCell, ReducingCell):
+    __slots__ = ()
 
 
-class _HeapReducingState(_HeapCell, ReducingState[Any]):
-    __slots__ = ("_reduce",)
-
-    def __init__(self, backend: HeapKeyedStateBackend, table: _HeapTable, namespace: Any):
-        super().__init__(backend, table, namespace)
-        desc = table.descriptor
-        assert isinstance(desc, ReducingStateDescriptor)
-        self._reduce = desc.reduce_fn
-
-    def get(self) -> Any:
-        return self._read()
-
-    def add(self, value: Any) -> None:
-        if value is None:
-            raise StateError(f"state {self._t.name!r}: cannot add None to reducing state")
-        cur = self._read(for_write=True)
-        self._write(value if cur is None else self._reduce(cur, value))
-
-
-class _HeapAggregatingState(_HeapCell, AggregatingState[Any, Any]):
-    __slots__ = ("_agg",)
-
-    def __init__(self, backend: HeapKeyedStateBackend, table: _HeapTable, namespace: Any):
-        super().__init__(backend, table, namespace)
-        desc = table.descriptor
-        assert isinstance(desc, AggregatingStateDescriptor)
-        self._agg = desc.aggregate_fn
-
-    def get(self) -> Any:
-        acc = self._read()
-        return None if acc is None else self._agg.get_result(acc)
-
-    def add(self, value: Any) -> None:
-        acc = self._read(for_write=True)
-        if acc is None:
-            acc = self._agg.create_accumulator()
-        self._write(self._agg.add(value, acc))
+class _HeapAggregatingState(_HeapCell, AggregatingCell):
+    __slots__ = ()
 
 
 class _HeapListState(_HeapState, ListState[Any]):
