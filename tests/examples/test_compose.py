@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML (dev extra) parses docker-compose.yml")
     data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert isinstance(data, dict)
     return data
