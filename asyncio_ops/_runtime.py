@@ -30,6 +30,7 @@ import pickle
 import resource
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -210,14 +211,25 @@ def _tune_gc() -> None:
     gc.set_threshold(max(GC_GEN0_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
+MAX_OPEN_FUNCTIONS: Final = 16
+
+
 class WorkerRuntime:
-    """One per Python worker process: the event loop and the opened functions."""
+    """One per Python worker process: the event loop and the opened functions.
+
+    Functions stay open across the partitions a worker runs (their pools and
+    sessions are reused). At most :data:`MAX_OPEN_FUNCTIONS` stay open: a
+    driver that builds many ``ordered_wait`` DataFrames would otherwise pile
+    up open functions in long-lived workers, so the least recently used one
+    is closed when another opens. A worker runs one task at a time, so the
+    one closed is never in use.
+    """
 
     _instance: WorkerRuntime | None = None
 
     def __init__(self) -> None:
         self.loop = _new_loop()
-        self.functions: dict[str, AsyncFunction[Any, Any]] = {}
+        self.functions: OrderedDict[str, AsyncFunction[Any, Any]] = OrderedDict()
         atexit.register(self.shutdown)
         _tune_gc()
 
@@ -233,7 +245,12 @@ class WorkerRuntime:
     def function(self, spec: PartitionSpec, task: TaskInfo) -> AsyncFunction[Any, Any]:
         """The opened instance for ``spec.function_token`` (opened on first use)."""
         fn = self.functions.get(spec.function_token)
-        if fn is None:
+        if fn is not None:
+            self.functions.move_to_end(spec.function_token)
+        else:
+            while len(self.functions) >= MAX_OPEN_FUNCTIONS:
+                token, old = self.functions.popitem(last=False)
+                self._close(token, old)
             fn = spec.function
             context = RuntimeContext(
                 task_name=spec.operator_uid,
@@ -245,16 +262,18 @@ class WorkerRuntime:
             self.functions[spec.function_token] = fn
         return fn
 
+    def _close(self, token: str, fn: AsyncFunction[Any, Any]) -> None:
+        try:
+            self.run(maybe_await(fn.close()))
+        except Exception:  # closing must go on for the others
+            log.exception("closing async function %s failed", token)
+
     def shutdown(self) -> None:
         """Close every opened function, then the loop (at worker exit)."""
         if self.loop.is_closed():
             return
-        for token, fn in list(self.functions.items()):
-            try:
-                self.run(maybe_await(fn.close()))
-            except Exception:  # closing must go on for the others
-                log.exception("closing async function %s failed", token)
-        self.functions.clear()
+        while self.functions:
+            self._close(*self.functions.popitem(last=False))
         self.run(self.loop.shutdown_asyncgens())
         self.loop.close()
 

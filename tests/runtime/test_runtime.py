@@ -247,3 +247,22 @@ def test_function_state_is_checkpointed_and_offered_to_the_next_version(tmp_path
     # the function is worker-wide: each partition wrote all it had; merged, that is 0..19
     assert second.offered is not None and dict(second.offered) == {i: 2 * i for i in range(20)}
     assert second.calls == list(range(20, 25))  # only what no earlier partition had
+
+
+def test_a_worker_keeps_a_bounded_number_of_functions_open() -> None:
+    from asyncio_ops._runtime import MAX_OPEN_FUNCTIONS, WorkerRuntime
+
+    class Tracked(Lookup):
+        closed = 0
+
+        def close(self) -> None:
+            Tracked.closed += 1
+
+    runtime = WorkerRuntime.get()
+    for token in list(runtime.functions):  # start from a clean worker
+        runtime._close(token, runtime.functions.pop(token))
+    fns = [Tracked() for _ in range(MAX_OPEN_FUNCTIONS + 3)]
+    for fn in fns:  # many DataFrames built by one driver, each its own function
+        list(run_partition(spec_for(fn, None), batches([1]), TaskInfo()))
+    assert len(runtime.functions) == MAX_OPEN_FUNCTIONS
+    assert Tracked.closed == 3  # the least recently used were closed, not leaked
