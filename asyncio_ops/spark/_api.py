@@ -80,7 +80,14 @@ class AsyncMetrics:
     """
 
     def __init__(self, spark: Any) -> None:
-        self._acc = spark.sparkContext.accumulator(RunMetrics(), _MetricsParam())
+        try:
+            context = spark.sparkContext
+        except Exception as exc:  # Spark Connect has no SparkContext, hence no accumulators
+            raise ConfigurationError(
+                "AsyncMetrics needs a classic SparkSession (Spark Connect has no "
+                "accumulators); read the per-partition summaries the workers log instead"
+            ) from exc
+        self._acc = context.accumulator(RunMetrics(), _MetricsParam())
 
     @property
     def value(self) -> RunMetrics:
