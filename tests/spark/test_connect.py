@@ -1,0 +1,27 @@
+"""The DataFrame API through Spark Connect (a local Connect server, in its own process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.mark.timeout(240)
+def test_ordered_and_keyed_unordered_work_over_spark_connect() -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.spark.connect_job"],
+        cwd=root, capture_output=True, text=True, timeout=220, check=False,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["session"].startswith("pyspark.sql.connect")
+    assert result["ordered_in_order"] and result["keyed_ids"] and result["keyed_values"]
+    assert "Spark Connect" in result["metrics_error"]
