@@ -518,7 +518,6 @@ def run_partition(
         else None
     )
     feeder = _Feeder(op, spec, watermarks, metrics, ckpt)
-    drained = True
     try:
         restored = None
         if ckpt is not None:
@@ -533,7 +532,7 @@ def run_partition(
                 row_fn.log = []
             if sink.full():
                 yield from sink.take()
-        drained = runtime.run(_drain(op, spec.drain_timeout if ckpt is not None else None))
+        drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
         if ckpt is not None:
             if row_fn.log:
                 ckpt.write_log(row_fn.log)
