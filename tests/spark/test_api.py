@@ -274,3 +274,23 @@ def test_worker_killed_on_first_attempt_job_still_exact(spark: SparkSession) -> 
     )
     rows = out.collect()
     assert [(r.id, r.ok) for r in rows] == [(i, i * 2) for i in range(2000)]
+
+
+def test_a_partly_consumed_partition_stops_cleanly(spark: SparkSession) -> None:
+    async def slowish(row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(0.01)
+        return [{"name": str(row["id"])}]
+
+    out = ordered_wait(
+        spark.range(0, 200_000, numPartitions=1), slowish, timeout=5, capacity=64,
+        output_schema="name string", batch_size=100,
+    )  # fmt: skip
+    rows = out.limit(3).collect()
+    assert [r.id for r in rows] == [0, 1, 2]
+    # the worker closed its operator (in-flight lookups cancelled): the next job runs
+    assert (
+        ordered_wait(
+            spark.range(5, numPartitions=1), slowish, timeout=5, output_schema="name string"
+        ).count()
+        == 5
+    )
