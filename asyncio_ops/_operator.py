@@ -395,6 +395,12 @@ class AsyncWaitOperator:
         manage_function: when False, ``open``/``close`` leave the function's
             own ``open``/``close`` to the caller (a runtime that keeps one
             opened function per worker across many operators).
+        invoke: called per attempt instead of ``function.async_invoke(value)``,
+            returning the awaitable to run (a runtime that adapts values calls
+            the user's coroutine directly: one coroutine less per attempt).
+        map_results: ``(value, results) -> results``, applied to an attempt's
+            results once the retry strategy accepted them and before they are
+            emitted; what it raises fails the element, not retried.
     """
 
     def __init__(
@@ -411,6 +417,8 @@ class AsyncWaitOperator:
         on_failure: FailureHandler | None = None,
         key_selector: Callable[[Any], Any] | None = None,
         manage_function: bool = True,
+        invoke: Callable[[Any], Any] | None = None,
+        map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -421,9 +429,10 @@ class AsyncWaitOperator:
         self.function = as_async_function(function)
         # a bare ``async def`` is called directly: one coroutine less per attempt
         fn = self.function
-        self._async_invoke: Callable[[Any], Any] = (
+        self._async_invoke: Callable[[Any], Any] = invoke or (
             fn.fn if type(fn) is CoroutineFunction else fn.async_invoke
         )
+        self._map_results = map_results
         self.mode = mode
         self.capacity = capacity
         self.timeout = timeout_seconds(timeout)
@@ -588,6 +597,13 @@ class AsyncWaitOperator:
                 and self._queue.emits_on_arrival(key)
                 and (self._retry is None or not self._retry.should_retry_result(results))
             ):
+                if self._map_results is not None:
+                    try:
+                        results = self._map_results(record.value, results)
+                    except Exception as exc:
+                        entry = self._new_entry(record, key)
+                        self._on_error(entry, exc, retryable=False)
+                        return
                 self._completed += 1
                 self.latency.instant += 1
                 ts = record.timestamp
@@ -711,6 +727,12 @@ class AsyncWaitOperator:
         ):
             self._schedule_retry(entry)
             return
+        if self._map_results is not None:
+            try:
+                results = self._map_results(entry.record.value, results)
+            except Exception as exc:
+                self._on_error(entry, exc, retryable=False)
+                return
         self._complete(entry, results)
 
     def _on_error(self, entry: _Entry, exc: BaseException, retryable: bool = True) -> None:

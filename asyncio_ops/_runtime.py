@@ -46,7 +46,7 @@ from ._exceptions import (
     InvalidResultError,
     OutputSchemaError,
 )
-from ._functions import AsyncFunction, RuntimeContext, maybe_await
+from ._functions import AsyncFunction, CoroutineFunction, RuntimeContext, maybe_await
 from ._keygroups import compute_key_group_range_for_operator_index
 from ._operator import (
     AsyncWaitOperator,
@@ -300,6 +300,8 @@ class RowFunction(AsyncFunction[Any, Any]):
         self.allowed = frozenset(spec.added_columns)
         self.keep = spec.keep_input_columns
         self.log: list[tuple[Any, bytes, list[dict[str, Any]]]] | None = None
+        user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
+        self._invoke: Callable[[Any], Any] = user_fn
 
     def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
         row, late, _ = value
@@ -330,15 +332,20 @@ class RowFunction(AsyncFunction[Any, Any]):
             out.append(merged)
         return out
 
-    def _record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+    def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        """Merge ``results`` into the row, logging them for replay if a log is kept."""
         merged = self.merge(value, results)
         log = self.log
         if log is not None and value[2] is not None:
             log.append((value[2], fingerprint(value[0]), list(results)))
         return merged
 
+    def invoke_direct(self, value: Any) -> Any:
+        """The user's coroutine for this row (the operator merges with :meth:`record`)."""
+        return self._invoke(value[0])
+
     async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
-        return self._record(value, await self.user.async_invoke(value[0]))
+        return self.record(value, await self.user.async_invoke(value[0]))
 
     def timeout(self, value: Any) -> Any:
         results = self.user.timeout(value[0])
@@ -506,6 +513,10 @@ def run_partition(
         on_failure=error_row_handler(spec, metrics),
         manage_function=False,
         key_selector=_key_selector(spec),
+        # the user's coroutine is awaited directly and its results merged into
+        # the row afterwards: no wrapper coroutine per row
+        invoke=row_fn.invoke_direct,
+        map_results=row_fn.record,
     )
     ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
     if ckpt is not None:

@@ -845,3 +845,33 @@ def test_a_lookup_cancelled_by_someone_else_fails_instead_of_hanging(run: Runner
         assert isinstance(info.value.__cause__, asyncio.CancelledError)
 
     run(main())
+
+
+def test_invoke_and_map_results_adapt_values(run: Runner[Any]) -> None:
+    async def lookup(key: int) -> list[int]:
+        await asyncio.sleep(0)
+        return [] if key == 3 else [key * 10]
+
+    def merge(value: tuple[int, str], results: Sequence[Any]) -> list[Any]:
+        if value[1] == "bad":
+            raise ValueError(f"cannot merge {value}")
+        return [(value[1], r) for r in results]
+
+    async def main(values: list[tuple[int, str]]) -> list[Any]:
+        out: list[StreamElement] = []
+        op = AsyncWaitOperator(
+            lookup, output=out.append, timeout=5, invoke=lambda v: lookup(v[0]),
+            map_results=merge,
+        )  # fmt: skip
+        await op.open()
+        try:
+            await op.process_elements(values)
+            await op.end_input()
+        finally:
+            await op.close()
+        return [r.value for r in out]  # type: ignore[union-attr]
+
+    assert run(main([(1, "a"), (3, "b"), (2, "c")])) == [("a", 10), ("c", 20)]
+    with pytest.raises(AsyncOperatorError, match="cannot merge") as info:
+        run(main([(1, "a"), (2, "bad")]))
+    assert isinstance(info.value.__cause__, ValueError)
