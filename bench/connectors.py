@@ -390,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--pool-size", type=int, default=8)
-    p.add_argument("--http-orders", type=int, default=None, help="default 50k (10k --quick)")
+    p.add_argument(
+        "--http-orders", type=int, default=None,
+        help="default 200k (10k --quick): long enough that Spark's job start-up is amortised",
+    )  # fmt: skip
     p.add_argument("--http-latency-ms", type=float, default=20.0)
     p.add_argument("--http-capacity", type=int, default=200)
     p.add_argument("--no-jdbc", action="store_true")
@@ -398,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     orders = args.orders or (200_000 if args.quick else 1_000_000)
     per_row = args.per_row_orders if args.per_row_orders is not None else orders // 10
-    http_orders = args.http_orders or (10_000 if args.quick else 50_000)
+    http_orders = args.http_orders or (10_000 if args.quick else 200_000)
 
     from asyncio_ops.spark import session
     from examples import _pg
