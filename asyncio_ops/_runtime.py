@@ -41,6 +41,7 @@ import pyarrow as pa
 from ._checkpoint import CheckpointStorage
 from ._elements import Record, Watermark
 from ._exceptions import (
+    AsyncTimeoutError,
     CheckpointError,
     ConfigurationError,
     InvalidResultError,
@@ -99,6 +100,7 @@ class PartitionSpec:
     checkpoint_version: int | None = None
     drain_timeout: float | None = None
     retain_versions: int = 10
+    chunk_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +359,44 @@ class RowFunction(AsyncFunction[Any, Any]):
         return self.merge(value, await awaitable)
 
 
+class ChunkFunction(RowFunction):
+    """Vectorised: one call of the user's ``async_invoke_chunk(rows)`` per chunk of rows.
+
+    The operator's value is ``(rows, None, None)``; the user returns one result
+    list per row, in order, and each row is merged with its own results. A
+    chunk succeeds or fails (times out, is retried) as a whole.
+    """
+
+    def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
+        super().__init__(user, spec)
+        self._invoke = user.async_invoke_chunk  # type: ignore[attr-defined]
+
+    def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        rows = value[0]
+        if not isinstance(results, list | tuple) or len(results) != len(rows):
+            raise InvalidResultError(
+                f"async_invoke_chunk must return one result list per row ({len(rows)}), got "
+                f"{type(results).__name__}"
+                + (f" of {len(results)}" if isinstance(results, list | tuple) else "")
+                + f" for the chunk starting with row {_describe_row(rows[0] if rows else None)}"
+            )
+        out: list[dict[str, Any]] = []
+        merge = self.merge
+        for row, row_results in zip(rows, results, strict=True):
+            out.extend(merge((row, None, None), row_results))
+        return out
+
+    async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
+        return self.record(value, await self._invoke(value[0]))
+
+    def timeout(self, value: Any) -> Any:
+        raise AsyncTimeoutError(
+            f"a chunk of {len(value[0])} rows timed out, starting with row "
+            f"{_describe_row(value[0][0] if value[0] else None)}",
+            value,
+        )
+
+
 def fingerprint(row: Any) -> bytes:
     """A digest of an input row: a replayed result is used only for the same row."""
     return hashlib.blake2b(pickle.dumps(row, protocol=5), digest_size=12).digest()
@@ -466,10 +506,17 @@ def error_row_handler(
     if spec.on_error != "error_column":
         return None
 
+    chunked = spec.chunk_size is not None
+
     def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[dict[str, Any]]:
         if isinstance(exc, OutputSchemaError):
             raise exc  # a bug in the function's output, not a failed lookup: fail loudly
-        row, late, _ = record.value
+        if chunked:  # a failed chunk: every row of it is an error row
+            return [r for row in record.value[0] for r in one((row, None, None), exc, attempts)]
+        return one(record.value, exc, attempts)
+
+    def one(value: Any, exc: BaseException, attempts: int) -> list[dict[str, Any]]:
+        row, late, _ = value
         out = dict(row) if spec.keep_input_columns else {}
         out[ERROR_COLUMN] = {
             "exception": type(exc).__name__,
@@ -502,7 +549,7 @@ def run_partition(
     user_fn = runtime.function(spec, task)
     metrics = RunMetrics(partitions=1)
     sink = ArrowSink(spec)
-    row_fn = RowFunction(user_fn, spec)
+    row_fn = RowFunction(user_fn, spec) if spec.chunk_size is None else ChunkFunction(user_fn, spec)
     op = AsyncWaitOperator(
         row_fn,
         output=sink,
@@ -638,6 +685,12 @@ class _Feeder:
     async def feed(self, rows: list[dict[str, Any]]) -> None:
         op = self.op
         if self.watermarks is None and self.ckpt is None:
+            n = self.spec.chunk_size
+            if n is not None:  # vectorised: one element per chunk of rows
+                await op.process_elements(
+                    [(rows[i : i + n], None, None) for i in range(0, len(rows), n)]
+                )
+                return
             # the common case, kept lean: one tuple per row, no per-row branches
             await op.process_elements([(row, None, None) for row in rows])
             return

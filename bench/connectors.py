@@ -218,7 +218,7 @@ def orders_df(spark: Any, n: int, customers: int) -> Any:
 
 def pg_lookup_row(
     spark: Any, name: str, dsn: str, table: str, n: int, customers: int, batch_size: int,
-    capacity: int, pool_size: int,
+    capacity: int, pool_size: int, chunk_size: int | None = None,
 ) -> Row:  # fmt: skip
     from asyncio_ops.spark import AsyncMetrics, ordered_wait
     from connectors.postgres import PostgresLookup
@@ -237,10 +237,14 @@ def pg_lookup_row(
     df = ordered_wait(
         orders_df(spark, n, customers), lookup, timeout=120.0, capacity=capacity,
         output_schema="name string, tier string, country string", metrics=metrics,
+        chunk_size=chunk_size,
     )  # fmt: skip
     seconds = run_noop(df)
     emitted = metrics.summary()["emitted"]
-    return Row(name, emitted, seconds, f"batch_size={batch_size} capacity={capacity}")
+    note = f"batch_size={batch_size} capacity={capacity}"
+    if chunk_size is not None:
+        note = f"chunk_size={chunk_size} (one call per chunk) batch_size={batch_size}"
+    return Row(name, emitted, seconds, note)
 
 
 def jdbc_join_row(spark: Any, name: str, dsn: str, table: str, n: int, customers: int) -> Row:
@@ -348,6 +352,10 @@ def pg_suite(
     batched = pg_lookup_row(spark, "pg batched (spark)", dsn, table, orders, customers,
                             args.batch_size, args.capacity, args.pool_size)  # fmt: skip
     rows.append(batched)
+    rows.append(pg_lookup_row(
+        spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size, 8,
+        args.pool_size, chunk_size=args.batch_size,
+    ))  # fmt: skip
     emitted, secs = two_processes(
         _pg_ceiling_worker,
         lambda a, b: (dsn, table, a, b, customers, args.batch_size,
@@ -372,6 +380,10 @@ def pg_suite(
     ratio_line("batched / asyncpg ceiling", by.get("pg batched (spark)"),
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
     ratio_line("batched / JDBC join (>1: lookups win)", by.get("pg batched (spark)"),
+               by.get("pg JDBC + broadcast join"), None)  # fmt: skip
+    ratio_line("chunked / asyncpg ceiling", by.get("pg chunked (spark)"),
+               by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
+    ratio_line("chunked / JDBC join (>1: lookups win)", by.get("pg chunked (spark)"),
                by.get("pg JDBC + broadcast join"), None)  # fmt: skip
     return rows
 

@@ -153,6 +153,7 @@ def _wait(
     checkpoint_version: int | None,
     drain_timeout: float | timedelta | None,
     retain_versions: int,
+    chunk_size: int | None,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -217,6 +218,22 @@ def _wait(
     elif watermark_delay is not None:
         raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
     delay = seconds_option(watermark_delay, "watermark_delay")
+
+    if chunk_size is not None:
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
+            raise ConfigurationError(f"chunk_size must be an int > 0, got {chunk_size!r}")
+        if not callable(getattr(function, "async_invoke_chunk", None)):
+            raise ConfigurationError(
+                f"chunk_size needs a function with async_invoke_chunk(rows) -> one result "
+                f"list per row (e.g. connectors.postgres.PostgresLookup); {function!r} has none"
+            )
+        options = {"key": key, "event_time": event_time, "checkpoint_location": checkpoint_location}
+        unsupported = [name for name, value in options.items() if value is not None]
+        if unsupported:
+            raise ConfigurationError(
+                f"chunk_size cannot be combined with {unsupported}: a chunk is one element, "
+                "with no single key, event time or replay position"
+            )
 
     operator_uid = uid or f"{mode.value}-wait"
     storage: CheckpointStorage | None = None
@@ -291,6 +308,7 @@ def _wait(
         checkpoint_version=checkpoint_version,
         drain_timeout=drain,
         retain_versions=retain_versions,
+        chunk_size=chunk_size,
     )
     on_done = metrics._add if metrics is not None else None
 
@@ -341,6 +359,7 @@ def ordered_wait(
     checkpoint_version: int | None = None,
     drain_timeout: float | timedelta | None = None,
     retain_versions: int = 10,
+    chunk_size: int | None = None,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -358,7 +377,7 @@ def ordered_wait(
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
-        drain_timeout=drain_timeout, retain_versions=retain_versions,
+        drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
     )  # fmt: skip
 
 
@@ -386,6 +405,7 @@ def unordered_wait(
     checkpoint_version: int | None = None,
     drain_timeout: float | timedelta | None = None,
     retain_versions: int = 10,
+    chunk_size: int | None = None,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -400,5 +420,5 @@ def unordered_wait(
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
-        drain_timeout=drain_timeout, retain_versions=retain_versions,
+        drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
     )  # fmt: skip

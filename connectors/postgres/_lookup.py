@@ -296,6 +296,59 @@ class PostgresLookup(BaseLookup[_Runtime]):
             )
         return [self._output(value, match) for match in matches]
 
+    async def async_invoke_chunk(self, values: Sequence[Mapping[str, Any]]) -> list[list[Row]]:
+        """The matches of many rows at once: one result list per row, in order.
+
+        The distinct keys not in the cache go out as ``ANY($1)`` queries of at
+        most ``batch_size`` keys each (concurrently), without the per-row
+        batcher: this is the vectorised path (``chunk_size=`` in the Spark API).
+        A key matching several rows of a one-to-one lookup fails the chunk.
+        """
+        self._require_runtime()
+        self._rows += len(values)
+        key_of = self.key.of
+        keys = [key_of(v) for v in values]
+        cache = self.cache
+        known: dict[Hashable, Rows] = {}
+        wanted: list[Hashable] = []
+        for key in keys:
+            if key is None:
+                self._null_keys += 1
+            elif key not in known:
+                cached = cache.get(key) if cache is not None else MISS
+                if cached is MISS:
+                    known[key] = _EMPTY
+                    wanted.append(key)
+                else:
+                    known[key] = cached  # type: ignore[assignment]
+        if wanted:
+            size = self.batch_size
+            parts = await asyncio.gather(
+                *(self._fetch(wanted[i : i + size]) for i in range(0, len(wanted), size))
+            )
+            for part in parts:
+                known.update(part)
+            if cache is not None:
+                for key in wanted:
+                    matches = known[key]
+                    cache.put(key, matches, empty=not matches)
+        out: list[list[Row]] = []
+        output = self._output
+        for value, key in zip(values, keys, strict=True):
+            matches = known.get(key, _EMPTY) if key is not None else _EMPTY
+            if not matches:
+                out.append([])
+            elif len(matches) == 1:
+                out.append([output(value, matches[0])])
+            elif not self.many:
+                raise LookupAmbiguousError(
+                    f"key {key!r} matched {len(matches)} rows of a one-to-one lookup; "
+                    "pass many=True for one output per match"
+                )
+            else:
+                out.append([output(value, match) for match in matches])
+        return out
+
     def _output(self, value: Mapping[str, Any], match: Match) -> Row:
         # ``match`` is shared by every row with its key (and by the cache): each
         # output row is the one fresh dict made from it.
