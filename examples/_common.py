@@ -6,6 +6,7 @@ travel to executors live in the scripts' ``__main__`` or in ``connectors``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Iterator
@@ -19,6 +20,19 @@ from asyncio_ops.spark import session
 
 # The marker of the one machine-readable line a script prints with --json.
 JSON_MARKER = "RESULT "
+
+
+def add_batch_options(
+    p: argparse.ArgumentParser, *, orders: int, capacity: int, capacity_help: str
+) -> None:
+    """The options every batch example shares: sizes, Spark master, capacity, output."""
+    p.add_argument("--orders", type=int, default=orders, help="orders to generate")
+    p.add_argument("--customers", type=int, default=100_000, help="customer ids 1..N")
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--partitions", type=int, default=None, help="default: Spark's parallelism")
+    p.add_argument("--capacity", type=int, default=capacity, help=capacity_help)
+    p.add_argument("--sample", type=int, default=5, help="rows to print")
+    p.add_argument("--json", action="store_true", help="print one RESULT {...} line")
 
 
 def spark_session(master: str, app_name: str, partitions: int | None = None) -> SparkSession:

@@ -30,22 +30,18 @@ from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from connectors import is_retryable
 from connectors.http import HttpBatch, HttpLookup
-from examples._common import orders, report, spark_session, timed
+from examples._common import add_batch_options, orders, report, spark_session, timed
 from examples.http_service.app import ServiceThread
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="base URL of the customer service (default: start one here)")
-    p.add_argument("--orders", type=int, default=20_000, help="orders to generate")
-    p.add_argument("--customers", type=int, default=100_000, help="customer ids 1..N")
+    add_batch_options(
+        p, orders=20_000, capacity=200, capacity_help="requests in flight per partition"
+    )
     p.add_argument("--latency-ms", type=float, default=20.0, help="latency of the local service")
     p.add_argument("--batch", action="store_true", help="use the batch endpoint (?ids=...)")
-    p.add_argument("--master", default="local[*]")
-    p.add_argument("--partitions", type=int, default=None, help="default: Spark's parallelism")
-    p.add_argument("--capacity", type=int, default=200, help="requests in flight per partition")
-    p.add_argument("--sample", type=int, default=5, help="rows to print")
-    p.add_argument("--json", action="store_true", help="print one RESULT {...} line")
     return p.parse_args(argv)
 
 

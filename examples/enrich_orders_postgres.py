@@ -35,23 +35,17 @@ from connectors import is_retryable
 from connectors._redact import redact_dsn
 from connectors.postgres import PostgresLookup
 from examples import _pg
-from examples._common import orders, report, spark_session, timed
+from examples._common import add_batch_options, orders, report, spark_session, timed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", help="PostgreSQL DSN (default: $ASYNCIO_OPS_PG_DSN, else throwaway)")
-    p.add_argument("--orders", type=int, default=100_000, help="orders to generate")
-    p.add_argument("--customers", type=int, default=100_000, help="customer ids 1..N")
+    add_batch_options(p, orders=100_000, capacity=500, capacity_help="rows in flight per partition")
     p.add_argument("--table", default="customers", help="customers table")
     p.add_argument("--seed", action="store_true", help="create/fill --table on a given DSN")
-    p.add_argument("--master", default="local[*]")
-    p.add_argument("--partitions", type=int, default=None, help="default: Spark's parallelism")
-    p.add_argument("--capacity", type=int, default=500, help="rows in flight per partition")
     p.add_argument("--batch-size", type=int, default=500, help="ids per query (1 = per row)")
-    p.add_argument("--sample", type=int, default=5, help="rows to print")
     p.add_argument("--output", help="also write the enriched orders as Parquet here")
-    p.add_argument("--json", action="store_true", help="print one RESULT {...} line")
     return p.parse_args(argv)
 
 

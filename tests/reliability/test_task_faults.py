@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from asyncio_ops import AsyncFunction
 from asyncio_ops.spark import ordered_wait, unordered_wait
 from tests.cross_process import first_attempt, log_request, requests
+from tests.spark.conftest import arrow_batch_rows
 
 pytestmark = pytest.mark.spark
 
@@ -38,11 +39,8 @@ class FailsFirstAttempt(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 @pytest.fixture
 def small_arrow_batches(spark: SparkSession) -> Iterator[None]:
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    old = spark.conf.get(key)
-    spark.conf.set(key, "200")
-    yield
-    spark.conf.set(key, old)
+    with arrow_batch_rows(spark, 200):
+        yield
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from pyspark.sql import SparkSession
@@ -26,3 +27,15 @@ def spark() -> Iterator[SparkSession]:
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()
+
+
+@contextmanager
+def arrow_batch_rows(spark: SparkSession, rows: int) -> Iterator[None]:
+    """Spark hands Python ``rows`` rows per Arrow batch inside the block."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    old = spark.conf.get(key)
+    spark.conf.set(key, str(rows))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, old)

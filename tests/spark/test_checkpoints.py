@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from asyncio_ops import AsyncFunction, CheckpointError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
 from tests.cross_process import first_attempt, first_time, log_request, requests
+from tests.spark.conftest import arrow_batch_rows
 
 pytestmark = pytest.mark.spark
 
@@ -38,11 +39,8 @@ class RequestLog(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 @pytest.fixture
 def small_arrow_batches(spark: SparkSession) -> Iterator[None]:
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    old = spark.conf.get(key)
-    spark.conf.set(key, "100")
-    yield
-    spark.conf.set(key, old)
+    with arrow_batch_rows(spark, 100):
+        yield
 
 
 def test_killed_worker_retry_does_not_repeat_completed_lookups(
