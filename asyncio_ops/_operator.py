@@ -401,6 +401,8 @@ class AsyncWaitOperator:
         map_results: ``(value, results) -> results``, applied to an attempt's
             results once the retry strategy accepted them and before they are
             emitted; what it raises fails the element, not retried.
+        describe: ``value -> str`` naming an input in error messages (default:
+            its ``repr``, cut to 300 characters).
     """
 
     def __init__(
@@ -419,6 +421,7 @@ class AsyncWaitOperator:
         manage_function: bool = True,
         invoke: Callable[[Any], Any] | None = None,
         map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None,
+        describe: Callable[[Any], str] | None = None,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -433,6 +436,7 @@ class AsyncWaitOperator:
             fn.fn if type(fn) is CoroutineFunction else fn.async_invoke
         )
         self._map_results = map_results
+        self._describe_value = describe
         self.mode = mode
         self.capacity = capacity
         self.timeout = timeout_seconds(timeout)
@@ -885,13 +889,18 @@ class AsyncWaitOperator:
             error = exc
         else:
             error = AsyncOperatorError(
-                f"async lookup failed for input {_describe(entry.record)} after "
+                f"async lookup failed for input {self._describe(entry.record)} after "
                 f"{entry.attempts} attempt(s): {type(exc).__name__}: {exc}",
                 entry.record.value,
             )
             error.__cause__ = exc
         entry.handle.complete_exceptionally(error)
         self._fail(error)
+
+    def _describe(self, record: Record[Any]) -> str:
+        if self._describe_value is not None:
+            return self._describe_value(record.value)
+        return _describe(record)
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:

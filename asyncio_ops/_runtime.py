@@ -31,12 +31,13 @@ import resource
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._checkpoint import CheckpointStorage
 from ._elements import Record, Watermark
@@ -342,6 +343,10 @@ class RowFunction(AsyncFunction[Any, Any]):
             log.append((value[2], fingerprint(value[0]), list(results)))
         return merged
 
+    def describe(self, value: Any) -> str:
+        """The input in an error message."""
+        return _describe_row(value[0])
+
     def invoke_direct(self, value: Any) -> Any:
         """The user's coroutine for this row (the operator merges with :meth:`record`)."""
         return self._invoke(value[0])
@@ -391,10 +396,164 @@ class ChunkFunction(RowFunction):
 
     def timeout(self, value: Any) -> Any:
         raise AsyncTimeoutError(
-            f"a chunk of {len(value[0])} rows timed out, starting with row "
-            f"{_describe_row(value[0][0] if value[0] else None)}",
-            value,
+            self.describe(value).replace(" rows ", " rows timed out, ", 1), value
         )
+
+    def describe(self, value: Any) -> str:
+        rows = value[0]
+        first = _describe_row(rows[0] if rows else None)
+        return f"a chunk of {len(rows)} rows starting with row {first}"
+
+
+class ArrowChunkFunction(RowFunction):
+    """Columnar: one call of the user's ``async_invoke_arrow(batch)`` per chunk of rows.
+
+    The operator's value is ``(batch, None, None)`` with ``batch`` a zero-copy
+    slice of an input Arrow batch. The user returns ``(row_index, columns)``:
+    ``row_index`` the input row (0-based, within the chunk) of each output row,
+    in output order (a row may appear several times, for fan-out, or not at
+    all, to drop it), and ``columns`` the output columns, each as long as
+    ``row_index`` (a ``pyarrow.RecordBatch`` / ``Table`` or a mapping of column
+    name to an Arrow array or a list of values). A declared output column the
+    function does not return is null. The merge is columnar: the input columns
+    are ``take``n by ``row_index`` and no row is ever turned into a dict.
+    """
+
+    def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
+        super().__init__(user, spec)
+        self._invoke = user.async_invoke_arrow  # type: ignore[attr-defined]
+        self.schema = spec.output_schema
+        self.added = spec.added_columns
+
+    def record(self, value: Any, results: Any) -> list[pa.RecordBatch]:
+        batch: pa.RecordBatch = value[0]
+        index, columns = self._unpack(batch, results)
+        if index is None:
+            n_out = batch.num_rows
+            taken = batch
+        else:
+            n_out = len(index)
+            if self.keep:
+                if n_out == batch.num_rows and (n_out == 0 or _is_identity(index)):
+                    taken = batch
+                else:
+                    taken = batch.take(index)
+        arrays: list[pa.Array] = []
+        inputs = batch.schema.names
+        for f in self.schema:
+            name = f.name
+            if name in columns:
+                arrays.append(_column(name, f.type, columns[name], n_out))
+            elif self.keep and name in inputs:
+                arrays.append(taken.column(name))
+            else:  # an output column the function left out, or _error of a good chunk
+                arrays.append(pa.nulls(n_out, f.type))
+        return [pa.RecordBatch.from_arrays(arrays, schema=self.schema)]
+
+    def _unpack(self, batch: pa.RecordBatch, results: Any) -> tuple[pa.Array | None, Any]:
+        if not isinstance(results, tuple | list) or len(results) != 2:
+            raise InvalidResultError(
+                f"async_invoke_arrow must return (row_index, columns), got {type(results).__name__}"
+            )
+        index, columns = results
+        if index is not None:  # None: every row once, in order
+            index = _check_index(index, batch.num_rows)
+        if isinstance(columns, pa.RecordBatch | pa.Table):
+            columns = {name: columns.column(name) for name in columns.column_names}
+        elif not isinstance(columns, Mapping):
+            raise InvalidResultError(
+                f"async_invoke_arrow must return columns as a RecordBatch, Table or mapping, "
+                f"got {type(columns).__name__}"
+            )
+        unknown = sorted(set(columns) - self.allowed)
+        if unknown:
+            raise OutputSchemaError(
+                f"result column(s) {unknown} are not in output_schema "
+                f"(declared: {sorted(self.allowed)})"
+            )
+        return index, columns
+
+    def timeout(self, value: Any) -> Any:
+        raise AsyncTimeoutError(
+            self.describe(value).replace(" rows ", " rows timed out, ", 1), value
+        )
+
+    def describe(self, value: Any) -> str:
+        batch = value[0]
+        first = _describe_row(_first_row(batch))
+        return f"a chunk of {batch.num_rows} rows starting with row {first}"
+
+
+def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
+    """One output column of the columnar path, as ``type_``, checked to have ``n`` values."""
+    try:
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if isinstance(values, pa.Array):
+            array = values if values.type == type_ else values.cast(type_)
+        else:
+            array = pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        bad = _first_unfit(values, type_)
+        raise OutputSchemaError(
+            f"output column {name!r} ({type_}) cannot hold {bad}: {exc}"
+        ) from exc
+    if len(array) != n:
+        raise InvalidResultError(
+            f"output column {name!r} has {len(array)} values but row_index has {n}"
+        )
+    return array
+
+
+def _first_row(batch: pa.RecordBatch) -> Any:
+    return batch.slice(0, 1).to_pylist()[0] if batch.num_rows else None
+
+
+def _check_index(index: Any, rows: int) -> pa.Array:
+    """``row_index`` as an Arrow integer array, every value a row of the chunk."""
+    try:
+        if not isinstance(index, pa.Array):
+            index = pa.array(index, type=pa.int64())
+        if not pa.types.is_integer(index.type) or index.null_count:
+            raise TypeError(f"row_index must hold integers without nulls, got {index.type}")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidResultError(f"async_invoke_arrow returned a bad row_index: {exc}") from exc
+    if len(index):
+        bounds = pc.min_max(index)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo < 0 or hi >= rows:
+            raise InvalidResultError(
+                f"async_invoke_arrow returned row_index values {lo}..{hi} outside the chunk's "
+                f"{rows} rows"
+            )
+    return index
+
+
+def _is_identity(index: pa.Array) -> bool:
+    """True if ``index`` is 0, 1, ..., n-1 (every row once, in order: no take needed)."""
+    n = len(index)
+    if index[0].as_py() != 0 or index[n - 1].as_py() != n - 1:
+        return False
+    return bool(pc.all(pc.equal(index, pa.array(range(n), type=index.type))).as_py())
+
+
+def _first_unfit(values: Any, type_: pa.DataType) -> str:
+    """The first value of ``values`` that ``type_`` cannot hold, for an error message."""
+    items = values.to_pylist() if isinstance(values, pa.Array) else values
+    try:
+        for i, v in enumerate(items):
+            try:
+                pa.array([v], type=type_)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                return f"{v!r:.100} ({type(v).__name__}) at output row {i}"
+    except TypeError:
+        pass
+    return f"{type(values).__name__} values"
+
+
+def is_columnar(fn: object) -> bool:
+    """True if ``fn`` answers chunks as Arrow (``async_invoke_arrow``), preferred by chunk_size."""
+    return callable(getattr(fn, "async_invoke_arrow", None))
 
 
 def fingerprint(row: Any) -> bytes:
@@ -410,6 +569,27 @@ class ArrowSink:
         self.batch_size = spec.batch_size
         self.rows: list[dict[str, Any]] = []
         self.emitted = 0
+        # columnar results (ArrowChunkFunction): Arrow batches, never rows
+        self.batches: list[pa.RecordBatch] = []
+        self.buffered = 0
+
+    def add_batch(self, element: Any) -> None:
+        """The output of the columnar path: each element's value is one Arrow batch."""
+        if type(element) is Record:
+            batch = element.value
+            self.batches.append(batch)
+            self.buffered += batch.num_rows
+
+    def batch_full(self) -> bool:
+        return self.buffered >= self.batch_size
+
+    def _take_batches(self) -> Iterator[pa.RecordBatch]:
+        batches, self.batches, self.buffered = self.batches, [], 0
+        # one copy into batches of batch_size rows: Spark pays per batch, not per byte
+        table = pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
+        for out in table.to_batches(max_chunksize=self.batch_size):
+            self.emitted += out.num_rows
+            yield out
 
     def __call__(self, element: Any) -> None:
         if type(element) is Record:
@@ -419,6 +599,9 @@ class ArrowSink:
         return len(self.rows) >= self.batch_size
 
     def take(self) -> Iterator[pa.RecordBatch]:
+        if self.batches:
+            yield from self._take_batches()
+            return
         rows, self.rows = self.rows, []
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start : start + self.batch_size]
@@ -507,10 +690,15 @@ def error_row_handler(
         return None
 
     chunked = spec.chunk_size is not None
+    columnar = chunked and is_columnar(spec.function)
 
-    def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[dict[str, Any]]:
+    def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[Any]:
         if isinstance(exc, OutputSchemaError):
             raise exc  # a bug in the function's output, not a failed lookup: fail loudly
+        if columnar:  # a failed Arrow chunk: one batch with an error row per row of it
+            inputs = record.value[0].to_pylist()
+            rows = [r for row in inputs for r in one((row, None, None), exc, attempts)]
+            return [pa.RecordBatch.from_pylist(rows, schema=spec.output_schema)]
         if chunked:  # a failed chunk: every row of it is an error row
             return [r for row in record.value[0] for r in one((row, None, None), exc, attempts)]
         return one(record.value, exc, attempts)
@@ -549,10 +737,17 @@ def run_partition(
     user_fn = runtime.function(spec, task)
     metrics = RunMetrics(partitions=1)
     sink = ArrowSink(spec)
-    row_fn = RowFunction(user_fn, spec) if spec.chunk_size is None else ChunkFunction(user_fn, spec)
+    columnar = spec.chunk_size is not None and is_columnar(user_fn)
+    row_fn: RowFunction
+    if spec.chunk_size is None:
+        row_fn = RowFunction(user_fn, spec)
+    elif columnar:
+        row_fn = ArrowChunkFunction(user_fn, spec)
+    else:
+        row_fn = ChunkFunction(user_fn, spec)
     op = AsyncWaitOperator(
         row_fn,
-        output=sink,
+        output=sink.add_batch if columnar else sink,
         timeout=spec.timeout,
         capacity=spec.capacity,
         mode=spec.mode,
@@ -564,6 +759,7 @@ def run_partition(
         # the row afterwards: no wrapper coroutine per row
         invoke=row_fn.invoke_direct,
         map_results=row_fn.record,
+        describe=row_fn.describe if spec.chunk_size is not None else None,
     )
     ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
     if ckpt is not None:
@@ -583,12 +779,15 @@ def run_partition(
             ckpt.restore_function_state(user_fn)
         runtime.run(op.open(restored))
         for batch in batches:
-            runtime.run(feeder.feed(batch.to_pylist()))
+            if columnar:
+                runtime.run(feeder.feed_arrow(batch))
+            else:
+                runtime.run(feeder.feed(batch.to_pylist()))
             metrics.max_in_flight = max(metrics.max_in_flight, len(op))
             if ckpt is not None and row_fn.log:
                 ckpt.write_log(row_fn.log)
                 row_fn.log = []
-            if sink.full():
+            if sink.full() or sink.batch_full():
                 yield from sink.take()
         drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
         if ckpt is not None:
@@ -681,6 +880,14 @@ class _Feeder:
         self.metrics = metrics
         self.ckpt = ckpt
         self.position = 0
+
+    async def feed_arrow(self, batch: pa.RecordBatch) -> None:
+        """Columnar: one element per zero-copy slice of ``chunk_size`` rows."""
+        n = self.spec.chunk_size
+        assert n is not None
+        await self.op.process_elements(
+            [(batch.slice(i, n), None, None) for i in range(0, batch.num_rows, n)]
+        )
 
     async def feed(self, rows: list[dict[str, Any]]) -> None:
         op = self.op

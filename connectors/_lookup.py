@@ -20,7 +20,7 @@ import abc
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from asyncio_ops._exceptions import ConfigurationError
 from asyncio_ops._functions import AsyncFunction, RuntimeContext
@@ -28,6 +28,9 @@ from asyncio_ops._functions import AsyncFunction, RuntimeContext
 from ._batching import BatchStatistics
 from ._cache import CacheStatistics, LookupCache
 from ._exceptions import ConnectorError, LookupKeyError
+
+if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
+    import pyarrow as pa
 
 __all__ = ["BaseLookup", "KeyFields", "LookupStatistics", "Row"]
 
@@ -98,6 +101,33 @@ class KeyFields:
         except TypeError:
             raise self._unhashable(values) from None
         return values
+
+    def of_batch(self, batch: pa.RecordBatch) -> list[Hashable | None]:
+        """The key of every row of an Arrow batch (None where a component is null).
+
+        Raises :class:`LookupKeyError` for a missing or nested (list, struct, map) column.
+        """
+        columns = [self.column_of(batch, name).to_pylist() for name in self.names]
+        if not self.composite:
+            return columns[0]  # type: ignore[no-any-return]
+        return [None if None in values else values for values in zip(*columns, strict=True)]
+
+    def column_of(self, batch: pa.RecordBatch, name: str) -> pa.Array:
+        """The key column ``name`` of an Arrow batch, checked to exist and be atomic."""
+        import pyarrow as pa
+
+        index = batch.schema.get_field_index(name)
+        if index < 0:
+            raise LookupKeyError(
+                f"input has no key column {name!r} (key={self.spec()!r}); "
+                f"columns present: {sorted(batch.schema.names)!r}"
+            )
+        column = batch.column(index)
+        if pa.types.is_nested(column.type):
+            raise LookupKeyError(
+                f"key column {name!r} has the nested type {column.type}; keys must be atomic"
+            )
+        return column
 
     def _missing_field(self, row: Mapping[str, Any], name: object) -> LookupKeyError:
         return LookupKeyError(

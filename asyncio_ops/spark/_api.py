@@ -222,10 +222,14 @@ def _wait(
     if chunk_size is not None:
         if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
             raise ConfigurationError(f"chunk_size must be an int > 0, got {chunk_size!r}")
-        if not callable(getattr(function, "async_invoke_chunk", None)):
+        if not (
+            callable(getattr(function, "async_invoke_arrow", None))
+            or callable(getattr(function, "async_invoke_chunk", None))
+        ):
             raise ConfigurationError(
-                f"chunk_size needs a function with async_invoke_chunk(rows) -> one result "
-                f"list per row (e.g. connectors.postgres.PostgresLookup); {function!r} has none"
+                f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
+                f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
+                f"connectors.postgres.PostgresLookup); {function!r} has neither"
             )
         options = {"key": key, "event_time": event_time, "checkpoint_location": checkpoint_location}
         unsupported = [name for name, value in options.items() if value is not None]

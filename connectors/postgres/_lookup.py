@@ -29,7 +29,7 @@ import asyncio
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
@@ -42,6 +42,9 @@ from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
 from ._errors import map_asyncpg_errors
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["PostgresLookup", "active_pools"]
 
@@ -308,6 +311,115 @@ class PostgresLookup(BaseLookup[_Runtime]):
         self._rows += len(values)
         key_of = self.key.of
         keys = [key_of(v) for v in values]
+        known = await self._matches(keys)
+        out: list[list[Row]] = []
+        output = self._output
+        for value, key in zip(values, keys, strict=True):
+            matches = known.get(key, _EMPTY) if key is not None else _EMPTY
+            if not matches:
+                out.append([])
+            elif len(matches) == 1:
+                out.append([output(value, matches[0])])
+            elif not self.many:
+                raise self._ambiguous(key, len(matches))
+            else:
+                out.append([output(value, match) for match in matches])
+        return out
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+        """The matches of a chunk of rows as Arrow, for the columnar path.
+
+        Returns ``(row_index, columns)``: for each output row, the input row it
+        belongs to (a row without a match is absent; ``many=True`` repeats a row
+        once per match; None: every row once, in order) and the output columns
+        (the query's columns, or ``columns``) as Arrow arrays or lists. The key
+        columns are the only input read: no row becomes a dict. Queries, cache
+        and errors are those of :meth:`async_invoke_chunk`.
+        """
+        self._require_runtime()
+        if not self.key.composite and not self.many and self.cache is None:
+            return await self._arrow_one_to_one(batch)
+        keys = self.key.of_batch(batch)
+        self._rows += len(keys)
+        known = await self._matches(keys)
+        index: list[int] = []
+        matched: list[Match] = []
+        get = known.get
+        many = self.many
+        for i, key in enumerate(keys):
+            if key is None:
+                continue
+            matches = get(key)
+            if not matches:
+                continue
+            if len(matches) == 1:
+                index.append(i)
+                matched.append(matches[0])
+            elif not many:
+                raise self._ambiguous(key, len(matches))
+            else:
+                index.extend([i] * len(matches))
+                matched.extend(matches)
+        if not matched:
+            return index, {}
+        names = self.columns if self.columns is not None else tuple(matched[0].keys())
+        return index, {name: [m[name] for m in matched] for name in names}
+
+    async def _arrow_one_to_one(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+        """The columnar path of the common case (one key column, one-to-one, no cache).
+
+        Deduplication, matching and fan-out are Arrow compute kernels; Python
+        touches each distinct key once and each result record once (one
+        transpose of the records into columns).
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = self.key.column_of(batch, self.key.names[0])
+        self._rows += len(column)
+        self._null_keys += column.null_count
+        distinct = pc.unique(column).drop_null().to_pylist()
+        size = self.batch_size
+        parts = await asyncio.gather(
+            *(self._query(distinct[i : i + size]) for i in range(0, len(distinct), size))
+        )
+        records = [record for part in parts for record in part]
+        if not records:
+            return [], {}
+        present = list(records[0].keys())
+        columns = list(zip(*records, strict=True))
+        found = columns[present.index(self.on.names[0])]
+        if len(set(found)) != len(found):
+            counts: dict[Any, int] = {}
+            for key in found:
+                counts[key] = counts.get(key, 0) + 1
+            key, n = next((k, c) for k, c in counts.items() if c > 1)
+            raise self._ambiguous(key, n)
+        try:
+            value_set = pa.array(found, type=column.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            value_set = pa.array(found).cast(column.type)
+        position = pc.index_in(column, value_set=value_set)
+        if position.null_count == 0:
+            row_index: Any = None  # every row matched once, in order
+            take = position
+        else:
+            matched = position.is_valid()
+            row_index = pc.indices_nonzero(matched)
+            take = position.filter(matched)
+        names = self.columns if self.columns is not None else present
+        return row_index, {n: pa.array(columns[present.index(n)]).take(take) for n in names}
+
+    @staticmethod
+    def _ambiguous(key: Hashable, matches: int) -> LookupAmbiguousError:
+        return LookupAmbiguousError(
+            f"key {key!r} matched {matches} rows of a one-to-one lookup; "
+            "pass many=True for one output per match"
+        )
+
+    async def _matches(self, keys: Sequence[Hashable | None]) -> dict[Hashable, Rows]:
+        """The matches of every distinct non-null key in ``keys``: cache first, then
+        ``ANY($1)`` queries of at most ``batch_size`` keys each, concurrently."""
         cache = self.cache
         known: dict[Hashable, Rows] = {}
         wanted: list[Hashable] = []
@@ -332,22 +444,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 for key in wanted:
                     matches = known[key]
                     cache.put(key, matches, empty=not matches)
-        out: list[list[Row]] = []
-        output = self._output
-        for value, key in zip(values, keys, strict=True):
-            matches = known.get(key, _EMPTY) if key is not None else _EMPTY
-            if not matches:
-                out.append([])
-            elif len(matches) == 1:
-                out.append([output(value, matches[0])])
-            elif not self.many:
-                raise LookupAmbiguousError(
-                    f"key {key!r} matched {len(matches)} rows of a one-to-one lookup; "
-                    "pass many=True for one output per match"
-                )
-            else:
-                out.append([output(value, match) for match in matches])
-        return out
+        return known
 
     def _output(self, value: Mapping[str, Any], match: Match) -> Row:
         # ``match`` is shared by every row with its key (and by the cache): each
@@ -365,36 +462,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
         (copied into a dict per output row by :meth:`_output`), or as a dict when
         a cache will keep it.
         """
-        runtime = self._require_runtime()
-        if self.key.composite:
-            # Parallel arrays, one per key field, in the order of ``key``.
-            args: list[list[Any]] = [list(column) for column in zip(*keys, strict=True)]  # type: ignore[call-overload,unused-ignore]
-        else:
-            args = [keys if type(keys) is list else list(keys)]
-        with map_asyncpg_errors("lookup query", self._where, self._scrub):
-            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
-                try:
-                    records = await self._run_query(connection, args)
-                except asyncpg.InternalClientError:
-                    # asyncpg's protocol state machine is broken, as happens when the
-                    # server terminates the connection mid-statement (MagicStack/asyncpg
-                    # #784, #1069). The connection must not be reused: drop it, and the
-                    # pool opens a fresh one on the next acquire.
-                    connection.terminate()
-                    raise
+        records = await self._query(keys)
         if not records:
             return {}
-        present = list(records[0].keys())
         names = self.on.names
-        if not set(names) <= set(present):
-            raise LookupQueryError(
-                f"the query's result has no column {self.on.spec()!r} to match keys on; "
-                f"it returned {list(present)!r} (select it, or set on=)"
-            )
-        columns = self.columns
-        if columns is not None and not set(columns) <= set(present):
-            missing = sorted(set(columns) - set(present))
-            raise LookupQueryError(f"columns={missing!r} are not in the query's result")
         grouped: dict[Hashable, Rows] = {}
         # Keys with several matches (one-to-many) collect them in a list first.
         several: dict[Hashable, list[Match]] = {}
@@ -414,6 +485,40 @@ class PostgresLookup(BaseLookup[_Runtime]):
         for found, matches in several.items():
             grouped[found] = tuple(matches)
         return grouped
+
+    async def _query(self, keys: Sequence[Hashable]) -> list[asyncpg.Record]:
+        """One query for ``keys`` (distinct), its errors mapped; the result's columns checked."""
+        runtime = self._require_runtime()
+        if self.key.composite:
+            # Parallel arrays, one per key field, in the order of ``key``.
+            args: list[list[Any]] = [list(column) for column in zip(*keys, strict=True)]  # type: ignore[call-overload,unused-ignore]
+        else:
+            args = [keys if type(keys) is list else list(keys)]
+        with map_asyncpg_errors("lookup query", self._where, self._scrub):
+            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
+                try:
+                    records = await self._run_query(connection, args)
+                except asyncpg.InternalClientError:
+                    # asyncpg's protocol state machine is broken, as happens when the
+                    # server terminates the connection mid-statement (MagicStack/asyncpg
+                    # #784, #1069). The connection must not be reused: drop it, and the
+                    # pool opens a fresh one on the next acquire.
+                    connection.terminate()
+                    raise
+        if records:
+            self._check_columns(list(records[0].keys()))
+        return records
+
+    def _check_columns(self, present: list[str]) -> None:
+        if not set(self.on.names) <= set(present):
+            raise LookupQueryError(
+                f"the query's result has no column {self.on.spec()!r} to match keys on; "
+                f"it returned {list(present)!r} (select it, or set on=)"
+            )
+        columns = self.columns
+        if columns is not None and not set(columns) <= set(present):
+            missing = sorted(set(columns) - set(present))
+            raise LookupQueryError(f"columns={missing!r} are not in the query's result")
 
     async def _run_query(
         self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]

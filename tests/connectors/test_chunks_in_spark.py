@@ -1,19 +1,26 @@
-"""Vectorised lookups (``chunk_size=``): PostgresLookup answers whole chunks of rows."""
+"""Vectorised lookups (``chunk_size=``): PostgresLookup answers whole chunks of rows.
+
+PostgresLookup has both chunk methods; the runtime prefers ``async_invoke_arrow``
+(columnar), so the Spark tests here run that path; ``async_invoke_chunk`` (rows as
+dicts) is tested directly and through a function that has only it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from asyncio_ops import ConfigurationError
+from asyncio_ops import AsyncFunction, ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
+from connectors import LookupAmbiguousError, LookupCache, LookupKeyError
 from connectors.postgres import PostgresLookup
 from tests.spark.conftest import spark
 
-from .support import PgTables
+from .support import PgTables, run_isolated
 
 __all__ = ["spark"]
 
@@ -85,7 +92,7 @@ def test_chunk_size_is_validated_on_the_driver(spark: SparkSession, pg_tables: P
     opts: dict[str, Any] = {"timeout": 1, "output_schema": "name string, tier string"}
     with pytest.raises(ConfigurationError, match="chunk_size must be"):
         ordered_wait(orders, _lookup(pg_tables), chunk_size=0, **opts)
-    with pytest.raises(ConfigurationError, match="async_invoke_chunk"):
+    with pytest.raises(ConfigurationError, match=r"async_invoke_arrow.*async_invoke_chunk"):
         ordered_wait(orders, per_row_only, chunk_size=10, **opts)
     with pytest.raises(ConfigurationError, match=r"cannot be combined with \['key'\]"):
         unordered_wait(orders, _lookup(pg_tables), chunk_size=10, key="customer_id", **opts)
@@ -110,3 +117,123 @@ async def test_chunk_lookup_dedupes_keys_and_splits_by_batch_size(pg_tables: PgT
     assert sorted(queries) == [20, 40, 40]  # 100 distinct keys, at most 40 per query
     assert [o[0]["name"] for o in out[:-1]] == [f"customer-{i % 100 + 1}" for i in range(300)]
     assert out[-1] == []  # a null key has no match and costs no query
+
+
+# -- the columnar path: async_invoke_arrow -------------------------------------------------------
+def _per_row(
+    lookup: PostgresLookup, rows: list[dict[str, Any]]
+) -> list[tuple[int, dict[str, Any]]]:
+    """What the per-row path answers, as (input row index, output dict) pairs."""
+
+    async def go() -> list[tuple[int, dict[str, Any]]]:
+        async with lookup:
+            out = []
+            for i, row in enumerate(rows):
+                out.extend((i, dict(r)) for r in await lookup.async_invoke(row))
+            return out
+
+    return run_isolated(go())
+
+
+def _columnar(lookup: PostgresLookup, batch: pa.RecordBatch) -> list[tuple[int, dict[str, Any]]]:
+    async def go() -> Any:
+        async with lookup:
+            return await lookup.async_invoke_arrow(batch)
+
+    index, columns = run_isolated(go())
+    names = list(columns)
+    values = {n: pa.array(columns[n]).to_pylist() for n in names}
+    positions = list(range(batch.num_rows)) if index is None else pa.array(index).to_pylist()
+    return [(i, {n: values[n][k] for n in names}) for k, i in enumerate(positions)]
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.int32()])
+def test_arrow_one_to_one_equals_the_per_row_path(pg_tables: PgTables, key_type: Any) -> None:
+    ids = [5, 250, None, 5, 17, 199, 3, 0]  # repeats, no match (250, 0) and a null key
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array(ids, key_type)})
+    rows = batch.to_pylist()
+    expected = _per_row(_lookup(pg_tables), rows)
+    assert [i for i, _ in expected] == [0, 3, 4, 5, 6]
+    assert _columnar(_lookup(pg_tables), batch) == expected
+
+
+def test_arrow_every_row_matched_needs_no_row_index(pg_tables: PgTables) -> None:
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([3, 1, 2], pa.int64())})
+
+    async def go() -> Any:
+        async with _lookup(pg_tables) as lookup:
+            return await lookup.async_invoke_arrow(batch)
+
+    index, columns = run_isolated(go())
+    assert index is None  # every row once, in order: the runtime skips the take
+    assert pa.array(columns["name"]).to_pylist() == ["customer-3", "customer-1", "customer-2"]
+
+
+def test_arrow_one_to_many_composite_and_cached_equal_the_per_row_path(
+    pg_tables: PgTables,
+) -> None:
+    many = PostgresLookup(
+        pg_tables.dsn,
+        f"SELECT customer_id, seq, city FROM {pg_tables.addresses} "
+        "WHERE customer_id = ANY($1) ORDER BY customer_id, seq",
+        key="customer_id", many=True, columns=("seq", "city"),
+    )  # fmt: skip
+    ids = pa.array([3, 4, 7, None, 3, 999], pa.int64())
+    batch = pa.RecordBatch.from_pydict({"customer_id": ids})
+    expected = _per_row(many, batch.to_pylist())
+    assert [i for i, _ in expected] == [0, 0, 0, 2, 2, 2, 4, 4, 4]
+    assert _columnar(many, batch) == expected
+
+    def regional() -> PostgresLookup:
+        return PostgresLookup(
+            pg_tables.dsn,
+            f"SELECT region, id, name FROM {pg_tables.regional} "
+            "WHERE (region, id) IN (SELECT * FROM unnest($1::text[], $2::int[]))",
+            key=("r", "i"), on=("region", "id"), columns=("name",),
+        )  # fmt: skip
+
+    batch = pa.RecordBatch.from_pydict(
+        {"r": ["eu", "us", "eu", None, "us"], "i": pa.array([2, 3, 9, 1, 1], pa.int32())}
+    )
+    expected = _per_row(regional(), batch.to_pylist())
+    assert [r["name"] for _, r in expected] == ["eu-two", "us-three", "us-one"]
+    assert _columnar(regional(), batch) == expected
+
+    cached = _lookup(pg_tables, cache=LookupCache(60, max_size=100))
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1, 2, 1, 300], pa.int64())})
+    assert _columnar(cached, batch) == _per_row(_lookup(pg_tables), batch.to_pylist())
+    assert _columnar(cached, batch) == _per_row(_lookup(pg_tables), batch.to_pylist())
+    assert cached.cache is not None and cached.cache.statistics().hits >= 3
+
+
+def test_arrow_one_to_one_with_two_matches_is_an_error(pg_tables: PgTables) -> None:
+    ambiguous = PostgresLookup(
+        pg_tables.dsn, f"SELECT customer_id, city FROM {pg_tables.addresses} "
+        "WHERE customer_id = ANY($1)", key="customer_id", columns=("city",),
+    )  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1, 3], pa.int64())})
+    with pytest.raises(LookupAmbiguousError, match="key 3 matched 3 rows"):
+        _columnar(ambiguous, batch)
+
+
+def test_arrow_key_column_errors_name_the_column(pg_tables: PgTables) -> None:
+    with pytest.raises(LookupKeyError, match=r"no key column 'customer_id'.*\['id'\]"):
+        _columnar(_lookup(pg_tables), pa.RecordBatch.from_pydict({"id": [1]}))
+    nested = pa.RecordBatch.from_pydict({"customer_id": pa.array([[1]], pa.list_(pa.int64()))})
+    with pytest.raises(LookupKeyError, match="'customer_id' has the nested type"):
+        _columnar(_lookup(pg_tables), nested)
+
+
+def test_a_function_with_only_async_invoke_chunk_gets_dict_rows(spark: SparkSession) -> None:
+    class DictChunks(AsyncFunction[Any, Any]):
+        async def async_invoke(self, row: Any) -> Any:
+            raise AssertionError("per-row path used")
+
+        async def async_invoke_chunk(self, rows: list[dict[str, Any]]) -> Any:
+            assert all(type(r) is dict for r in rows)
+            return [[{"name": f"n{r['customer_id']}"}] * (r["id"] % 2) for r in rows]
+
+    rows = ordered_wait(
+        _orders(spark, 50), DictChunks(), timeout=10, output_schema="name string", chunk_size=8,
+    ).collect()  # fmt: skip
+    assert [(r.id, r.name) for r in rows] == [(i, f"n{i % 250 + 1}") for i in range(1, 50, 2)]

@@ -1,0 +1,205 @@
+"""The columnar chunk path without Spark: ``async_invoke_arrow`` answers slices of Arrow batches."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from asyncio_ops import (
+    AsyncFunction,
+    AsyncOperatorError,
+    AsyncRetryStrategy,
+    AsyncTimeoutError,
+    InvalidResultError,
+    OutputMode,
+    OutputSchemaError,
+)
+from asyncio_ops._runtime import ERROR_COLUMN, ERROR_TYPE, PartitionSpec, TaskInfo, run_partition
+from asyncio_ops.async_retry_predicates import has_exception_predicate
+
+
+class Columnar(AsyncFunction[Any, Any]):
+    """Answers a chunk with ``behave(batch)``; counts calls; per-row calls are a test failure."""
+
+    def __init__(self, behave: Any) -> None:
+        self.behave = behave
+        self.chunks: list[list[int]] = []
+
+    async def async_invoke(self, row: Any) -> Any:
+        raise AssertionError("the per-row path must not be used with async_invoke_arrow")
+
+    async def async_invoke_chunk(self, rows: Any) -> Any:
+        raise AssertionError("async_invoke_arrow is preferred over async_invoke_chunk")
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> Any:
+        self.chunks.append(batch.column(0).to_pylist())
+        result = self.behave(batch)
+        if asyncio.iscoroutine(result):
+            result = await result
+        return result
+
+
+def spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
+    fields = [pa.field("id", pa.int64()), pa.field("label", pa.string())]
+    if kw.get("on_error") == "error_column":
+        fields.append(pa.field(ERROR_COLUMN, ERROR_TYPE))
+    defaults: dict[str, Any] = {
+        "function": fn,
+        "function_token": uuid.uuid4().hex,
+        "mode": OutputMode.ORDERED,
+        "timeout": 30.0,
+        "capacity": 4,
+        "retry": None,
+        "output_schema": pa.schema(fields),
+        "added_columns": ("label",),
+        "chunk_size": 7,
+        "batch_size": 25,
+    }
+    defaults.update(kw)
+    return PartitionSpec(**defaults)
+
+
+def batches(n: int, size: int = 30) -> list[pa.RecordBatch]:
+    return [
+        pa.RecordBatch.from_pydict({"id": pa.array(range(s, min(n, s + size)), pa.int64())})
+        for s in range(0, n, size)
+    ]
+
+
+def run(s: PartitionSpec, n: int) -> list[dict[str, Any]]:
+    out = list(run_partition(s, iter(batches(n)), TaskInfo()))
+    assert all(b.schema == s.output_schema for b in out)
+    assert all(b.num_rows <= s.batch_size for b in out)
+    return [r for b in out for r in b.to_pylist()]
+
+
+def label_all(batch: pa.RecordBatch) -> Any:
+    return None, {"label": pc.cast(batch.column(0), pa.string())}
+
+
+def test_every_row_once_in_order_with_random_latencies() -> None:
+    rng = random.Random(7)
+
+    async def slow(batch: pa.RecordBatch) -> Any:
+        await asyncio.sleep(rng.random() / 200)
+        return label_all(batch)
+
+    fn = Columnar(slow)
+    rows = run(spec(fn), 200)
+    assert rows == [{"id": i, "label": str(i)} for i in range(200)]
+    # chunks of 7 rows, cut inside each input batch (30 = 7+7+7+7+2, last 20 = 7+7+6)
+    assert [len(c) for c in fn.chunks] == [7, 7, 7, 7, 2] * 6 + [7, 7, 6]
+    assert sum(len(c) for c in fn.chunks) == 200
+
+
+def test_unordered_loses_and_duplicates_nothing() -> None:
+    rng = random.Random(3)
+
+    async def slow(batch: pa.RecordBatch) -> Any:
+        await asyncio.sleep(rng.random() / 100)
+        return label_all(batch)
+
+    rows = run(spec(Columnar(slow), mode=OutputMode.UNORDERED, capacity=8), 300)
+    assert sorted(r["id"] for r in rows) == list(range(300))
+    assert all(r["label"] == str(r["id"]) for r in rows)
+
+
+def test_fan_out_and_drop_by_row_index() -> None:
+    def odd_twice(batch: pa.RecordBatch) -> Any:
+        ids = batch.column(0).to_pylist()
+        index = [i for i, v in enumerate(ids) if v % 2 for _ in range(2)]
+        return index, {"label": [f"{ids[i]}-{k % 2}" for k, i in enumerate(index)]}
+
+    rows = run(spec(Columnar(odd_twice)), 40)
+    assert rows == [{"id": i, "label": f"{i}-{k}"} for i in range(1, 40, 2) for k in (0, 1)]
+
+
+def test_columns_as_a_record_batch_and_a_missing_column_is_null() -> None:
+    def as_batch(batch: pa.RecordBatch) -> Any:
+        return pa.array(range(batch.num_rows)), pa.RecordBatch.from_pydict({})
+
+    rows = run(spec(Columnar(as_batch)), 10)
+    assert rows == [{"id": i, "label": None} for i in range(10)]
+
+
+def test_values_are_cast_to_the_declared_type() -> None:
+    def ints(batch: pa.RecordBatch) -> Any:
+        return None, {"n": batch.column(0)}  # int64 into a declared int32
+
+    s = spec(
+        Columnar(ints),
+        output_schema=pa.schema([pa.field("id", pa.int64()), pa.field("n", pa.int32())]),
+        added_columns=("n",),
+    )
+    assert run(s, 9) == [{"id": i, "n": i} for i in range(9)]
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "message"),
+    [
+        ((1, 2, 3), InvalidResultError, r"must return \(row_index, columns\)"),
+        (([0, 99], {"label": ["a", "b"]}), InvalidResultError, r"row_index values 0\.\.99"),
+        (([0, None], {"label": ["a", "b"]}), InvalidResultError, "bad row_index"),
+        (([0, 1], {"label": ["a"]}), InvalidResultError, "has 1 values but row_index has 2"),
+        (([0], {"other": ["a"]}), OutputSchemaError, r"\['other'\] are not in output_schema"),
+        (([0], {"label": [{"x": 1}]}), OutputSchemaError, r"'label' \(string\) cannot hold"),
+        (([0], ["label"]), InvalidResultError, "as a RecordBatch, Table or mapping"),
+    ],
+)
+def test_bad_results_are_errors_naming_the_chunk(result: Any, error: type, message: str) -> None:
+    with pytest.raises(AsyncOperatorError, match=message) as info:
+        run(spec(Columnar(lambda batch: result)), 10)
+    assert "failed for input a chunk of 7 rows starting with row {'id': 0}" in str(info.value)
+    assert isinstance(info.value.__cause__, error)
+
+
+def test_a_timed_out_chunk_becomes_error_rows() -> None:
+    async def hang_second(batch: pa.RecordBatch) -> Any:
+        if batch.column(0)[0].as_py() == 7:
+            await asyncio.sleep(3600)
+        return label_all(batch)
+
+    rows = run(spec(Columnar(hang_second), timeout=0.2, on_error="error_column"), 20)
+    assert [r["id"] for r in rows] == list(range(20))
+    failed = [r for r in rows if r[ERROR_COLUMN] is not None]
+    assert [r["id"] for r in failed] == list(range(7, 14))
+    assert all(r["label"] is None for r in failed)
+    assert failed[0][ERROR_COLUMN]["exception"] == "AsyncTimeoutError"
+    assert (
+        "a chunk of 7 rows timed out, starting with row {'id': 7}"
+        in (failed[0][ERROR_COLUMN]["message"])
+    )
+    assert all(
+        r[ERROR_COLUMN] is None and r["label"] == str(r["id"]) for r in rows if r not in failed
+    )
+
+
+def test_a_timed_out_chunk_fails_the_partition_by_default() -> None:
+    async def hang(batch: pa.RecordBatch) -> Any:
+        await asyncio.sleep(3600)
+
+    with pytest.raises(AsyncTimeoutError, match="a chunk of 7 rows timed out"):
+        run(spec(Columnar(hang), timeout=0.1), 10)
+
+
+def test_a_failed_chunk_is_retried_as_a_whole() -> None:
+    failures = {0: 2}
+
+    def flaky(batch: pa.RecordBatch) -> Any:
+        first = batch.column(0)[0].as_py()
+        if failures.get(first, 0) > 0:
+            failures[first] -= 1
+            raise ConnectionError(f"flaky at {first}")
+        return label_all(batch)
+
+    fn = Columnar(flaky)
+    retry = AsyncRetryStrategy.fixed_delay(3, 10, exception_predicate=has_exception_predicate)
+    rows = run(spec(fn, retry=retry), 14)
+    assert rows == [{"id": i, "label": str(i)} for i in range(14)]
+    assert sorted(c[0] for c in fn.chunks) == [0, 0, 0, 7]  # the first chunk three times
