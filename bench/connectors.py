@@ -9,9 +9,13 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
 
 - ``pg per-row``: ``ordered_wait`` + ``PostgresLookup(batch_size=1)``, one query per row;
 - ``pg batched``: the same with ``batch_size`` ids per ``WHERE id = ANY($1)`` query;
+- ``pg chunked``: the same lookup with ``chunk_size=batch_size`` (the columnar
+  path, ``async_invoke_arrow``), ``--chunk-capacity`` chunks in flight per partition;
 - ``pg asyncpg ceiling``: the same batched queries (same key sequence, same
   chunks, each key's row fanned back out to every order) from plain asyncpg in
-  two processes outside Spark, the ceiling for two workers;
+  two processes outside Spark, the ceiling for two workers; once with the pool's
+  defaults (asyncpg sends a reset query when a connection is released) and once
+  ``no reset`` (a ``reset=`` that sends nothing, as PostgresLookup's pools do);
 - ``pg batched, 1 process, no Spark``: the same ``PostgresLookup`` and operator
   (``process_elements``, same capacity) in one plain uvloop process, rows from a
   generator: what the connector path costs without Spark and Arrow;
@@ -65,15 +69,20 @@ def key_of(order: int, customers: int) -> int:
 
 
 # -- ceilings outside Spark (run in child processes) ------------------------------------------
+async def _no_reset(connection: Any) -> None:
+    """A pool ``reset=`` that sends nothing (as PostgresLookup's pools)."""
+
+
 def _pg_ceiling_worker(
     dsn: str, table: str, start: int, stop: int, customers: int, batch_size: int,
-    concurrency: int, pool_size: int, barrier: Any, out: Any,
+    concurrency: int, pool_size: int, reset: bool, barrier: Any, out: Any,
 ) -> None:  # fmt: skip
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
     import uvloop
 
     async def main() -> None:
-        pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
+        extra: dict[str, Any] = {} if reset else {"reset": _no_reset}
+        pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size, **extra)
         query = f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)'
         keys = [key_of(i, customers) for i in range(start, stop)]
         chunks = [keys[i : i + batch_size] for i in range(0, len(keys), batch_size)]
@@ -243,7 +252,8 @@ def pg_lookup_row(
     emitted = metrics.summary()["emitted"]
     note = f"batch_size={batch_size} capacity={capacity}"
     if chunk_size is not None:
-        note = f"chunk_size={chunk_size} (one call per chunk) batch_size={batch_size}"
+        note = (f"chunk_size={chunk_size} (async_invoke_arrow) capacity={capacity} chunks "
+                f"batch_size={batch_size}")  # fmt: skip
     return Row(name, emitted, seconds, note)
 
 
@@ -353,17 +363,20 @@ def pg_suite(
                             args.batch_size, args.capacity, args.pool_size)  # fmt: skip
     rows.append(batched)
     rows.append(pg_lookup_row(
-        spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size, 8,
-        args.pool_size, chunk_size=args.batch_size,
+        spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size,
+        args.chunk_capacity, args.pool_size, chunk_size=args.batch_size,
     ))  # fmt: skip
-    emitted, secs = two_processes(
-        _pg_ceiling_worker,
-        lambda a, b: (dsn, table, a, b, customers, args.batch_size,
-                      max(1, args.capacity // args.batch_size), args.pool_size),
-        orders,
-    )  # fmt: skip
-    rows.append(Row("pg asyncpg ceiling (2 procs)", emitted, secs,
-                    f"same ANY($1) chunks of {args.batch_size}"))  # fmt: skip
+    for reset in (True, False):
+        emitted, secs = two_processes(
+            _pg_ceiling_worker,
+            lambda a, b, reset=reset: (dsn, table, a, b, customers, args.batch_size,
+                          max(1, args.capacity // args.batch_size), args.pool_size, reset),
+            orders,
+        )  # fmt: skip
+        name = "pg asyncpg ceiling (2 procs)" if reset else "pg asyncpg ceiling, no reset"
+        note = f"same ANY($1) chunks of {args.batch_size}"
+        rows.append(Row(name, emitted, secs, note + ("" if reset else
+                        ", pool reset= that sends nothing (as PostgresLookup)")))  # fmt: skip
     emitted, secs = one_process(
         _pg_inprocess_worker,
         (dsn, table, orders, customers, args.batch_size, args.capacity, args.pool_size),
@@ -383,6 +396,8 @@ def pg_suite(
                by.get("pg JDBC + broadcast join"), None)  # fmt: skip
     ratio_line("chunked / asyncpg ceiling", by.get("pg chunked (spark)"),
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
+    ratio_line("chunked / asyncpg ceiling without the pool's reset", by.get("pg chunked (spark)"),
+               by.get("pg asyncpg ceiling, no reset"), 0.8)  # fmt: skip
     ratio_line("chunked / JDBC join (>1: lookups win)", by.get("pg chunked (spark)"),
                by.get("pg JDBC + broadcast join"), None)  # fmt: skip
     return rows
@@ -402,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--pool-size", type=int, default=8)
+    p.add_argument("--chunk-capacity", type=int, default=2,
+                   help="chunks in flight per partition in the chunked case")  # fmt: skip
     p.add_argument(
         "--http-orders", type=int, default=None,
         help="default 200k (10k --quick): long enough that Spark's job start-up is amortised",

@@ -90,7 +90,17 @@ async def _create_pool(key: Hashable) -> asyncpg.Pool:
         # connection when the bound runs out.
         command_timeout=key.command_timeout,
         server_settings=dict(key.server_settings),
+        reset=_keep_session,
     )
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """What the pool runs when a connection comes back: nothing beyond asyncpg's own
+    rollback of an open transaction. asyncpg's default sends a reset query (advisory
+    unlock, CLOSE ALL, UNLISTEN, RESET ALL) on every release: a second round trip per
+    lookup. These pools run only the lookups' own queries, which change no session
+    state (a query that did, e.g. with ``set_config``, would keep it on that
+    connection)."""
 
 
 async def _close_pool(pool: asyncpg.Pool) -> None:

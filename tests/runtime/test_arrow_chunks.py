@@ -203,3 +203,19 @@ def test_a_failed_chunk_is_retried_as_a_whole() -> None:
     rows = run(spec(fn, retry=retry), 14)
     assert rows == [{"id": i, "label": str(i)} for i in range(14)]
     assert sorted(c[0] for c in fn.chunks) == [0, 0, 0, 7]  # the first chunk three times
+
+
+def test_with_an_error_column_a_malformed_answer_is_error_rows_a_schema_misfit_fails() -> None:
+    def malformed_first(batch: pa.RecordBatch) -> Any:
+        if batch.column(0)[0].as_py() == 0:
+            return [0, 99], {"label": ["a", "b"]}
+        return label_all(batch)
+
+    rows = run(spec(Columnar(malformed_first), on_error="error_column"), 10)
+    assert [r["id"] for r in rows] == list(range(10))
+    assert [r[ERROR_COLUMN]["exception"] for r in rows[:7]] == ["InvalidResultError"] * 7
+    assert all(r[ERROR_COLUMN] is None for r in rows[7:])
+
+    with pytest.raises(AsyncOperatorError, match=r"\['other'\] are not in output_schema") as info:
+        run(spec(Columnar(lambda b: ([0], {"other": ["x"]})), on_error="error_column"), 10)
+    assert isinstance(info.value.__cause__, OutputSchemaError)
