@@ -403,6 +403,12 @@ class AsyncWaitOperator:
             emitted; what it raises fails the element, not retried.
         describe: ``value -> str`` naming an input in error messages (default:
             its ``repr``, cut to 300 characters).
+        output_buffer: completed elements that may wait, beyond ``capacity``,
+            behind an earlier element still in flight (default 0: Flink's
+            meaning, ``capacity`` bounds the whole queue). With ``N > 0`` the
+            queue holds up to ``capacity + N`` elements of which at most
+            ``capacity`` are in flight: in ordered mode a slow element no
+            longer stops new requests while finished ones wait behind it.
     """
 
     def __init__(
@@ -422,6 +428,7 @@ class AsyncWaitOperator:
         invoke: Callable[[Any], Any] | None = None,
         map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None,
         describe: Callable[[Any], str] | None = None,
+        output_buffer: int = 0,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -439,11 +446,23 @@ class AsyncWaitOperator:
         self._describe_value = describe
         self.mode = mode
         self.capacity = capacity
+        if (
+            not isinstance(output_buffer, int)
+            or isinstance(output_buffer, bool)
+            or output_buffer < 0
+        ):
+            raise ConfigurationError(f"output_buffer must be an int >= 0, got {output_buffer!r}")
+        self.output_buffer = output_buffer
+        # with an output buffer, in-flight elements are bounded apart from the queue
+        self._bound_in_flight = output_buffer > 0
+        self._in_flight = 0
         self.timeout = timeout_seconds(timeout)
         self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
         self._buckets: dict[int, _TimeoutBucket] = {}
         self._latency_tick = 0
-        self._queue = make_queue(mode, capacity, key_ordered=key_selector is not None)
+        self._queue = make_queue(
+            mode, capacity + output_buffer, key_ordered=key_selector is not None
+        )
         self._output = output
         self._retry = retry if retry is not None and retry.enabled else None
         self._rng = random.Random()
@@ -537,6 +556,14 @@ class AsyncWaitOperator:
             await self._wait()
             self._check()
 
+    async def _wait_for_request_slot(self) -> None:
+        """Queue space and, with an output buffer, fewer than ``capacity`` in flight."""
+        await self._wait_for_space()
+        while self._in_flight >= self.capacity:
+            await self._wait()
+            self._check()
+            await self._wait_for_space()
+
     async def _wait(self) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
@@ -561,8 +588,8 @@ class AsyncWaitOperator:
         if type(record) is not Record:
             record = Record(record)
         queue = self._queue
-        if len(queue) >= queue.capacity:
-            await self._wait_for_space()
+        if len(queue) >= queue.capacity or self._bound_in_flight:
+            await self._wait_for_request_slot()
         self._admit(record)
         if self._failure is not None:
             raise self._failure
@@ -576,11 +603,13 @@ class AsyncWaitOperator:
         self._check()
         queue = self._queue
         admit = self._admit
+        bounded = self._bound_in_flight
+        capacity = self.capacity
         for record in records:
             if type(record) is not Record:
                 record = Record(record)
-            if len(queue) >= queue.capacity:
-                await self._wait_for_space()
+            if len(queue) >= queue.capacity or (bounded and self._in_flight >= capacity):
+                await self._wait_for_request_slot()
             admit(record)
             if self._failure is not None:
                 raise self._failure
@@ -634,6 +663,7 @@ class AsyncWaitOperator:
         started = self._clock_now()
         entry = _Entry(record, handle, key, started, started + self.timeout)
         entry.attempts = 1
+        self._in_flight += 1
         return entry
 
     async def process_watermark(self, watermark: Watermark) -> None:
@@ -857,6 +887,9 @@ class AsyncWaitOperator:
     def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
         if not entry.handle.complete(results):
             return
+        self._in_flight -= 1
+        if self._bound_in_flight:
+            self._wake()  # a request slot is free even if nothing can be emitted yet
         self._completed += 1
         self._release_timeout(entry)
         self._latency_tick += 1

@@ -23,6 +23,7 @@ async def run_async_wait(
     retry: AsyncRetryStrategy | None = None,
     clock: Scheduler | None = None,
     restored: OperatorSnapshot | None = None,
+    output_buffer: int = 0,
 ) -> list[StreamElement]:
     """Feed ``elements`` (records, watermarks or plain values) through an operator.
 
@@ -38,6 +39,7 @@ async def run_async_wait(
         mode=mode,
         retry=retry,
         clock=clock,
+        output_buffer=output_buffer,
     )
     try:
         await op.open(restored)

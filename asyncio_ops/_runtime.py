@@ -102,6 +102,7 @@ class PartitionSpec:
     drain_timeout: float | None = None
     retain_versions: int = 10
     chunk_size: int | None = None
+    output_buffer: int = 0
 
 
 @dataclass(frozen=True)
@@ -760,6 +761,7 @@ def run_partition(
         invoke=row_fn.invoke_direct,
         map_results=row_fn.record,
         describe=row_fn.describe if spec.chunk_size is not None else None,
+        output_buffer=spec.output_buffer,
     )
     ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
     if ckpt is not None:

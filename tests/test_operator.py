@@ -379,6 +379,80 @@ def test_capacity_applies_backpressure(run: Runner[Any]) -> None:
     run(main())
 
 
+def test_output_buffer_bounds_requests_in_flight_not_finished_rows(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, capacity=2, output_buffer=3)
+        await op.open()
+        await op.process_element(0)
+        await op.process_element(1)
+        third = asyncio.ensure_future(op.process_element(2))
+        await settle()
+        assert not third.done() and fn.calls == [0, 1]  # two requests in flight: full
+        fn.complete(1)
+        await settle()
+        # the head (0) is still in flight, but a request slot is free: 2 starts
+        assert third.done() and fn.calls == [0, 1, 2] and out == []
+        fn.complete(2)
+        await op.process_element(3)
+        fn.complete(3)
+        await op.process_element(4)  # queue: 0 in flight, 1 2 3 done, 4 in flight = 5
+        sixth = asyncio.ensure_future(op.process_element(5))
+        await settle()
+        assert not sixth.done() and len(op) == 5  # capacity + output_buffer elements
+        fn.complete(4)
+        await settle()
+        assert not sixth.done()  # one in flight, but the queue (2 + 3) is full
+        fn.complete(0)
+        await settle()
+        assert sixth.done() and [r.value for r in out] == [0, 1, 2, 3, 4]  # type: ignore[union-attr]
+        fn.complete(5)
+        await op.end_input()
+        await op.close()
+        assert [r.value for r in out] == [0, 1, 2, 3, 4, 5]  # type: ignore[union-attr]
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", list(OutputMode))
+def test_output_buffer_keeps_every_mode_exact(run: Runner[Any], mode: OutputMode) -> None:
+    async def main() -> None:
+        rng = random.Random(11)
+
+        async def f(v: int) -> list[Any]:
+            await asyncio.sleep(rng.random() / 500)
+            return [v]
+
+        elements: list[Any] = []
+        for i in range(300):
+            elements.append(Record(i, i))
+            if mode is not OutputMode.UNORDERED and i % 50 == 49:
+                elements.append(Watermark(i))
+        out = await run_async_wait(f, elements, timeout=5, capacity=8, mode=mode, output_buffer=40)
+        values = [e.value for e in out if type(e) is Record]
+        if mode is OutputMode.ORDERED:
+            assert values == list(range(300))
+        else:
+            assert sorted(values) == list(range(300))
+        if mode is OutputMode.WATERMARK_BOUNDED:  # no record crosses a watermark
+            marks = [i for i, e in enumerate(out) if type(e) is Watermark]
+            for m in marks:
+                wm = out[m].timestamp  # type: ignore[union-attr]
+                assert all(e.timestamp <= wm for e in out[:m] if type(e) is Record)  # type: ignore[operator]
+                assert all(e.timestamp > wm for e in out[m:] if type(e) is Record)  # type: ignore[operator]
+
+    run(main())
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_output_buffer_is_validated(bad: Any) -> None:
+    async def f(v: Any) -> list[Any]:
+        return [v]
+
+    with pytest.raises(ConfigurationError, match="output_buffer must be an int >= 0"):
+        AsyncWaitOperator(f, output=print, timeout=1, output_buffer=bad)
+
+
 @pytest.mark.parametrize(("capacity", "timeout"), [(0, 1), (-3, 1), (1, 0), (1, -1), (1, "soon")])
 def test_bad_options_are_named(capacity: Any, timeout: Any) -> None:
     async def f(v: Any) -> list[Any]:

@@ -154,12 +154,15 @@ def _wait(
     drain_timeout: float | timedelta | None,
     retain_versions: int,
     chunk_size: int | None,
+    output_buffer: int,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
     function = as_async_function(fn)
     timeout_s = timeout_seconds(timeout)
     _check_capacity(capacity)
+    if not isinstance(output_buffer, int) or isinstance(output_buffer, bool) or output_buffer < 0:
+        raise ConfigurationError(f"output_buffer must be an int >= 0, got {output_buffer!r}")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
     if on_error not in ON_ERROR:
@@ -313,6 +316,7 @@ def _wait(
         drain_timeout=drain,
         retain_versions=retain_versions,
         chunk_size=chunk_size,
+        output_buffer=output_buffer,
     )
     on_done = metrics._add if metrics is not None else None
 
@@ -364,6 +368,7 @@ def ordered_wait(
     drain_timeout: float | timedelta | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
+    output_buffer: int = 0,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -382,6 +387,7 @@ def ordered_wait(
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
+        output_buffer=output_buffer,
     )  # fmt: skip
 
 
@@ -410,6 +416,7 @@ def unordered_wait(
     drain_timeout: float | timedelta | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
+    output_buffer: int = 0,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -425,4 +432,5 @@ def unordered_wait(
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
+        output_buffer=output_buffer,
     )  # fmt: skip

@@ -43,6 +43,21 @@ def test_ordered_output_equals_input_order(spark: SparkSession) -> None:
     assert summary["latency_p99_ms"] is not None
 
 
+def test_ordered_with_an_output_buffer_keeps_input_order(spark: SparkSession) -> None:
+    df = spark.range(0, 3000, numPartitions=2)
+    metrics = AsyncMetrics(spark)
+    out = ordered_wait(
+        df, jittery, timeout=10, capacity=20, output_buffer=80,
+        output_schema="name string, tier int", metrics=metrics,
+    )  # fmt: skip
+    rows = out.collect()
+    assert [r.id for r in rows] == list(range(3000))
+    assert all(r.name == f"customer-{r.id}" for r in rows)
+    assert 0 < metrics.summary()["max_in_flight"] <= 100  # queue: capacity + output_buffer
+    with pytest.raises(ConfigurationError, match="output_buffer must be an int >= 0"):
+        ordered_wait(df, jittery, timeout=1, output_buffer=-1, output_schema="name string")
+
+
 def test_unordered_loses_and_duplicates_nothing(spark: SparkSession) -> None:
     df = spark.range(0, 3000, numPartitions=2)
     out = unordered_wait(
