@@ -23,10 +23,20 @@ Before the first ``set_current_key`` the backend's current key is
 :data:`NO_KEY`, which is unhashable: the hot paths (value state ``value`` /
 ``update``, list state ``add``) need no "is there a key" test, the dict
 operation raises TypeError and the state turns it into a clear StateError.
+
+The current key lives in a key context: ``set_current_key`` is its method,
+and value state without TTL is a cell reading it. Both are implemented in C
+(``_heapfast.c``, built at install when a compiler is present) with the
+pure-Python classes below as the fallback, same semantics;
+``ASYNCIO_OPS_PURE_PYTHON=1`` forces the fallback (the test suite runs both).
+A Python method call costs about as much as the dict operation it wraps,
+so three of them per record (set the key, read, write) cost three dict
+operations' worth; the C methods cost a third of that.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -55,6 +65,42 @@ from ._descriptors import (
 from ._keycodec import decode_canonical, encoded_key_group
 
 __all__ = ["HeapKeyedStateBackend"]
+
+try:
+    from . import _heapfast
+except ImportError:  # not built (no compiler at install): the Python classes below
+    _heapfast = None  # type: ignore[assignment]
+
+
+def accelerated() -> bool:
+    """True if the heap backend's hot path runs in C (see the module docstring)."""
+    return _heapfast is not None and os.environ.get("ASYNCIO_OPS_PURE_PYTHON", "0") != "1"
+
+
+class _PyKeyContext:
+    """The current key of a heap backend (the fallback of ``_heapfast.KeyContext``)."""
+
+    __slots__ = ("_cache", "_on_new_key", "key")
+
+    def __init__(
+        self,
+        no_key: Any,
+        cache: dict[Any, Any],
+        on_new_key: Callable[[Any], None],
+        no_key_error: Callable[[], StateError],
+    ) -> None:
+        self.key = no_key
+        self._cache = cache
+        self._on_new_key = on_new_key
+
+    def set_current_key(self, key: Any) -> None:
+        try:
+            known = key in self._cache
+        except TypeError:  # unhashable: the validation names the type
+            known = False
+        if not known:
+            self._on_new_key(key)
+        self.key = key
 
 
 class _HeapTable(TableBase):
@@ -227,16 +273,21 @@ class _HeapTable(TableBase):
 class _HeapState:
     """Shared plumbing: the entry dict of one (state, namespace)."""
 
-    __slots__ = ("_b", "_d", "_t")
+    __slots__ = ("_b", "_d", "_k", "_t")
+    _b: HeapKeyedStateBackend
+    _d: dict[Any, Any]
+    _k: Any  # the backend's key context
+    _t: _HeapTable
 
     def __init__(self, backend: HeapKeyedStateBackend, table: _HeapTable, namespace: Any):
         self._b = backend
+        self._k = backend._ctx
         self._t = table
         self._d = table.entries(namespace)
 
     def _current(self) -> Any:
         """The current key, or StateError if there is none."""
-        key = self._b._key
+        key = self._k.key
         if key is NO_KEY:
             raise no_current_key()
         return key
@@ -252,18 +303,26 @@ class _HeapValueState(_HeapState, ValueState[Any]):
 
     def value(self) -> Any:
         try:
-            return self._d.get(self._b._key)
+            return self._d.get(self._k.key)
         except TypeError:  # NO_KEY is unhashable; stored keys are canonical types
             raise no_current_key() from None
 
     def update(self, value: Any) -> None:
         try:
             if value is None:
-                self._d.pop(self._b._key, None)
+                self._d.pop(self._k.key, None)
             else:
-                self._d[self._b._key] = value
+                self._d[self._k.key] = value
         except TypeError:
             raise no_current_key() from None
+
+
+if _heapfast is not None:
+
+    class _FastValueState(_heapfast.ValueCell, ValueState[Any]):
+        """Value state without TTL in C: ``value``, ``update``, ``clear`` of ``ValueCell``."""
+
+        __slots__ = ()
 
 
 class _HeapCell(_HeapState):
@@ -317,7 +376,7 @@ class _HeapListState(_HeapState, ListState[Any]):
         return list(lst) if lst else []
 
     def add(self, value: Any) -> None:
-        key = self._b._key
+        key = self._k.key
         try:
             lst = self._d.get(key)
         except TypeError:  # NO_KEY
@@ -512,9 +571,25 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         key_group_range: KeyGroupRange,
         clock: Clock | None = None,
     ) -> None:
+        # The key context comes first: the base class sets the current key through it.
+        cache: dict[Any, tuple[int, bytes]] = {}
+        self._fast = accelerated()
+        context = _heapfast.KeyContext if self._fast else _PyKeyContext
+        self._ctx: Any = context(NO_KEY, cache, self._validate_new_key, no_current_key)
         super().__init__(
             max_parallelism=max_parallelism, key_group_range=key_group_range, clock=clock
         )
+        self._key_cache = cache
+        # The context's method itself (C when built): no Python frame per record.
+        self.set_current_key = self._ctx.set_current_key  # type: ignore[method-assign,assignment]
+
+    @property
+    def _key(self) -> Any:
+        return self._ctx.key
+
+    @_key.setter
+    def _key(self, key: Any) -> None:
+        self._ctx.key = key
 
     def _create_table(self, descriptor: StateDescriptor) -> _HeapTable:
         return _HeapTable(self, descriptor)
@@ -523,6 +598,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         kind = table.kind
         if kind == VALUE:
             if table.raw:
+                if self._fast:
+                    return _FastValueState(self._ctx, table.entries(namespace))
                 return _HeapValueState(self, table, namespace)
             return _HeapTtlValueState(self, table, namespace)
         if kind == LIST:
@@ -548,10 +625,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
         Raises :class:`UnsupportedKeyError` for a key with no canonical encoding
         and :class:`KeyGroupError` for a key outside this backend's key-group
-        range; the current key is unchanged then.
+        range; the current key is unchanged then. (Each instance replaces this
+        method by its key context's: see the module docstring.)
         """
-        # The hot path of every record and timer: a key seen before (bounded cache) is
-        # validated already; heap states need nothing but the key itself.
+        self._ctx.set_current_key(key)
+
+    def _validate_new_key(self, key: Any) -> None:
+        """A key the context has not seen: validate it (and cache it) or raise."""
         try:
             if key not in self._key_cache:
                 self._new_key_entry(key)  # KeyGroupError / UnsupportedKeyError
@@ -560,7 +640,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             raise UnsupportedKeyError(  # pragma: no cover - hashable tuple of unhashables
                 f"key {key!r} is not hashable"
             ) from None
-        self._key = key
 
     def _dump_groups(self) -> dict[int, list[StateDump]]:
         out: dict[int, list[StateDump]] = {}

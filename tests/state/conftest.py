@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,22 @@ from asyncio_ops.state import (
 from asyncio_ops.testing import ManualClock
 
 BackendFactory = Callable[..., KeyedStateBackend]
-BACKEND_KINDS = ("heap", "rocksdb")
+# "heap-py": the heap backend with its C accelerator off (the fallback without a compiler)
+BACKEND_KINDS = ("heap", "heap-py", "rocksdb")
+
+
+@contextlib.contextmanager
+def pure_python() -> Iterator[None]:
+    """Build heap backends without the C accelerator (``ASYNCIO_OPS_PURE_PYTHON=1``)."""
+    before = os.environ.get("ASYNCIO_OPS_PURE_PYTHON")
+    os.environ["ASYNCIO_OPS_PURE_PYTHON"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ASYNCIO_OPS_PURE_PYTHON"]
+        else:
+            os.environ["ASYNCIO_OPS_PURE_PYTHON"] = before
 
 
 def make_factory(kind: str, tmp_path: Path, opened: list[KeyedStateBackend]) -> BackendFactory:
@@ -36,10 +53,11 @@ def make_factory(kind: str, tmp_path: Path, opened: list[KeyedStateBackend]) -> 
             else KeyGroupRange(0, max_parallelism - 1)
         )
         backend: KeyedStateBackend
-        if kind == "heap":
-            backend = HeapKeyedStateBackend(
-                max_parallelism=max_parallelism, key_group_range=kgr, clock=clock
-            )
+        if kind in ("heap", "heap-py"):
+            with pure_python() if kind == "heap-py" else contextlib.nullcontext():
+                backend = HeapKeyedStateBackend(
+                    max_parallelism=max_parallelism, key_group_range=kgr, clock=clock
+                )
         else:
             backend = RocksDBKeyedStateBackend(
                 path=tmp_path / f"rocks-{next(counter)}",

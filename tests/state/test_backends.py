@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from asyncio_ops.state import (
     StateError,
     StateTtlConfig,
     UnsupportedKeyError,
+    ValueState,
     ValueStateDescriptor,
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
@@ -397,3 +399,19 @@ def test_rocksdb_reuses_its_own_directory_and_deletes_it_on_close(tmp_path: Path
     second.set_current_key("k")
     assert s2.value() is None
     second.close()
+
+
+def test_the_heap_backend_uses_its_c_accelerator_when_built() -> None:
+    from asyncio_ops.state import _heap
+
+    if _heap._heapfast is None:  # no compiler at install: the Python classes serve
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true and asyncio_ops.state._heapfast was not built (no C compiler?)")
+        pytest.skip("asyncio_ops.state._heapfast not built")
+    b = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    state = b.get_state(ValueStateDescriptor[int]("v"))
+    assert isinstance(state, _heap._heapfast.ValueCell) and isinstance(state, ValueState)
+    assert type(b.set_current_key).__name__ == "builtin_function_or_method"
+    b.set_current_key("a")
+    state.update(3)
+    assert (state.value(), b.get_current_key(), list(b.keys("v"))) == (3, "a", ["a"])
