@@ -1,12 +1,13 @@
 """The heap backend: state in Python dicts.
 
-Layout: per state, per namespace, one flat dict ``key -> stored entry`` over
-all keys of the backend (its key-group range). ``set_current_key`` validates a
-key once (canonical encoding, key group inside the range; cached per key) and
-then only records it, so a state access is one dict operation with the
-current key: no key-group indirection on the hot path. The key group of a key
-is computed where it is needed: in ``snapshot`` (which encodes every key
-canonically anyway) to cut the state into one blob per key group.
+Layout: per state, per namespace, one dict ``key -> stored entry`` per key
+group of the backend's range (a list, indexed by the key group's position in
+the range), as Flink's heap backend keeps one state map per key group.
+``set_current_key`` validates a key once (canonical encoding, key group inside
+the range; cached per key with its key-group index) and then only records the
+key and its index, so a state access is one list index and one dict
+operation. A snapshot walks the dicts of each key group directly, and a
+restore puts each key group's entries into its own dict.
 
 Stored entries (``ts`` is the last-access timestamp of TTL state):
 
@@ -62,7 +63,7 @@ from ._descriptors import (
     VALUE,
     StateDescriptor,
 )
-from ._keycodec import decode_canonical, encoded_key_group
+from ._keycodec import decode_canonical
 
 __all__ = ["HeapKeyedStateBackend"]
 
@@ -78,9 +79,13 @@ def accelerated() -> bool:
 
 
 class _PyKeyContext:
-    """The current key of a heap backend (the fallback of ``_heapfast.KeyContext``)."""
+    """The current key of a heap backend (the fallback of ``_heapfast.KeyContext``).
 
-    __slots__ = ("_cache", "_on_new_key", "key")
+    ``key`` and ``kg``, its key group's index in the backend's range (None
+    before the first key). ``cache`` maps validated keys to ``(index, ...)``.
+    """
+
+    __slots__ = ("_cache", "_no_key", "_on_new_key", "key", "kg")
 
     def __init__(
         self,
@@ -89,40 +94,51 @@ class _PyKeyContext:
         on_new_key: Callable[[Any], None],
         no_key_error: Callable[[], StateError],
     ) -> None:
-        self.key = no_key
+        self.key = self._no_key = no_key
+        self.kg: int | None = None
         self._cache = cache
         self._on_new_key = on_new_key
 
     def set_current_key(self, key: Any) -> None:
         try:
-            known = key in self._cache
+            entry = self._cache.get(key)
         except TypeError:  # unhashable: the validation names the type
-            known = False
-        if not known:
+            entry = None
+        if entry is None:
             self._on_new_key(key)
+            entry = self._cache[key]
+        self.kg = entry[0]
         self.key = key
+
+    def reset(self) -> None:
+        self.key = self._no_key
+        self.kg = None
 
 
 class _HeapTable(TableBase):
     def __init__(self, backend: HeapKeyedStateBackend, descriptor: StateDescriptor) -> None:
         super().__init__(backend, descriptor)
-        self.namespaces: dict[Any, dict[Any, Any]] = {}
+        self.namespaces: dict[Any, list[dict[Any, Any]]] = {}
+        self.n_groups = len(backend.key_group_range)
+        self.kg_start = backend.key_group_range.start
         self._cursor: Iterator[tuple[dict[Any, Any], Any]] | None = None
         # Which stored form this table uses (see module docstring).
         self.raw = not self.has_ttl and self.kind in (VALUE, LIST)
 
-    def entries(self, namespace: Any) -> dict[Any, Any]:
-        """The dict ``key -> entry`` of ``namespace`` (created empty; never replaced)."""
-        d = self.namespaces.get(namespace)
-        if d is None:
-            d = self.namespaces[namespace] = {}
-        return d
+    def entries(self, namespace: Any) -> list[dict[Any, Any]]:
+        """The dicts ``key -> entry`` of ``namespace``, one per key group of the range
+        (created empty; never replaced)."""
+        groups = self.namespaces.get(namespace)
+        if groups is None:
+            groups = self.namespaces[namespace] = [{} for _ in range(self.n_groups)]
+        return groups
 
     # -- TTL cleanup ------------------------------------------------------------------
     def _walk(self) -> Iterator[tuple[dict[Any, Any], Any]]:
-        for d in list(self.namespaces.values()):
-            for k in list(d):  # a copy: cleanup and user writes mutate d meanwhile
-                yield d, k
+        for groups in list(self.namespaces.values()):
+            for d in groups:
+                for k in list(d):  # a copy: cleanup and user writes mutate d meanwhile
+                    yield d, k
 
     def cleanup_step(self) -> None:
         n = self.incremental
@@ -170,7 +186,6 @@ class _HeapTable(TableBase):
         ``located`` caches each key's (key group, canonical bytes) and ``enc``
         the canonical bytes of map keys, across the states of one snapshot.
         """
-        maxp = self.backend.max_parallelism
         out: dict[int, list[Entry]] = {}
         now = self.now()
 
@@ -180,24 +195,21 @@ class _HeapTable(TableBase):
                 b = enc[x] = canonical_bytes(x)
             return b
 
-        for ns, d in self.namespaces.items():
-            if not d:
-                continue
-            ns_enc = canonical_bytes(ns)
-            # Bucket by key group first, then encode group by group: each blob's objects
-            # are allocated together, which keeps pickling them cache-friendly.
-            by_kg: dict[int, list[tuple[bytes, Any]]] = {}
-            for key, entry in d.items():
-                where = located.get(key)
-                if where is None:
-                    b = canonical_bytes(key)
-                    where = located[key] = (encoded_key_group(b, maxp), b)
-                kg, key_enc = where
-                bucket = by_kg.get(kg)
-                if bucket is None:
-                    bucket = by_kg[kg] = []
-                bucket.append((key_enc, entry))
-            for kg, bucket in by_kg.items():
+        start = self.kg_start
+        for ns, groups in self.namespaces.items():
+            ns_enc: bytes | None = None
+            for index, d in enumerate(groups):
+                if not d:
+                    continue
+                if ns_enc is None:
+                    ns_enc = canonical_bytes(ns)
+                kg = start + index
+                bucket = []
+                for key, entry in d.items():
+                    where = located.get(key)
+                    if where is None:
+                        where = located[key] = (kg, canonical_bytes(key))
+                    bucket.append((where[1], entry))
                 group = out.get(kg)
                 if group is None:
                     group = out[kg] = []
@@ -247,14 +259,16 @@ class _HeapTable(TableBase):
                 payload = (ts if has_ttl else None, dumps(v))
             group.append((key_enc, ns_enc, payload))
 
-    def load(self, entries: list[Entry]) -> None:
+    def load(self, kg: int, entries: list[Entry]) -> None:
+        """Put the entries of key group ``kg`` (inside the range) into its dicts."""
         loads = self.loads
         stamp = self.now()
         kind = self.kind
         raw = self.raw
+        index = kg - self.kg_start
         for key_enc, ns_enc, payload in entries:
             key = decode_canonical(key_enc)
-            d = self.entries(decode_canonical(ns_enc))
+            d = self.entries(decode_canonical(ns_enc))[index]
             if kind == LIST:
                 if raw:
                     items = [loads(b) for _, b in payload]
@@ -273,9 +287,9 @@ class _HeapTable(TableBase):
 class _HeapState:
     """Shared plumbing: the entry dict of one (state, namespace)."""
 
-    __slots__ = ("_b", "_d", "_k", "_t")
+    __slots__ = ("_b", "_g", "_k", "_t")
     _b: HeapKeyedStateBackend
-    _d: dict[Any, Any]
+    _g: list[dict[Any, Any]]  # one dict per key group of the range
     _k: Any  # the backend's key context
     _t: _HeapTable
 
@@ -283,7 +297,16 @@ class _HeapState:
         self._b = backend
         self._k = backend._ctx
         self._t = table
-        self._d = table.entries(namespace)
+        self._g = table.entries(namespace)
+
+    @property
+    def _d(self) -> dict[Any, Any]:
+        """The current key group's dict, or StateError if there is no current key."""
+        kg = self._k.kg
+        if kg is None:
+            raise no_current_key()
+        d: dict[Any, Any] = self._g[kg]
+        return d
 
     def _current(self) -> Any:
         """The current key, or StateError if there is none."""
@@ -302,19 +325,22 @@ class _HeapValueState(_HeapState, ValueState[Any]):
     __slots__ = ()
 
     def value(self) -> Any:
+        k = self._k
         try:
-            return self._d.get(self._k.key)
-        except TypeError:  # NO_KEY is unhashable; stored keys are canonical types
+            return self._g[k.kg].get(k.key)
+        except TypeError:  # no key: the index is None
             raise no_current_key() from None
 
     def update(self, value: Any) -> None:
+        k = self._k
         try:
-            if value is None:
-                self._d.pop(self._k.key, None)
-            else:
-                self._d[self._k.key] = value
+            d = self._g[k.kg]
         except TypeError:
             raise no_current_key() from None
+        if value is None:
+            d.pop(k.key, None)
+        else:
+            d[k.key] = value
 
 
 if _heapfast is not None:
@@ -376,15 +402,17 @@ class _HeapListState(_HeapState, ListState[Any]):
         return list(lst) if lst else []
 
     def add(self, value: Any) -> None:
-        key = self._k.key
+        k = self._k
+        key = k.key
         try:
-            lst = self._d.get(key)
-        except TypeError:  # NO_KEY
+            d = self._g[k.kg]
+        except TypeError:  # no key: the index is None
             raise no_current_key() from None
         if value is None:
             check_element(self._t.name, value)
+        lst = d.get(key)
         if lst is None:
-            self._d[key] = [value]
+            d[key] = [value]
         else:
             lst.append(value)
 
@@ -589,7 +617,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     @_key.setter
     def _key(self, key: Any) -> None:
-        self._ctx.key = key
+        if key is NO_KEY:
+            self._ctx.reset()
+        else:
+            self._ctx.set_current_key(key)
 
     def _create_table(self, descriptor: StateDescriptor) -> _HeapTable:
         return _HeapTable(self, descriptor)
@@ -615,10 +646,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         raise AssertionError(kind)  # pragma: no cover - descriptors validate kinds
 
     def _keys(self, table: _HeapTable, namespace: Any) -> Iterator[Any]:
-        d = table.namespaces.get(namespace)
-        if d is None:
+        groups = table.namespaces.get(namespace)
+        if groups is None:
             return iter(())
-        return iter(list(d))
+        return iter([k for d in groups for k in d])
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key that state reads and writes.
@@ -653,7 +684,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return out
 
     def _load_entries(self, table: _HeapTable, kg: int, entries: list[Entry]) -> None:
-        table.load(entries)
+        table.load(kg, entries)
 
     def __repr__(self) -> str:
         r = self.key_group_range

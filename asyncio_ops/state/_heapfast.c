@@ -2,10 +2,12 @@
  * The heap backend's per-record hot path in C: the current key and value state.
  *
  * ``KeyContext.set_current_key(key)`` is one dict lookup of the backend's cache
- * of validated keys; a key not in it goes to the backend's Python validation
- * (``on_new_key``: key group, range, canonical encoding), which raises or adds
- * it. ``ValueCell.value()`` / ``update(v)`` / ``clear()`` are one dict
- * operation on the state's entry dict with the current key. Semantics are
+ * of validated keys (key -> (key-group index in the backend's range, ...)); a
+ * key not in it goes to the backend's Python validation (``on_new_key``: key
+ * group, range, canonical encoding), which raises or adds it. The context keeps
+ * the current key and its key-group index. ``ValueCell.value()`` / ``update(v)``
+ * / ``clear()`` are one dict operation, with the current key, on the current
+ * key group's dict of the state (a list of dicts, one per key group). Semantics are
  * those of the pure-Python classes in ``_heap.py``, which remain the fallback
  * when this module is not built.
  */
@@ -16,6 +18,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *key;         /* the current key (the backend's NO_KEY before the first) */
+    Py_ssize_t kg;         /* its key-group index in the backend's range; -1: no key */
     PyObject *no_key;      /* NO_KEY */
     PyObject *cache;       /* dict: validated keys */
     PyObject *on_new_key;  /* callable(key): validate, add to cache, or raise */
@@ -65,6 +68,7 @@ KeyContext_init(KeyContext *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->no_key, no_key);
     Py_INCREF(no_key);
     Py_XSETREF(self->key, no_key);
+    self->kg = -1;
     Py_INCREF(cache);
     Py_XSETREF(self->cache, cache);
     Py_INCREF(on_new_key);
@@ -77,8 +81,8 @@ KeyContext_init(KeyContext *self, PyObject *args, PyObject *kwds)
 static PyObject *
 KeyContext_set_current_key(KeyContext *self, PyObject *key)
 {
-    int known = PyDict_Contains(self->cache, key);
-    if (known != 1) {
+    PyObject *entry = PyDict_GetItemWithError(self->cache, key);  /* borrowed */
+    if (entry == NULL) {
         /* a new key, or an unhashable one: the Python side validates or raises */
         PyErr_Clear();
         PyObject *res = PyObject_CallOneArg(self->on_new_key, key);
@@ -86,9 +90,37 @@ KeyContext_set_current_key(KeyContext *self, PyObject *key)
             return NULL;
         }
         Py_DECREF(res);
+        entry = PyDict_GetItemWithError(self->cache, key);
+        if (entry == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_SystemError, "on_new_key did not cache the key");
+            }
+            return NULL;
+        }
+    }
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 1) {
+        PyErr_SetString(PyExc_SystemError, "key cache entries must be (index, ...) tuples");
+        return NULL;
+    }
+    Py_ssize_t kg = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 0));
+    if (kg < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_SystemError, "negative key-group index in the key cache");
+        }
+        return NULL;
     }
     Py_INCREF(key);
     Py_SETREF(self->key, key);
+    self->kg = kg;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+KeyContext_reset(KeyContext *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_INCREF(self->no_key);
+    Py_SETREF(self->key, self->no_key);
+    self->kg = -1;
     Py_RETURN_NONE;
 }
 
@@ -99,26 +131,26 @@ KeyContext_get_key(KeyContext *self, void *closure)
     return self->key;
 }
 
-static int
-KeyContext_set_key(KeyContext *self, PyObject *value, void *closure)
+static PyObject *
+KeyContext_get_kg(KeyContext *self, void *closure)
 {
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "the current key cannot be deleted");
-        return -1;
+    if (self->kg < 0) {
+        Py_RETURN_NONE;
     }
-    Py_INCREF(value);
-    Py_SETREF(self->key, value);
-    return 0;
+    return PyLong_FromSsize_t(self->kg);
 }
 
 static PyMethodDef KeyContext_methods[] = {
     {"set_current_key", (PyCFunction)KeyContext_set_current_key, METH_O,
      "Make key the current key (validated once, then cached)."},
+    {"reset", (PyCFunction)KeyContext_reset, METH_NOARGS, "No current key."},
     {NULL}
 };
 
 static PyGetSetDef KeyContext_getset[] = {
-    {"key", (getter)KeyContext_get_key, (setter)KeyContext_set_key, "the current key", NULL},
+    {"key", (getter)KeyContext_get_key, NULL, "the current key", NULL},
+    {"kg", (getter)KeyContext_get_kg, NULL,
+     "the current key's key-group index in the backend's range (None: no key)", NULL},
     {NULL}
 };
 
@@ -140,14 +172,15 @@ static PyTypeObject KeyContextType = {
 typedef struct {
     PyObject_HEAD
     KeyContext *ctx;
-    PyObject *d;           /* dict: key -> value, of one (state, namespace) */
+    PyObject *groups;      /* list of dicts key -> value, one per key group, of one
+                              (state, namespace) */
 } ValueCell;
 
 static int
 ValueCell_traverse(ValueCell *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->ctx);
-    Py_VISIT(self->d);
+    Py_VISIT(self->groups);
     return 0;
 }
 
@@ -155,7 +188,7 @@ static int
 ValueCell_clear_refs(ValueCell *self)
 {
     Py_CLEAR(self->ctx);
-    Py_CLEAR(self->d);
+    Py_CLEAR(self->groups);
     return 0;
 }
 
@@ -170,39 +203,55 @@ ValueCell_dealloc(ValueCell *self)
 static int
 ValueCell_init(ValueCell *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *ctx, *d;
-    if (!PyArg_ParseTuple(args, "O!O!", &KeyContextType, &ctx, &PyDict_Type, &d)) {
+    PyObject *ctx, *groups;
+    if (!PyArg_ParseTuple(args, "O!O!", &KeyContextType, &ctx, &PyList_Type, &groups)) {
         return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(groups);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyDict_CheckExact(PyList_GET_ITEM(groups, i))) {
+            PyErr_SetString(PyExc_TypeError, "groups must be a list of dicts");
+            return -1;
+        }
     }
     Py_INCREF(ctx);
     Py_XSETREF(self->ctx, (KeyContext *)ctx);
-    Py_INCREF(d);
-    Py_XSETREF(self->d, d);
+    Py_INCREF(groups);
+    Py_XSETREF(self->groups, groups);
     return 0;
 }
 
-/* The dict operation failed: "no current key" if that is why, else the error as is. */
+/* The current key group's dict (borrowed), or NULL with "no current key" set. */
 static PyObject *
-no_key_or_error(ValueCell *self)
+current_dict(ValueCell *self)
 {
-    if (self->ctx->key == self->ctx->no_key && PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyObject *exc = PyObject_CallNoArgs(self->ctx->no_key_error);
-        if (exc != NULL) {
-            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-            Py_DECREF(exc);
+    Py_ssize_t kg = self->ctx->kg;
+    if (kg < 0 || kg >= PyList_GET_SIZE(self->groups)) {
+        if (kg < 0) {
+            PyObject *exc = PyObject_CallNoArgs(self->ctx->no_key_error);
+            if (exc != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+                Py_DECREF(exc);
+            }
+        } else {
+            PyErr_SetString(PyExc_SystemError, "key-group index outside the state's groups");
         }
+        return NULL;
     }
-    return NULL;
+    return PyList_GET_ITEM(self->groups, kg);
 }
 
 static PyObject *
 ValueCell_value(ValueCell *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *v = PyDict_GetItemWithError(self->d, self->ctx->key);
+    PyObject *d = current_dict(self);
+    if (d == NULL) {
+        return NULL;
+    }
+    PyObject *v = PyDict_GetItemWithError(d, self->ctx->key);
     if (v == NULL) {
         if (PyErr_Occurred()) {
-            return no_key_or_error(self);
+            return NULL;
         }
         Py_RETURN_NONE;
     }
@@ -213,12 +262,16 @@ ValueCell_value(ValueCell *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 ValueCell_remove(ValueCell *self)
 {
-    PyObject *key = self->ctx->key;
-    int r = PyDict_Contains(self->d, key);
-    if (r < 0) {
-        return no_key_or_error(self);
+    PyObject *d = current_dict(self);
+    if (d == NULL) {
+        return NULL;
     }
-    if (r == 1 && PyDict_DelItem(self->d, key) < 0) {
+    PyObject *key = self->ctx->key;
+    int r = PyDict_Contains(d, key);
+    if (r < 0) {
+        return NULL;
+    }
+    if (r == 1 && PyDict_DelItem(d, key) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -230,8 +283,9 @@ ValueCell_update(ValueCell *self, PyObject *value)
     if (value == Py_None) {
         return ValueCell_remove(self);
     }
-    if (PyDict_SetItem(self->d, self->ctx->key, value) < 0) {
-        return no_key_or_error(self);
+    PyObject *d = current_dict(self);
+    if (d == NULL || PyDict_SetItem(d, self->ctx->key, value) < 0) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }
