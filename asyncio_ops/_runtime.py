@@ -57,6 +57,7 @@ from ._operator import (
     OutputMode,
     SnapshotEntry,
 )
+from ._pool import PooledWaitOperator
 from ._retry import AsyncRetryStrategy
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -103,6 +104,8 @@ class PartitionSpec:
     retain_versions: int = 10
     chunk_size: int | None = None
     output_buffer: int = 0
+    # the plain case on PooledWaitOperator (chosen on the driver: ASYNCIO_OPS_POOL=0 turns it off)
+    pool: bool = True
 
 
 @dataclass(frozen=True)
@@ -596,6 +599,10 @@ class ArrowSink:
         if type(element) is Record:
             self.rows.append(element.value)
 
+    def extend(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Output rows without a Record around each (the pooled operator's output)."""
+        self.rows.extend(rows)
+
     def full(self) -> bool:
         return len(self.rows) >= self.batch_size
 
@@ -746,23 +753,22 @@ def run_partition(
         row_fn = ArrowChunkFunction(user_fn, spec)
     else:
         row_fn = ChunkFunction(user_fn, spec)
-    op = AsyncWaitOperator(
-        row_fn,
-        output=sink.add_batch if columnar else sink,
-        timeout=spec.timeout,
-        capacity=spec.capacity,
-        mode=spec.mode,
-        retry=spec.retry,
-        on_failure=error_row_handler(spec, metrics),
-        manage_function=False,
-        key_selector=_key_selector(spec),
-        # the user's coroutine is awaited directly and its results merged into
-        # the row afterwards: no wrapper coroutine per row
-        invoke=row_fn.invoke_direct,
-        map_results=row_fn.record,
-        describe=row_fn.describe if spec.chunk_size is not None else None,
-        output_buffer=spec.output_buffer,
-    )
+    op: AsyncWaitOperator | PooledWaitOperator
+    if _pooled(spec):
+        op = PooledWaitOperator(
+            invoke=row_fn.invoke_direct,
+            map_results=row_fn.record,
+            timeout_handler=row_fn.timeout,
+            emit=sink.extend,
+            timeout=spec.timeout,
+            capacity=spec.capacity,
+            mode=spec.mode,
+            retry=spec.retry,
+            on_failure=error_row_handler(spec, metrics),
+            output_buffer=spec.output_buffer,
+        )
+    else:
+        op = _operator(spec, row_fn, sink, columnar, metrics)
     ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
     if ckpt is not None:
         row_fn.log = []
@@ -796,6 +802,7 @@ def run_partition(
             if row_fn.log:
                 ckpt.write_log(row_fn.log)
                 row_fn.log = []
+            assert isinstance(op, AsyncWaitOperator)  # checkpoints never run pooled
             remaining = op.snapshot_state() if not drained else None
             metrics.carried_over = len(remaining) if remaining is not None else 0
             ckpt.finish(remaining)
@@ -832,6 +839,40 @@ def run_partition(
         on_done(metrics)
 
 
+def _pooled(spec: PartitionSpec) -> bool:
+    """The plain case runs on :class:`PooledWaitOperator` (see ``_pool``)."""
+    return (
+        spec.pool
+        and spec.chunk_size is None
+        and not spec.key_columns
+        and spec.event_time is None
+        and spec.checkpoint is None
+        and spec.mode in (OutputMode.ORDERED, OutputMode.UNORDERED)
+    )
+
+
+def _operator(
+    spec: PartitionSpec, row_fn: RowFunction, sink: ArrowSink, columnar: bool, metrics: RunMetrics
+) -> AsyncWaitOperator:
+    return AsyncWaitOperator(
+        row_fn,
+        output=sink.add_batch if columnar else sink,
+        timeout=spec.timeout,
+        capacity=spec.capacity,
+        mode=spec.mode,
+        retry=spec.retry,
+        on_failure=error_row_handler(spec, metrics),
+        manage_function=False,
+        key_selector=_key_selector(spec),
+        # the user's coroutine is awaited directly and its results merged into
+        # the row afterwards: no wrapper coroutine per row
+        invoke=row_fn.invoke_direct,
+        map_results=row_fn.record,
+        describe=row_fn.describe if spec.chunk_size is not None else None,
+        output_buffer=spec.output_buffer,
+    )
+
+
 def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
     """(hits, misses, evictions, expirations) of a function's cache, if it reports one.
 
@@ -851,7 +892,7 @@ def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
         return None
 
 
-async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
+async def _drain(op: AsyncWaitOperator | PooledWaitOperator, drain_timeout: float | None) -> bool:
     """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
     if drain_timeout is None:
         await op.end_input()
@@ -870,7 +911,7 @@ class _Feeder:
 
     def __init__(
         self,
-        op: AsyncWaitOperator,
+        op: Any,  # AsyncWaitOperator; PooledWaitOperator in the plain case (process_elements)
         spec: PartitionSpec,
         watermarks: BoundedOutOfOrderness | None,
         metrics: RunMetrics,
@@ -927,7 +968,7 @@ class _Feeder:
                 self.metrics.replayed += 1
                 await op.process_completed_element(
                     Record(value, ts),
-                    op.function.merge(value, stored[1]),  # type: ignore[attr-defined]
+                    op.function.merge(value, stored[1]),
                 )
             else:
                 await op.process_element(Record(value, ts))

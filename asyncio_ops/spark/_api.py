@@ -7,6 +7,7 @@ is ``DataFrame.mapInArrow`` over :func:`asyncio_ops._runtime.run_partition`.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -317,6 +318,7 @@ def _wait(
         retain_versions=retain_versions,
         chunk_size=chunk_size,
         output_buffer=output_buffer,
+        pool=os.environ.get("ASYNCIO_OPS_POOL", "1") != "0",
     )
     on_done = metrics._add if metrics is not None else None
 
