@@ -59,7 +59,16 @@ def _uncancel(task: asyncio.Task[Any]) -> None:
 class _Slot:
     """What one worker is running: the element's sequence number and value."""
 
-    __slots__ = ("attempts", "deadline", "last_error", "seq", "started", "timed_out", "value")
+    __slots__ = (
+        "attempts",
+        "bucket",
+        "deadline",
+        "last_error",
+        "seq",
+        "started",
+        "timed_out",
+        "value",
+    )
 
     def __init__(self, seq: int, value: Any, started: float, deadline: float) -> None:
         self.seq = seq
@@ -67,6 +76,7 @@ class _Slot:
         self.started = started
         self.deadline = deadline
         self.attempts = 0
+        self.bucket = -1  # its timeout slot while armed
         self.timed_out = False
         self.last_error: BaseException | None = None
 
@@ -109,6 +119,7 @@ class PooledWaitOperator:
         self._running: dict[asyncio.Task[Any], _Slot] = {}
         self._buckets: dict[int, list[tuple[asyncio.Task[Any], _Slot]]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._live: dict[int, int] = {}  # timeout slot -> elements in it not yet finished
         self._idle: asyncio.Future[None] | None = None  # workers waiting for input or room
         self._waiter: asyncio.Future[None] | None = None  # the feeder or end_input
         self._done: dict[int, Sequence[Any]] = {}  # ordered: finished, not yet emitted
@@ -310,6 +321,7 @@ class PooledWaitOperator:
                 self._complete(slot, mapped)
                 break
             del self._running[task]
+            self._disarm(slot)
 
     def _attempt_failed(self, slot: _Slot, exc: BaseException) -> bool:
         """True to try again (after :meth:`_backoff`); else the element failed."""
@@ -355,11 +367,30 @@ class PooledWaitOperator:
         bucket = self._buckets.get(n)
         if bucket is None:
             bucket = self._buckets[n] = []
+            self._live[n] = 0
             self._timers[n] = self._loop.call_at(n * self._granularity, self._fire, n)
         bucket.append((task, slot))
+        self._live[n] += 1
+        slot.bucket = n
+
+    def _disarm(self, slot: _Slot) -> None:
+        """The element is finished: a slot whose elements all finished goes, with its timer
+        (finished rows must not stay referenced until their deadline)."""
+        n = slot.bucket
+        slot.bucket = -1
+        live = self._live.get(n)
+        if live is None:
+            return  # the slot fired already
+        if live > 1:
+            self._live[n] = live - 1
+            return
+        del self._live[n]
+        del self._buckets[n]
+        self._timers.pop(n).cancel()
 
     def _fire(self, n: int) -> None:
         self._timers.pop(n, None)
+        self._live.pop(n, None)
         for task, slot in self._buckets.pop(n, ()):
             if self._running.get(task) is slot and not slot.timed_out:
                 self._on_timeout(task, slot)

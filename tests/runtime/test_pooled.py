@@ -21,6 +21,7 @@ from asyncio_ops import (
     AsyncRetryStrategy,
     OutputMode,
 )
+from asyncio_ops._pool import PooledWaitOperator
 from asyncio_ops._runtime import (
     ERROR_COLUMN,
     ERROR_TYPE,
@@ -265,3 +266,25 @@ def test_a_timeout_between_retries_names_the_last_error() -> None:
         message = str(info.value)
         assert "timed out for input: {'id': 2}" in message, message
         assert "attempt(s) made, the last failed with ConnectionError: refused" in message
+
+
+def test_finished_rows_are_not_kept_until_their_deadline() -> None:
+    async def fast(i: int) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)
+        return [{"out": i}]
+
+    async def main() -> tuple[int, int, int]:
+        op = PooledWaitOperator(
+            invoke=fast, map_results=lambda value, results: results,
+            timeout_handler=lambda value: [], emit=lambda rows: None,
+            timeout=60.0, capacity=16, mode=OutputMode.UNORDERED,
+        )  # fmt: skip
+        for start in range(0, 5000, 500):
+            await op.process_elements(list(range(start, start + 500)))
+        await op.end_input()
+        held = (len(op._buckets), len(op._timers), len(op._live))
+        await op.close()
+        return held
+
+    # a 60 s timeout: without releasing finished rows, 5,000 would still be referenced
+    assert asyncio.run(main()) == (0, 0, 0)
