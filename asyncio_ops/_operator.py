@@ -373,6 +373,40 @@ def _describe(record: Record[Any]) -> str:
     return text
 
 
+def element_failure(
+    exc: BaseException,
+    value: Any,
+    attempts: int,
+    last: BaseException | None,
+    describe: Callable[[], str],
+) -> AsyncOperatorError:
+    """The error that fails the operator for ``value`` (shared with the pooled operator).
+
+    A timeout that ends a run of retries names the last attempt's error; an
+    operator error about this very element is kept; anything else is wrapped,
+    naming the input (``describe()``) and the attempts, with ``exc`` as cause.
+    """
+    error: AsyncOperatorError
+    if isinstance(exc, AsyncTimeoutError) and last is not None:
+        # the budget ran out between retries: say why the attempts failed
+        error = AsyncTimeoutError(
+            f"{exc}; {attempts} attempt(s) made, the last failed with "
+            f"{type(last).__name__}: {last}",
+            value,
+        )
+        error.__cause__ = last
+    elif isinstance(exc, AsyncOperatorError) and exc.element is value:
+        error = exc
+    else:
+        error = AsyncOperatorError(
+            f"async lookup failed for input {describe()} after "
+            f"{attempts} attempt(s): {type(exc).__name__}: {exc}",
+            value,
+        )
+        error.__cause__ = exc
+    return error
+
+
 class AsyncWaitOperator:
     """Runs an :class:`AsyncFunction` over a stream with bounded concurrency.
 
@@ -908,25 +942,10 @@ class AsyncWaitOperator:
                 self._complete(entry, results)
                 return
         self._release_timeout(entry)
-        last = entry.last_error
-        error: AsyncOperatorError
-        if isinstance(exc, AsyncTimeoutError) and last is not None:
-            # the budget ran out between retries: say why the attempts failed
-            error = AsyncTimeoutError(
-                f"{exc}; {entry.attempts} attempt(s) made, the last failed with "
-                f"{type(last).__name__}: {last}",
-                entry.record.value,
-            )
-            error.__cause__ = last
-        elif isinstance(exc, AsyncOperatorError) and exc.element is entry.record.value:
-            error = exc
-        else:
-            error = AsyncOperatorError(
-                f"async lookup failed for input {self._describe(entry.record)} after "
-                f"{entry.attempts} attempt(s): {type(exc).__name__}: {exc}",
-                entry.record.value,
-            )
-            error.__cause__ = exc
+        error = element_failure(
+            exc, entry.record.value, entry.attempts, entry.last_error,
+            lambda: self._describe(entry.record),
+        )  # fmt: skip
         entry.handle.complete_exceptionally(error)
         self._fail(error)
 

@@ -32,13 +32,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._elements import Record
-from ._exceptions import AsyncOperatorError, AsyncTimeoutError, InvalidResultError
+from ._exceptions import InvalidResultError
 from ._operator import (
     TIMEOUT_GRANULARITY,
     LatencyHistogram,
     OperatorStatistics,
     OutputMode,
     _describe,
+    element_failure,
 )
 from ._retry import AsyncRetryStrategy
 
@@ -467,24 +468,9 @@ class PooledWaitOperator:
             else:
                 self._complete(slot, results)
                 return
-        last = slot.last_error
-        error: AsyncOperatorError
-        if isinstance(exc, AsyncTimeoutError) and last is not None:
-            error = AsyncTimeoutError(
-                f"{exc}; {slot.attempts} attempt(s) made, the last failed with "
-                f"{type(last).__name__}: {last}",
-                slot.value,
-            )
-            error.__cause__ = last
-        elif isinstance(exc, AsyncOperatorError) and exc.element is slot.value:
-            error = exc
-        else:
-            error = AsyncOperatorError(
-                f"async lookup failed for input {self._describe(slot.value)} after "
-                f"{slot.attempts} attempt(s): {type(exc).__name__}: {exc}",
-                slot.value,
-            )
-            error.__cause__ = exc
+        error = element_failure(
+            exc, slot.value, slot.attempts, slot.last_error, lambda: self._describe(slot.value)
+        )
         if self._failure is None:
             self._failure = error
         self._wake()
