@@ -373,6 +373,29 @@ def _describe(record: Record[Any]) -> str:
     return text
 
 
+def bad_results(results: Any) -> InvalidResultError | None:
+    """Why ``results`` of an attempt are not a sequence of results, or None if they are."""
+    if (
+        results is None
+        or isinstance(results, str | bytes | dict)
+        or not isinstance(results, Sequence)
+    ):
+        return InvalidResultError(
+            f"async_invoke must return a list of results (empty to emit nothing), "
+            f"got {type(results).__name__}: {results!r:.200}"
+        )
+    return None
+
+
+def bad_timeout_results(results: Any) -> InvalidResultError | None:
+    """Why what ``timeout()`` returned is not a list of results, or None if it is."""
+    if results is None or not isinstance(results, list | tuple):
+        return InvalidResultError(
+            f"timeout() must return a list of results, got {type(results).__name__}"
+        )
+    return None
+
+
 def element_failure(
     exc: BaseException,
     value: Any,
@@ -769,24 +792,11 @@ class AsyncWaitOperator:
     def _on_result(self, entry: _Entry, results: Any) -> None:
         if entry.handle.done or entry.timed_out:
             return  # late: the element was completed by its timeout
-        if (
-            type(results) is not list
-            and type(results) is not tuple
-            and (
-                results is None
-                or isinstance(results, str | bytes | dict)
-                or not isinstance(results, Sequence)
-            )
-        ):
-            self._on_error(
-                entry,
-                InvalidResultError(
-                    f"async_invoke must return a list of results (empty to emit nothing), "
-                    f"got {type(results).__name__}: {results!r:.200}"
-                ),
-                retryable=False,
-            )
-            return
+        if type(results) is not list and type(results) is not tuple:
+            error = bad_results(results)
+            if error is not None:
+                self._on_error(entry, error, retryable=False)
+                return
         retry = self._retry
         if (
             retry is not None
@@ -908,13 +918,9 @@ class AsyncWaitOperator:
             self._complete_after_timeout(entry, results)
 
     def _complete_after_timeout(self, entry: _Entry, results: Any) -> None:
-        if results is None or not isinstance(results, list | tuple):
-            self._fail_element(
-                entry,
-                InvalidResultError(
-                    f"timeout() must return a list of results, got {type(results).__name__}"
-                ),
-            )
+        error = bad_timeout_results(results)
+        if error is not None:
+            self._fail_element(entry, error)
             return
         self._complete(entry, results)
 

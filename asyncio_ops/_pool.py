@@ -32,13 +32,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._elements import Record
-from ._exceptions import InvalidResultError
 from ._operator import (
     TIMEOUT_GRANULARITY,
     LatencyHistogram,
     OperatorStatistics,
     OutputMode,
     _describe,
+    bad_results,
+    bad_timeout_results,
     element_failure,
 )
 from ._retry import AsyncRetryStrategy
@@ -288,23 +289,11 @@ class PooledWaitOperator:
                 if slot.timed_out:
                     _uncancel(task)
                     break  # late: the timeout answered first
-                if (
-                    type(results) is not list
-                    and type(results) is not tuple
-                    and (
-                        results is None
-                        or isinstance(results, str | bytes | dict)
-                        or not isinstance(results, Sequence)
-                    )
-                ):
-                    self._fail_element(
-                        slot,
-                        InvalidResultError(
-                            f"async_invoke must return a list of results (empty to emit "
-                            f"nothing), got {type(results).__name__}: {results!r:.200}"
-                        ),
-                    )
-                    break
+                if type(results) is not list and type(results) is not tuple:
+                    error = bad_results(results)
+                    if error is not None:
+                        self._fail_element(slot, error)
+                        break
                 retry = self._retry
                 if (
                     retry is not None
@@ -419,13 +408,9 @@ class PooledWaitOperator:
             self._complete_after_timeout(slot, results)
 
     def _complete_after_timeout(self, slot: _Slot, results: Any) -> None:
-        if results is None or not isinstance(results, list | tuple):
-            self._fail_element(
-                slot,
-                InvalidResultError(
-                    f"timeout() must return a list of results, got {type(results).__name__}"
-                ),
-            )
+        error = bad_timeout_results(results)
+        if error is not None:
+            self._fail_element(slot, error)
             return
         self._complete(slot, results)
 

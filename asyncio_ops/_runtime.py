@@ -399,17 +399,20 @@ class ChunkFunction(RowFunction):
         return self.record(value, await self._invoke(value[0]))
 
     def timeout(self, value: Any) -> Any:
-        raise AsyncTimeoutError(
-            self.describe(value).replace(" rows ", " rows timed out, ", 1), value
-        )
+        n, first = self._chunk(value)
+        raise AsyncTimeoutError(f"a chunk of {n} rows timed out, starting with row {first}", value)
 
     def describe(self, value: Any) -> str:
+        n, first = self._chunk(value)
+        return f"a chunk of {n} rows starting with row {first}"
+
+    def _chunk(self, value: Any) -> tuple[int, str]:
+        """The chunk's size and its first row, described, for messages."""
         rows = value[0]
-        first = _describe_row(rows[0] if rows else None)
-        return f"a chunk of {len(rows)} rows starting with row {first}"
+        return len(rows), _describe_row(rows[0] if rows else None)
 
 
-class ArrowChunkFunction(RowFunction):
+class ArrowChunkFunction(ChunkFunction):
     """Columnar: one call of the user's ``async_invoke_arrow(batch)`` per chunk of rows.
 
     The operator's value is ``(batch, None, None)`` with ``batch`` a zero-copy
@@ -424,10 +427,9 @@ class ArrowChunkFunction(RowFunction):
     """
 
     def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
-        super().__init__(user, spec)
+        RowFunction.__init__(self, user, spec)
         self._invoke = user.async_invoke_arrow  # type: ignore[attr-defined]
         self.schema = spec.output_schema
-        self.added = spec.added_columns
 
     def record(self, value: Any, results: Any) -> list[pa.RecordBatch]:
         batch: pa.RecordBatch = value[0]
@@ -477,15 +479,9 @@ class ArrowChunkFunction(RowFunction):
             )
         return index, columns
 
-    def timeout(self, value: Any) -> Any:
-        raise AsyncTimeoutError(
-            self.describe(value).replace(" rows ", " rows timed out, ", 1), value
-        )
-
-    def describe(self, value: Any) -> str:
+    def _chunk(self, value: Any) -> tuple[int, str]:
         batch = value[0]
-        first = _describe_row(_first_row(batch))
-        return f"a chunk of {batch.num_rows} rows starting with row {first}"
+        return batch.num_rows, _describe_row(_first_row(batch))
 
 
 def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
