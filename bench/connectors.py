@@ -14,8 +14,10 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
 - ``pg asyncpg ceiling``: the same batched queries (same key sequence, same
   chunks, each key's row fanned back out to every order) from plain asyncpg in
   two processes outside Spark, the ceiling for two workers; once with the pool's
-  defaults (asyncpg sends a reset query when a connection is released) and once
-  ``no reset`` (a ``reset=`` that sends nothing, as PostgresLookup's pools do);
+  defaults (asyncpg sends a reset query when a connection is released), once
+  ``no reset`` (a ``reset=`` that sends nothing, as PostgresLookup's pools do),
+  and once ``arrays``: no reset, and each query's result as one row of arrays
+  made into Arrow columns, as the columnar path of PostgresLookup reads it;
 - ``pg batched, 1 process, no Spark``: the same ``PostgresLookup`` and operator
   (``process_elements``, same capacity) in one plain uvloop process, rows from a
   generator: what the connector path costs without Spark and Arrow;
@@ -75,15 +77,20 @@ async def _no_reset(connection: Any) -> None:
 
 def _pg_ceiling_worker(
     dsn: str, table: str, start: int, stop: int, customers: int, batch_size: int,
-    concurrency: int, pool_size: int, reset: bool, barrier: Any, out: Any,
+    concurrency: int, pool_size: int, reset: bool, arrays: bool, barrier: Any, out: Any,
 ) -> None:  # fmt: skip
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa
     import uvloop
+
+    from connectors.postgres._lookup import aggregate_sql
 
     async def main() -> None:
         extra: dict[str, Any] = {} if reset else {"reset": _no_reset}
         pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size, **extra)
         query = f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)'
+        if arrays:
+            query = aggregate_sql(query, ["id", "name", "tier", "country"])
         keys = [key_of(i, customers) for i in range(start, stop)]
         chunks = [keys[i : i + batch_size] for i in range(0, len(keys), batch_size)]
         sem = asyncio.Semaphore(concurrency)
@@ -93,7 +100,12 @@ def _pg_ceiling_worker(
             nonlocal emitted
             async with sem:
                 records = await pool.fetch(query, list(dict.fromkeys(chunk)))
-            by_id = {r["id"]: dict(r) for r in records}
+            if arrays:  # one row of arrays: each column to Arrow, keys to positions
+                ids = records[0][0] or []  # NULL arrays when nothing matched
+                _columns = [pa.array(c) for c in records[0]] if ids else []  # what a client uses
+                by_id = dict(zip(ids, range(len(ids)), strict=True))
+            else:  # records: a dict per record, as a plain client uses them
+                by_id = {r["id"]: dict(r) for r in records}
             emitted += sum(1 for k in chunk if by_id.get(k) is not None)
 
         await pool.fetch(query, [1])  # warm the connections and the statement cache
@@ -366,17 +378,22 @@ def pg_suite(
         spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size,
         args.chunk_capacity, args.pool_size, chunk_size=args.batch_size,
     ))  # fmt: skip
-    for reset in (True, False):
+    ceilings = (
+        ("pg asyncpg ceiling (2 procs)", True, False, ""),
+        ("pg asyncpg ceiling, no reset", False, False,
+         ", pool reset= that sends nothing (as PostgresLookup)"),
+        ("pg asyncpg ceiling, arrays", False, True,
+         ", no reset, result as one row of arrays (as PostgresLookup's columnar path)"),
+    )  # fmt: skip
+    for name, reset, arrays, more in ceilings:
         emitted, secs = two_processes(
             _pg_ceiling_worker,
-            lambda a, b, reset=reset: (dsn, table, a, b, customers, args.batch_size,
-                          max(1, args.capacity // args.batch_size), args.pool_size, reset),
+            lambda a, b, reset=reset, arrays=arrays: (
+                dsn, table, a, b, customers, args.batch_size,
+                max(1, args.capacity // args.batch_size), args.pool_size, reset, arrays),
             orders,
         )  # fmt: skip
-        name = "pg asyncpg ceiling (2 procs)" if reset else "pg asyncpg ceiling, no reset"
-        note = f"same ANY($1) chunks of {args.batch_size}"
-        rows.append(Row(name, emitted, secs, note + ("" if reset else
-                        ", pool reset= that sends nothing (as PostgresLookup)")))  # fmt: skip
+        rows.append(Row(name, emitted, secs, f"same ANY($1) chunks of {args.batch_size}{more}"))
     emitted, secs = one_process(
         _pg_inprocess_worker,
         (dsn, table, orders, customers, args.batch_size, args.capacity, args.pool_size),
@@ -398,6 +415,8 @@ def pg_suite(
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
     ratio_line("chunked / asyncpg ceiling without the pool's reset", by.get("pg chunked (spark)"),
                by.get("pg asyncpg ceiling, no reset"), 0.8)  # fmt: skip
+    ratio_line("chunked / asyncpg ceiling with arrays", by.get("pg chunked (spark)"),
+               by.get("pg asyncpg ceiling, arrays"), None)  # fmt: skip
     ratio_line("chunked / JDBC join (>1: lookups win)", by.get("pg chunked (spark)"),
                by.get("pg JDBC + broadcast join"), None)  # fmt: skip
     return rows

@@ -43,7 +43,7 @@ from .._exceptions import (
 )
 from .._redact import Scrubber
 
-__all__ = ["map_asyncpg_errors"]
+__all__ = ["is_query_error", "map_asyncpg_errors"]
 
 # SQLSTATE classes whose errors mean "this connection or server is unusable now".
 _CONNECTION_CLASSES = ("08", "57")
@@ -77,6 +77,12 @@ def _classify(exc: BaseException) -> type[ConnectorError] | None:
     if isinstance(exc, OSError | ConnectionError):
         return LookupConnectionError
     return None
+
+
+def is_query_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about the SQL itself (mapped to LookupQueryError), not
+    about the connection, the server's state, authentication or time."""
+    return _classify(exc) is LookupQueryError
 
 
 @contextmanager

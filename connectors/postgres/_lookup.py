@@ -41,7 +41,7 @@ from .._exceptions import LookupAmbiguousError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
-from ._errors import map_asyncpg_errors
+from ._errors import is_query_error, map_asyncpg_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -125,10 +125,40 @@ def active_pools() -> int:
     return _POOLS.active()
 
 
+@dataclass(frozen=True)
+class _Columnar:
+    """The lookup query wrapped to answer one row of arrays, one array per column."""
+
+    sql: str
+    names: tuple[str, ...]
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def aggregate_sql(query: str, names: Sequence[str]) -> str:
+    """``query`` wrapped so that its whole result comes back as one row of arrays.
+
+    ``SELECT array_agg(q."a"), array_agg(q."b") FROM (<query>) AS q``: every
+    aggregate of one query level reads the same rows in the same order, so the
+    i-th elements of all arrays are the i-th result row. A query with no rows
+    answers one row of NULLs.
+    """
+    body = query.strip().rstrip(";").rstrip()
+    aggregates = ", ".join(f"array_agg(q.{_quote_ident(n)})" for n in names)
+    # Newlines around the body: a trailing ``-- comment`` must not swallow the ")".
+    return f"SELECT {aggregates}\nFROM (\n{body}\n) AS q"
+
+
 @dataclass
 class _Runtime:
     pool: asyncpg.Pool
     batcher: KeyBatcher[Hashable, Rows]
+    # The columnar path's query as arrays, probed once per worker on its first chunk;
+    # None after the probe when the result cannot be aggregated (records are used).
+    columnar: _Columnar | None = None
+    columnar_probed: bool = False
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -379,36 +409,48 @@ class PostgresLookup(BaseLookup[_Runtime]):
         """The columnar path of the common case (one key column, one-to-one, no cache).
 
         Deduplication, matching and fan-out are Arrow compute kernels; Python
-        touches each distinct key once and each result record once (one
-        transpose of the records into columns).
+        touches each distinct key once. The query's result comes back as one row
+        of arrays (:func:`aggregate_sql`), so asyncpg decodes each column as one
+        array, with no record per result row; a query whose columns cannot be
+        aggregated is answered as records, transposed once into columns.
         """
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        runtime = self._require_runtime()
         column = self.key.column_of(batch, self.key.names[0])
         self._rows += len(column)
         self._null_keys += column.null_count
         distinct = pc.unique(column).drop_null().to_pylist()
+        if not runtime.columnar_probed:
+            runtime.columnar = await self._probe_columnar(runtime)
+            runtime.columnar_probed = True
         size = self.batch_size
-        parts = await asyncio.gather(
-            *(self._query(distinct[i : i + size]) for i in range(0, len(distinct), size))
-        )
-        records = [record for part in parts for record in part]
-        if not records:
+        chunks = [distinct[i : i + size] for i in range(0, len(distinct), size)]
+        columnar = runtime.columnar
+        columns: Sequence[Sequence[Any]]
+        if columnar is not None:
+            present = list(columnar.names)
+            columns = await self._query_columns(columnar, chunks)
+        else:
+            parts = await asyncio.gather(*(self._query(chunk) for chunk in chunks))
+            records = [record for part in parts for record in part]
+            present = list(records[0].keys()) if records else []
+            columns = list(zip(*records, strict=True))
+        if not columns or not columns[0]:
             return [], {}
-        present = list(records[0].keys())
-        columns = list(zip(*records, strict=True))
+        self._check_columns(present)
         found = columns[present.index(self.on.names[0])]
-        if len(set(found)) != len(found):
-            counts: dict[Any, int] = {}
-            for key in found:
-                counts[key] = counts.get(key, 0) + 1
-            key, n = next((k, c) for k, c in counts.items() if c > 1)
-            raise self._ambiguous(key, n)
         try:
             value_set = pa.array(found, type=column.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
             value_set = pa.array(found).cast(column.type)
+        if len(pc.unique(value_set)) != len(value_set):
+            counts: dict[Any, int] = {}
+            for key in value_set.to_pylist():  # as matched: after the cast to the key's type
+                counts[key] = counts.get(key, 0) + 1
+            key, n = next((k, c) for k, c in counts.items() if c > 1)
+            raise self._ambiguous(key, n)
         position = pc.index_in(column, value_set=value_set)
         if position.null_count == 0:
             row_index: Any = None  # every row matched once, in order
@@ -419,6 +461,51 @@ class PostgresLookup(BaseLookup[_Runtime]):
             take = position.filter(matched)
         names = self.columns if self.columns is not None else present
         return row_index, {n: pa.array(columns[present.index(n)]).take(take) for n in names}
+
+    async def _probe_columnar(self, runtime: _Runtime) -> _Columnar | None:
+        """Whether the query's result can come back as arrays, and the query that does it.
+
+        Prepares the query (no rows are read) and reads its result columns: none
+        may be an array (``array_agg`` of arrays makes one multi-dimensional
+        array, and fails on NULL or ragged ones) and their names must be distinct.
+        The wrapped query is prepared too. A query the server rejects gives None
+        here: the records path then runs it and raises its error as every lookup
+        does.
+        """
+        with map_asyncpg_errors("lookup query", self._where, self._scrub):
+            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
+                try:
+                    statement = await connection.prepare(self.query, timeout=self.query_timeout)
+                    attributes = statement.get_attributes()
+                    names = tuple(attribute.name for attribute in attributes)
+                    if len(set(names)) != len(names) or any(
+                        attribute.type.kind == "array" for attribute in attributes
+                    ):
+                        return None
+                    sql = aggregate_sql(self.query, names)
+                    await connection.prepare(sql, timeout=self.query_timeout)
+                except asyncpg.PostgresError as exc:
+                    if not is_query_error(exc):
+                        raise
+                    return None
+        return _Columnar(sql, names)
+
+    async def _query_columns(
+        self, columnar: _Columnar, chunks: Sequence[Sequence[Hashable]]
+    ) -> list[list[Any]]:
+        """The rows matching ``chunks`` of distinct keys (one query each, concurrently)
+        as one list per column, in ``columnar.names`` order."""
+        parts = await asyncio.gather(
+            *(self._query(chunk, columnar.sql, check=False) for chunk in chunks)
+        )
+        columns: list[list[Any]] = [[] for _ in columnar.names]
+        for records in parts:
+            arrays = records[0] if records else None
+            if arrays is None or arrays[0] is None:
+                continue  # no match: array_agg over no rows is NULL
+            for into, values in zip(columns, arrays, strict=True):
+                into.extend(values)
+        return columns
 
     @staticmethod
     def _ambiguous(key: Hashable, matches: int) -> LookupAmbiguousError:
@@ -496,8 +583,12 @@ class PostgresLookup(BaseLookup[_Runtime]):
             grouped[found] = tuple(matches)
         return grouped
 
-    async def _query(self, keys: Sequence[Hashable]) -> list[asyncpg.Record]:
-        """One query for ``keys`` (distinct), its errors mapped; the result's columns checked."""
+    async def _query(
+        self, keys: Sequence[Hashable], sql: str | None = None, *, check: bool = True
+    ) -> list[asyncpg.Record]:
+        """One query for ``keys`` (distinct), its errors mapped; the result's columns
+        checked (unless ``check`` is false). ``sql``: the lookup query (default) or
+        its columnar form."""
         runtime = self._require_runtime()
         if self.key.composite:
             # Parallel arrays, one per key field, in the order of ``key``.
@@ -507,7 +598,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
                 try:
-                    records = await self._run_query(connection, args)
+                    if sql is None:
+                        records = await self._run_query(connection, args)
+                    else:
+                        records = await self._send(connection, sql, args)
                 except asyncpg.InternalClientError:
                     # asyncpg's protocol state machine is broken, as happens when the
                     # server terminates the connection mid-statement (MagicStack/asyncpg
@@ -515,7 +609,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                     # pool opens a fresh one on the next acquire.
                     connection.terminate()
                     raise
-        if records:
+        if check and records:
             self._check_columns(list(records[0].keys()))
         return records
 
@@ -533,10 +627,17 @@ class PostgresLookup(BaseLookup[_Runtime]):
     async def _run_query(
         self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]
     ) -> list[asyncpg.Record]:
-        """Run the lookup query once. The single point where SQL is sent (a hook
-        for instrumentation in tests and subclasses)."""
+        """Run the lookup query once, as records."""
+        return await self._send(connection, self.query, args)
+
+    async def _send(
+        self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]
+    ) -> list[asyncpg.Record]:
+        """Run ``sql`` (the lookup query or its columnar form) once with ``args`` (one
+        array of keys per key field). The single point where lookup SQL is sent (a
+        hook for instrumentation in tests and subclasses)."""
         records: list[asyncpg.Record] = await connection.fetch(
-            self.query, *args, timeout=self.query_timeout
+            sql, *args, timeout=self.query_timeout
         )
         return records
 

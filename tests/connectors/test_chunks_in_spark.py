@@ -16,8 +16,9 @@ from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncFunction, ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
-from connectors import LookupAmbiguousError, LookupCache, LookupKeyError
+from connectors import LookupAmbiguousError, LookupCache, LookupKeyError, LookupQueryError
 from connectors.postgres import PostgresLookup
+from connectors.postgres._lookup import aggregate_sql
 from tests.spark.conftest import spark
 
 from .support import PgTables, run_isolated
@@ -103,9 +104,9 @@ async def test_chunk_lookup_dedupes_keys_and_splits_by_batch_size(pg_tables: PgT
     queries: list[int] = []
 
     class Counting(PostgresLookup):
-        async def _run_query(self, connection: Any, args: Any) -> Any:
+        async def _send(self, connection: Any, sql: str, args: Any) -> Any:
             queries.append(len(args[0]))
-            return await super()._run_query(connection, args)
+            return await super()._send(connection, sql, args)
 
     lookup = Counting(
         pg_tables.dsn, f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1)",
@@ -237,3 +238,109 @@ def test_a_function_with_only_async_invoke_chunk_gets_dict_rows(spark: SparkSess
         _orders(spark, 50), DictChunks(), timeout=10, output_schema="name string", chunk_size=8,
     ).collect()  # fmt: skip
     assert [(r.id, r.name) for r in rows] == [(i, f"n{i % 250 + 1}") for i in range(1, 50, 2)]
+
+
+# -- the columnar transport: the query's result as one row of arrays -----------------------------
+class _Recording(PostgresLookup):
+    """Records the SQL of every lookup query sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sql: list[str] = []
+
+    async def _send(self, connection: Any, sql: str, args: Any) -> Any:
+        self.sql.append(sql)
+        return await super()._send(connection, sql, args)
+
+
+def test_aggregate_sql_wraps_the_query_and_survives_a_trailing_comment() -> None:
+    sql = aggregate_sql('SELECT id, "Na""me" FROM t WHERE id = ANY($1); ', ["id", 'Na"me'])
+    assert sql == (
+        'SELECT array_agg(q."id"), array_agg(q."Na""me")\n'
+        'FROM (\nSELECT id, "Na""me" FROM t WHERE id = ANY($1)\n) AS q'
+    )
+    assert aggregate_sql("SELECT 1 -- note", ["x"]).endswith("-- note\n) AS q")
+
+
+def test_arrow_lookup_reads_the_result_as_arrays(pg_tables: PgTables) -> None:
+    lookup = _Recording(
+        pg_tables.dsn,
+        # a trailing comment, NULLs in a result column, a computed column
+        f"SELECT id, name, tier, id * 2 AS twice FROM {pg_tables.customers} "
+        "WHERE id = ANY($1) -- the customers",
+        key="customer_id", on="id", batch_size=3,
+    )  # fmt: skip
+    ids = [5, 250, None, 5, 17, 199, 3, 0, 6, 7]
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array(ids, pa.int64())})
+    expected = _per_row(_lookup(pg_tables), batch.to_pylist())
+    got = _columnar(lookup, batch)
+    assert [(i, {"name": r["name"], "tier": r["tier"]}) for i, r in got] == expected
+    assert [r["twice"] for _, r in got] == [2 * ids[i] for i, _ in got]  # type: ignore[operator]
+    assert len(lookup.sql) == 3  # 7 distinct keys, at most 3 per query
+    assert all(s.startswith("SELECT array_agg(q.") for s in lookup.sql)
+
+    nothing = _Recording(
+        pg_tables.dsn, f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1);",
+        key="customer_id", on="id",
+    )  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([0, 999], pa.int64())})
+    assert _columnar(nothing, batch) == []  # array_agg over no rows is NULL: no match
+    assert nothing.sql[0].startswith("SELECT array_agg(")
+
+
+def test_arrow_lookup_falls_back_to_records_for_columns_arrays_cannot_carry(
+    pg_tables: PgTables,
+) -> None:
+    t = pg_tables.customers
+    queries = {
+        # an array column: array_agg would make it a two-dimensional array
+        "array": f"SELECT id, name, ARRAY[id, id + 1] AS pair FROM {t} WHERE id = ANY($1)",
+        # two result columns of one name
+        "duplicate": f"SELECT id, name, tier AS name FROM {t} WHERE id = ANY($1)",
+    }
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([3, 4, 3, 500], pa.int64())})
+    for kind, query in queries.items():
+        lookup = _Recording(pg_tables.dsn, query, key="customer_id", on="id", columns=("name",))
+        got = _columnar(lookup, batch)
+        assert got == [(0, {"name": "customer-3"}), (1, {"name": "customer-4"}),
+                       (2, {"name": "customer-3"})], kind  # fmt: skip
+        assert lookup.sql == [query], kind  # records, not arrays
+    pair = _columnar(
+        PostgresLookup(pg_tables.dsn, queries["array"], key="customer_id", on="id"), batch
+    )
+    assert [r["pair"] for _, r in pair] == [[3, 4], [4, 5], [3, 4]]
+
+    # A composite column travels as an array of composites: the same values as records.
+    whole = f"SELECT c.id, c AS whole FROM {t} c WHERE c.id = ANY($1)"
+    lookup = _Recording(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
+    got = _columnar_values(lookup, batch, "whole")
+    assert lookup.sql[0].startswith("SELECT array_agg(")
+    records = _Recording(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
+    rows = [{"customer_id": k} for k in (3, 4, 500)]
+    assert sorted(got) == sorted(tuple(r["whole"]) for _, r in _per_row(records, rows))
+    assert sorted(got) == [(3, "customer-3", "gold"), (4, "customer-4", "basic")]
+
+
+def _columnar_values(lookup: PostgresLookup, batch: pa.RecordBatch, name: str) -> list[Any]:
+    """The raw values of column ``name`` that the columnar path answers (before Arrow)."""
+
+    async def go() -> Any:
+        async with lookup:
+            runtime = lookup._require_runtime()
+            runtime.columnar = await lookup._probe_columnar(runtime)
+            assert runtime.columnar is not None
+            distinct = pa.compute.unique(batch.column(0)).to_pylist()
+            columns = await lookup._query_columns(runtime.columnar, [distinct])
+            return columns[runtime.columnar.names.index(name)]
+
+    return [tuple(v) for v in run_isolated(go())]
+
+
+def test_arrow_lookup_with_bad_sql_raises_the_query_error(pg_tables: PgTables) -> None:
+    broken = PostgresLookup(
+        pg_tables.dsn, f"SELECT id, nme FROM {pg_tables.customers} WHERE id = ANY($1)",
+        key="customer_id", on="id",
+    )  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1], pa.int64())})
+    with pytest.raises(LookupQueryError, match=r'column "nme" does not exist'):
+        _columnar(broken, batch)

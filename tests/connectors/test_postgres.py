@@ -39,11 +39,11 @@ class CountingLookup(PostgresLookup):
         super().__init__(*args, **kwargs)
         self.sent: list[int] = []
 
-    async def _run_query(
-        self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]
+    async def _send(
+        self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]
     ) -> list[asyncpg.Record]:
         self.sent.append(len(args[0]))
-        return await super()._run_query(connection, args)
+        return await super()._send(connection, sql, args)
 
 
 def customers_lookup(t: PgTables, **options: Any) -> CountingLookup:
