@@ -155,10 +155,10 @@ def aggregate_sql(query: str, names: Sequence[str]) -> str:
 class _Runtime:
     pool: asyncpg.Pool
     batcher: KeyBatcher[Hashable, Rows]
-    # The columnar path's query as arrays, probed once per worker on its first chunk;
-    # None after the probe when the result cannot be aggregated (records are used).
-    columnar: _Columnar | None = None
-    columnar_probed: bool = False
+    # The columnar path's probe (:meth:`PostgresLookup._columnar`), started by the first
+    # chunk and shared by the chunks that arrive while it runs; its result is None
+    # when the result cannot be aggregated (records are used).
+    columnar_probe: asyncio.Future[_Columnar | None] | None = None
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -422,12 +422,9 @@ class PostgresLookup(BaseLookup[_Runtime]):
         self._rows += len(column)
         self._null_keys += column.null_count
         distinct = pc.unique(column).drop_null().to_pylist()
-        if not runtime.columnar_probed:
-            runtime.columnar = await self._probe_columnar(runtime)
-            runtime.columnar_probed = True
+        columnar = await self._columnar(runtime)
         size = self.batch_size
         chunks = [distinct[i : i + size] for i in range(0, len(distinct), size)]
-        columnar = runtime.columnar
         columns: Sequence[Sequence[Any]]
         if columnar is not None:
             present = list(columnar.names)
@@ -439,7 +436,6 @@ class PostgresLookup(BaseLookup[_Runtime]):
             columns = list(zip(*records, strict=True))
         if not columns or not columns[0]:
             return [], {}
-        self._check_columns(present)
         found = columns[present.index(self.on.names[0])]
         try:
             value_set = pa.array(found, type=column.type)
@@ -461,6 +457,18 @@ class PostgresLookup(BaseLookup[_Runtime]):
             take = position.filter(matched)
         names = self.columns if self.columns is not None else present
         return row_index, {n: pa.array(columns[present.index(n)]).take(take) for n in names}
+
+    async def _columnar(self, runtime: _Runtime) -> _Columnar | None:
+        """The query's columnar form for this runtime (None: use records), probed once.
+
+        Chunks arriving while the probe runs await the same probe (shielded: one
+        chunk's cancellation does not abort it); a probe that failed is run
+        again by the next chunk.
+        """
+        probe = runtime.columnar_probe
+        if probe is None or (probe.done() and (probe.cancelled() or probe.exception())):
+            probe = runtime.columnar_probe = asyncio.ensure_future(self._probe_columnar(runtime))
+        return await asyncio.shield(probe)
 
     async def _probe_columnar(self, runtime: _Runtime) -> _Columnar | None:
         """Whether the query's result can come back as arrays, and the query that does it.
@@ -494,10 +502,9 @@ class PostgresLookup(BaseLookup[_Runtime]):
         self, columnar: _Columnar, chunks: Sequence[Sequence[Hashable]]
     ) -> list[list[Any]]:
         """The rows matching ``chunks`` of distinct keys (one query each, concurrently)
-        as one list per column, in ``columnar.names`` order."""
-        parts = await asyncio.gather(
-            *(self._query(chunk, columnar.sql, check=False) for chunk in chunks)
-        )
+        as one list per column, in ``columnar.names`` order; the columns are checked
+        as :meth:`_query` checks records, when any row matched."""
+        parts = await asyncio.gather(*(self._query(chunk, columnar.sql) for chunk in chunks))
         columns: list[list[Any]] = [[] for _ in columnar.names]
         for records in parts:
             arrays = records[0] if records else None
@@ -505,6 +512,8 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 continue  # no match: array_agg over no rows is NULL
             for into, values in zip(columns, arrays, strict=True):
                 into.extend(values)
+        if columns[0]:
+            self._check_columns(list(columnar.names))
         return columns
 
     @staticmethod
@@ -584,11 +593,11 @@ class PostgresLookup(BaseLookup[_Runtime]):
         return grouped
 
     async def _query(
-        self, keys: Sequence[Hashable], sql: str | None = None, *, check: bool = True
+        self, keys: Sequence[Hashable], sql: str | None = None
     ) -> list[asyncpg.Record]:
-        """One query for ``keys`` (distinct), its errors mapped; the result's columns
-        checked (unless ``check`` is false). ``sql``: the lookup query (default) or
-        its columnar form."""
+        """One query for ``keys`` (distinct), its errors mapped. ``sql``: the lookup
+        query (default; the result's columns are checked) or its columnar form (one
+        row of arrays, checked by :meth:`_query_columns`)."""
         runtime = self._require_runtime()
         if self.key.composite:
             # Parallel arrays, one per key field, in the order of ``key``.
@@ -598,10 +607,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
                 try:
-                    if sql is None:
-                        records = await self._run_query(connection, args)
-                    else:
-                        records = await self._send(connection, sql, args)
+                    records = await self._send(connection, sql or self.query, args)
                 except asyncpg.InternalClientError:
                     # asyncpg's protocol state machine is broken, as happens when the
                     # server terminates the connection mid-statement (MagicStack/asyncpg
@@ -609,7 +615,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                     # pool opens a fresh one on the next acquire.
                     connection.terminate()
                     raise
-        if check and records:
+        if sql is None and records:
             self._check_columns(list(records[0].keys()))
         return records
 
@@ -623,12 +629,6 @@ class PostgresLookup(BaseLookup[_Runtime]):
         if columns is not None and not set(columns) <= set(present):
             missing = sorted(set(columns) - set(present))
             raise LookupQueryError(f"columns={missing!r} are not in the query's result")
-
-    async def _run_query(
-        self, connection: asyncpg.Connection, args: Sequence[Sequence[Any]]
-    ) -> list[asyncpg.Record]:
-        """Run the lookup query once, as records."""
-        return await self._send(connection, self.query, args)
 
     async def _send(
         self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]

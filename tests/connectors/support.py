@@ -1,4 +1,4 @@
-"""Helpers shared by the connector tests (types, loop runner, retry driver)."""
+"""Helpers shared by the connector tests (types, loop runner, retry driver, a counting lookup)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,24 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asyncio_ops import AsyncRetryStrategy
+from connectors.postgres import PostgresLookup
 
 T = TypeVar("T")
+
+
+class CountingLookup(PostgresLookup):
+    """A PostgresLookup that records every lookup query it sends: ``sent``, the
+    number of keys in each; ``sql``, its SQL (the query or its columnar form)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[int] = []
+        self.sql: list[str] = []
+
+    async def _send(self, connection: Any, sql: str, args: Sequence[Sequence[Any]]) -> Any:
+        self.sent.append(len(args[0]))
+        self.sql.append(sql)
+        return await super()._send(connection, sql, args)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from connectors.postgres import PostgresLookup
 from connectors.postgres._lookup import aggregate_sql
 from tests.spark.conftest import spark
 
-from .support import PgTables, run_isolated
+from .support import CountingLookup, PgTables, run_isolated
 
 __all__ = ["spark"]
 
@@ -101,20 +101,14 @@ def test_chunk_size_is_validated_on_the_driver(spark: SparkSession, pg_tables: P
 
 @pytest.mark.asyncio
 async def test_chunk_lookup_dedupes_keys_and_splits_by_batch_size(pg_tables: PgTables) -> None:
-    queries: list[int] = []
-
-    class Counting(PostgresLookup):
-        async def _send(self, connection: Any, sql: str, args: Any) -> Any:
-            queries.append(len(args[0]))
-            return await super()._send(connection, sql, args)
-
-    lookup = Counting(
+    lookup = CountingLookup(
         pg_tables.dsn, f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1)",
         key="customer_id", on="id", columns=("name",), batch_size=40,
     )  # fmt: skip
     async with lookup:
         rows = [{"customer_id": i % 100 + 1} for i in range(300)] + [{"customer_id": None}]
         out = await lookup.async_invoke_chunk(rows)
+    queries = lookup.sent
     assert sorted(queries) == [20, 40, 40]  # 100 distinct keys, at most 40 per query
     assert [o[0]["name"] for o in out[:-1]] == [f"customer-{i % 100 + 1}" for i in range(300)]
     assert out[-1] == []  # a null key has no match and costs no query
@@ -241,18 +235,6 @@ def test_a_function_with_only_async_invoke_chunk_gets_dict_rows(spark: SparkSess
 
 
 # -- the columnar transport: the query's result as one row of arrays -----------------------------
-class _Recording(PostgresLookup):
-    """Records the SQL of every lookup query sent."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sql: list[str] = []
-
-    async def _send(self, connection: Any, sql: str, args: Any) -> Any:
-        self.sql.append(sql)
-        return await super()._send(connection, sql, args)
-
-
 def test_aggregate_sql_wraps_the_query_and_survives_a_trailing_comment() -> None:
     sql = aggregate_sql('SELECT id, "Na""me" FROM t WHERE id = ANY($1); ', ["id", 'Na"me'])
     assert sql == (
@@ -263,7 +245,7 @@ def test_aggregate_sql_wraps_the_query_and_survives_a_trailing_comment() -> None
 
 
 def test_arrow_lookup_reads_the_result_as_arrays(pg_tables: PgTables) -> None:
-    lookup = _Recording(
+    lookup = CountingLookup(
         pg_tables.dsn,
         # a trailing comment, NULLs in a result column, a computed column
         f"SELECT id, name, tier, id * 2 AS twice FROM {pg_tables.customers} "
@@ -279,7 +261,7 @@ def test_arrow_lookup_reads_the_result_as_arrays(pg_tables: PgTables) -> None:
     assert len(lookup.sql) == 3  # 7 distinct keys, at most 3 per query
     assert all(s.startswith("SELECT array_agg(q.") for s in lookup.sql)
 
-    nothing = _Recording(
+    nothing = CountingLookup(
         pg_tables.dsn, f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1);",
         key="customer_id", on="id",
     )  # fmt: skip
@@ -300,7 +282,7 @@ def test_arrow_lookup_falls_back_to_records_for_columns_arrays_cannot_carry(
     }
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([3, 4, 3, 500], pa.int64())})
     for kind, query in queries.items():
-        lookup = _Recording(pg_tables.dsn, query, key="customer_id", on="id", columns=("name",))
+        lookup = CountingLookup(pg_tables.dsn, query, key="customer_id", on="id", columns=("name",))
         got = _columnar(lookup, batch)
         assert got == [(0, {"name": "customer-3"}), (1, {"name": "customer-4"}),
                        (2, {"name": "customer-3"})], kind  # fmt: skip
@@ -312,10 +294,10 @@ def test_arrow_lookup_falls_back_to_records_for_columns_arrays_cannot_carry(
 
     # A composite column travels as an array of composites: the same values as records.
     whole = f"SELECT c.id, c AS whole FROM {t} c WHERE c.id = ANY($1)"
-    lookup = _Recording(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
+    lookup = CountingLookup(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
     got = _columnar_values(lookup, batch, "whole")
     assert lookup.sql[0].startswith("SELECT array_agg(")
-    records = _Recording(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
+    records = CountingLookup(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
     rows = [{"customer_id": k} for k in (3, 4, 500)]
     assert sorted(got) == sorted(tuple(r["whole"]) for _, r in _per_row(records, rows))
     assert sorted(got) == [(3, "customer-3", "gold"), (4, "customer-4", "basic")]
@@ -327,11 +309,11 @@ def _columnar_values(lookup: PostgresLookup, batch: pa.RecordBatch, name: str) -
     async def go() -> Any:
         async with lookup:
             runtime = lookup._require_runtime()
-            runtime.columnar = await lookup._probe_columnar(runtime)
-            assert runtime.columnar is not None
+            columnar = await lookup._probe_columnar(runtime)
+            assert columnar is not None
             distinct = pa.compute.unique(batch.column(0)).to_pylist()
-            columns = await lookup._query_columns(runtime.columnar, [distinct])
-            return columns[runtime.columnar.names.index(name)]
+            columns = await lookup._query_columns(columnar, [distinct])
+            return columns[columnar.names.index(name)]
 
     return [tuple(v) for v in run_isolated(go())]
 

@@ -6,7 +6,7 @@ import asyncio
 import pickle
 import time
 import traceback
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
@@ -27,23 +27,9 @@ from connectors import (
 )
 from connectors.postgres import PostgresLookup, active_pools
 
-from .support import PgTables, with_retry
+from .support import CountingLookup, PgTables, with_retry
 
 pytestmark = [pytest.mark.postgres]
-
-
-class CountingLookup(PostgresLookup):
-    """Counts the queries actually sent and the number of keys in each."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: list[int] = []
-
-    async def _send(
-        self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]
-    ) -> list[asyncpg.Record]:
-        self.sent.append(len(args[0]))
-        return await super()._send(connection, sql, args)
 
 
 def customers_lookup(t: PgTables, **options: Any) -> CountingLookup:

@@ -52,25 +52,11 @@ from connectors import (
 )
 from connectors.http import HttpLookup
 from connectors.postgres import PostgresLookup
-from tests.connectors.support import PgTables, run_isolated
+from tests.connectors.support import CountingLookup, PgTables, run_isolated
 
 from .conftest import RestartablePostgres
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-class CountingPg(PostgresLookup):
-    """Counts the queries actually sent (and the keys in each)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: list[int] = []
-
-    async def _send(
-        self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]
-    ) -> list[asyncpg.Record]:
-        self.sent.append(len(args[0]))
-        return await super()._send(connection, sql, args)
 
 
 def values(out: Sequence[Any]) -> list[Any]:
@@ -215,7 +201,7 @@ async def within(seconds: float, coro: Awaitable[Any]) -> tuple[Any, float]:
 async def test_pg_backends_killed_repeatedly_every_row_exactly_once(pg_tables: PgTables) -> None:
     """pg_terminate_backend on all of the pool's connections, six times during the run."""
     app = unique_app()
-    lookup = CountingPg(
+    lookup = CountingLookup(
         pg_tables.dsn,
         f"SELECT id, name FROM {pg_tables.customers} CROSS JOIN pg_sleep(0.05) WHERE id = ANY($1)",
         key="customer_id",
@@ -264,10 +250,10 @@ async def _seed(dsn: str) -> None:
         await connection.close(timeout=5)
 
 
-def _throwaway_lookup(dsn: str, **options: Any) -> CountingPg:
+def _throwaway_lookup(dsn: str, **options: Any) -> CountingLookup:
     options.setdefault("connect_timeout", 2.0)
     options.setdefault("query_timeout", 5.0)
-    return CountingPg(
+    return CountingLookup(
         dsn,
         "SELECT id, name FROM customers CROSS JOIN pg_sleep(0.02) WHERE id = ANY($1)",
         key="id",
@@ -403,9 +389,9 @@ async def pg_proxy(pg_tables: PgTables) -> AsyncIterator[FaultProxy]:
         yield proxy
 
 
-def _proxied_lookup(t: PgTables, proxy: FaultProxy, **options: Any) -> CountingPg:
+def _proxied_lookup(t: PgTables, proxy: FaultProxy, **options: Any) -> CountingLookup:
     options.setdefault("server_settings", {"application_name": unique_app()})
-    return CountingPg(
+    return CountingLookup(
         _via(t.dsn, proxy.port),
         f"SELECT id, name FROM {t.customers} WHERE id = ANY($1)",
         key="customer_id",
