@@ -35,7 +35,19 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
 
 The chunked case and the ceilings run ``--rounds`` times, interleaved (they
 last seconds, and a shared machine moves them by +-20 %); the table shows each
-one's median run and notes every round's rate.
+one's median run and notes every round's rate, and the chunked case's ratio to
+a ceiling is also given round by round (each pair ran back to back).
+
+A second table gives the CPU seconds each case used, by role (Postgres, Spark's
+JVM, Spark's Python workers, the ceiling's client processes; from ``/proc``, so
+Linux): on a machine whose cores are all busy, throughput follows CPU per row,
+and the ratio of the ceiling's CPU per row to the chunked case's is what their
+rate ratio tends to.
+
+Spark runs with ``spark.sql.execution.arrow.maxBytesPerBatch`` at INT_MAX
+(``--arrow-max-bytes``; 0 keeps Spark's 64 MiB): Spark then skips a size check
+it otherwise makes after every row it writes to the Python workers (see
+docs/spark.md, "Arrow batches in bytes").
 
 Targets (issue 5): batched >= 10x per-row, batched >= 0.8 of the asyncpg
 ceiling, HTTP >= 0.8 of its ceiling. Postgres is ``--dsn`` /
@@ -56,6 +68,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench import _cpu as cpu
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 STEP = 7919  # customer_id = (order * STEP) % customers + 1, as in examples/_common.orders
@@ -117,10 +131,11 @@ def _pg_ceiling_worker(
             emitted += sum(1 for k in chunk if by_id.get(k) is not None)
 
         await pool.fetch(query, [1])  # warm the connections and the statement cache
+        pa.array(["x"])  # pyarrow's first conversion imports more of it: not in the timing
         barrier.wait()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(c) for c in chunks))
-        out.put((emitted, time.perf_counter() - t0))
+        out.put((emitted, time.perf_counter() - t0, time.process_time() - c0))
         await pool.close()
 
     uvloop.run(main())
@@ -205,15 +220,16 @@ def _http_ceiling_worker(
             async with session.get(f"{base}/customers/1") as r:
                 await r.read()
             barrier.wait()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-            out.put((ok, time.perf_counter() - t0))
+            out.put((ok, time.perf_counter() - t0, time.process_time() - c0))
 
     uvloop.run(main())
 
 
-def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float]:
-    """Run ``target`` in two spawned processes over halves of ``0..n``; (rows, slowest s)."""
+def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float, float]:
+    """Run ``target`` in two spawned processes over halves of ``0..n``: (rows, slowest
+    seconds, CPU seconds of both in their timed part)."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     half = n // 2
@@ -226,7 +242,7 @@ def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float]:
     results = [out.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    return sum(r[0] for r in results), max(r[1] for r in results)
+    return sum(r[0] for r in results), max(r[1] for r in results), sum(r[2] for r in results)
 
 
 # -- Spark side --------------------------------------------------------------------------------
@@ -268,13 +284,15 @@ def pg_lookup_row(
         output_schema="name string, tier string, country string", metrics=metrics,
         chunk_size=chunk_size,
     )  # fmt: skip
+    before = cpu.snapshot()
     seconds = run_noop(df)
+    used = cpu.usage(before, cpu.snapshot())
     emitted = metrics.summary()["emitted"]
     note = f"batch_size={batch_size} capacity={capacity}"
     if chunk_size is not None:
         note = (f"chunk_size={chunk_size} (async_invoke_arrow) capacity={capacity} chunks "
                 f"batch_size={batch_size}")  # fmt: skip
-    return Row(name, emitted, seconds, note)
+    return Row(name, emitted, seconds, note, {"cpu": used})
 
 
 def jdbc_join_row(spark: Any, name: str, dsn: str, table: str, n: int, customers: int) -> Row:
@@ -325,7 +343,7 @@ def http_rows(spark: Any, n: int, customers: int, latency_ms: float, capacity: i
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the customer service did not start")
             time.sleep(0.1)
-        rows, secs = two_processes(
+        rows, secs, _cpu = two_processes(
             _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), n
         )
         ceiling = Row("http aiohttp ceiling (2 procs)", rows, secs, f"{capacity} in flight each")
@@ -371,6 +389,55 @@ def ratio_line(label: str, a: Row | None, b: Row | None, target: float | None) -
     print(f"- {label}: {ratio:.2f}{goal}{verdict}")
 
 
+CPU_COLUMNS = (*cpu.ROLES, "asyncpg clients")
+
+
+def print_cpu(rows: list[Row]) -> None:
+    """CPU seconds by role of the rows that measured them (Linux)."""
+    measured = [r for r in rows if r.extra.get("cpu")]
+    if not measured:
+        return
+    print(f"\nCPU seconds during each case's timed part (median run; {os.cpu_count()} CPUs):\n")
+    print(f"| {'case':<34} | " + " | ".join(f"{c:>15}" for c in CPU_COLUMNS)
+          + f" | {'total':>6} | {'us/row':>6}")  # fmt: skip
+    print(f"|{'-' * 36}|" + "|".join("-" * 17 for _ in CPU_COLUMNS) + f"|{'-' * 8}|{'-' * 8}")
+    for r in measured:
+        used = r.extra["cpu"]
+        total = sum(used.values())
+        cells = " | ".join(f"{used[c]:>15.2f}" if c in used else f"{'-':>15}" for c in CPU_COLUMNS)
+        per_row = f"{1e6 * total / r.rows:.2f}" if r.rows else "-"
+        print(f"| {r.name:<34} | {cells} | {total:>6.2f} | {per_row:>6}")
+
+
+def cpu_per_row(row: Row | None) -> float | None:
+    if row is None or not row.rows or not row.extra.get("cpu"):
+        return None
+    return float(sum(row.extra["cpu"].values())) / row.rows
+
+
+def cpu_line(label: str, a: Row | None, b: Row | None) -> None:
+    """Where every core is busy, throughput follows CPU per row: this ratio is what
+    the rate ratio of ``b`` to ``a`` tends to."""
+    x, y = cpu_per_row(a), cpu_per_row(b)
+    if x is None or y is None:
+        print(f"- {label}: n/a (no /proc)")
+        return
+    print(f"- {label}: {x / y:.2f} (where every core is busy, what chunked / ceiling tends to)")
+
+
+def paired_line(label: str, a: list[Row] | None, b: list[Row] | None) -> None:
+    """Each round's ratio of ``a`` to ``b`` (run back to back) and their median."""
+    if not a or not b:
+        return
+    ratios = sorted(x.rate / y.rate for x, y in zip(a, b, strict=False) if x.rate and y.rate)
+    if not ratios:
+        return
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    listed = ", ".join(f"{r:.2f}" for r in ratios)
+    print(f"- {label}: median {median:.2f} of {len(ratios)} rounds ({listed})")
+
+
 def median_row(results: list[Row]) -> Row:
     """The median run of ``results`` (by seconds), noting every round's rate."""
     ordered = sorted(results, key=lambda r: r.seconds or 0.0)
@@ -409,15 +476,17 @@ def pg_suite(
         )  # fmt: skip
         runs.setdefault(chunked.name, []).append(chunked)
         for name, reset, arrays, more in ceilings:
-            emitted, secs = two_processes(
+            before = cpu.snapshot()
+            emitted, secs, clients = two_processes(
                 _pg_ceiling_worker,
                 lambda a, b, reset=reset, arrays=arrays: (
                     dsn, table, a, b, customers, args.batch_size,
                     max(1, args.capacity // args.batch_size), args.pool_size, reset, arrays),
                 orders,
             )  # fmt: skip
+            used = {**cpu.usage(before, cpu.snapshot()), "asyncpg clients": clients}
             note = f"same ANY($1) chunks of {args.batch_size}{more}"
-            runs.setdefault(name, []).append(Row(name, emitted, secs, note))
+            runs.setdefault(name, []).append(Row(name, emitted, secs, note, {"cpu": used}))
     for results in runs.values():
         rows.append(median_row(results))
     emitted, secs = one_process(
@@ -430,8 +499,15 @@ def pg_suite(
         rows.append(jdbc_join_row(spark, "pg JDBC + broadcast join", dsn, table, orders,
                                   customers))  # fmt: skip
     print_table(title, rows)
+    print_cpu(rows)
     by = {r.name: r for r in rows}
     print()
+    paired_line("chunked / asyncpg ceiling, round by round", runs.get("pg chunked (spark)"),
+                runs.get("pg asyncpg ceiling (2 procs)"))  # fmt: skip
+    paired_line("chunked / asyncpg ceiling with arrays, round by round",
+                runs.get("pg chunked (spark)"), runs.get("pg asyncpg ceiling, arrays"))  # fmt: skip
+    cpu_line("CPU seconds per row, ceiling with arrays / chunked",
+             by.get("pg asyncpg ceiling, arrays"), by.get("pg chunked (spark)"))  # fmt: skip
     ratio_line("batched / per-row", by.get("pg batched (spark)"), by.get("pg per-row (spark)"), 10)
     ratio_line("batched / asyncpg ceiling", by.get("pg batched (spark)"),
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
@@ -471,8 +547,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=3,
+        default=5,
         help="interleaved rounds of the chunked case and the ceilings (median)",
+    )
+    p.add_argument(
+        "--arrow-max-bytes",
+        type=int,
+        default=2**31 - 1,
+        help="spark.sql.execution.arrow.maxBytesPerBatch (default INT_MAX: no per-row size "
+        "check; 0: Spark's default, 64 MiB)",
     )
     p.add_argument("--chunk-capacity", type=int, default=2,
                    help="chunks in flight per partition in the chunked case")  # fmt: skip
@@ -507,6 +590,8 @@ def main(argv: list[str] | None = None) -> None:
         "spark.driver.memory": "4g",
         "spark.sql.autoBroadcastJoinThreshold": "-1",  # only the explicit broadcast
     }
+    if args.arrow_max_bytes:  # see docs/spark.md, "Arrow batches in bytes"
+        conf["spark.sql.execution.arrow.maxBytesPerBatch"] = str(args.arrow_max_bytes)
     if conf_jars:
         conf["spark.jars"] = conf_jars
     spark = session("local[2]", app_name="bench.connectors", conf=conf)
@@ -519,7 +604,8 @@ def main(argv: list[str] | None = None) -> None:
                   args.capacity, args.pool_size)  # fmt: skip
 
     print(f"\n# bench.connectors  python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"local[2], postgres {'throwaway' if throwaway else 'given'}")  # fmt: skip
+          f"local[2], postgres {'throwaway' if throwaway else 'given'}, "
+          f"arrow maxBytesPerBatch {args.arrow_max_bytes or 'default'}")  # fmt: skip
     pg_suite(spark, dsn, table, args.customers, orders, per_row, args,
              f"Postgres: {args.customers:,} customers, {orders:,} orders")  # fmt: skip
 
