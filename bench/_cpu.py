@@ -24,12 +24,18 @@ ROLES = ("postgres", "spark jvm", "spark python")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _role(comm: str, cmdline: str) -> str | None:
-    if comm.startswith("postgres") or cmdline.startswith("postgres:"):
+def cmdline(pid: int | str) -> str:
+    """The command line of process ``pid`` (OSError if it is gone)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def _role(pid: str, comm: str) -> str | None:
+    """The process's role; only a Python process's command line is read."""
+    if comm.startswith("postgres"):
         return "postgres"
     if comm == "java":
         return "spark jvm"
-    if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+    if comm.startswith("python") and "pyspark.daemon" in cmdline(pid):
         return "spark python"
     return None
 
@@ -45,11 +51,9 @@ def snapshot() -> Snapshot:
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            role = _role(entry.name, stat[stat.index("(") + 1 : stat.rindex(")")])
         except OSError:  # ended meanwhile
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        role = _role(comm, cmdline)
         if role is None:
             continue
         # After "(comm) ": state is field 0; utime, stime, cutime, cstime are 11..14.

@@ -67,6 +67,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from bench import _cpu as cpu
@@ -389,7 +390,8 @@ def ratio_line(label: str, a: Row | None, b: Row | None, target: float | None) -
     print(f"- {label}: {ratio:.2f}{goal}{verdict}")
 
 
-CPU_COLUMNS = (*cpu.ROLES, "asyncpg clients")
+CLIENTS = "asyncpg clients"  # the ceiling's processes, as they measure themselves
+CPU_COLUMNS = (*cpu.ROLES, CLIENTS)
 
 
 def print_cpu(rows: list[Row]) -> None:
@@ -430,12 +432,9 @@ def paired_line(label: str, a: list[Row] | None, b: list[Row] | None) -> None:
     if not a or not b:
         return
     ratios = sorted(x.rate / y.rate for x, y in zip(a, b, strict=False) if x.rate and y.rate)
-    if not ratios:
-        return
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    listed = ", ".join(f"{r:.2f}" for r in ratios)
-    print(f"- {label}: median {median:.2f} of {len(ratios)} rounds ({listed})")
+    if ratios:
+        listed = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"- {label}: median {median(ratios):.2f} of {len(ratios)} rounds ({listed})")
 
 
 def median_row(results: list[Row]) -> Row:
@@ -484,7 +483,7 @@ def pg_suite(
                     max(1, args.capacity // args.batch_size), args.pool_size, reset, arrays),
                 orders,
             )  # fmt: skip
-            used = {**cpu.usage(before, cpu.snapshot()), "asyncpg clients": clients}
+            used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
             note = f"same ANY($1) chunks of {args.batch_size}{more}"
             runs.setdefault(name, []).append(Row(name, emitted, secs, note, {"cpu": used}))
     for results in runs.values():

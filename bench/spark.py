@@ -65,6 +65,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StructField, StructType
 
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, session, unordered_wait
+from bench._cpu import cmdline
 
 SIGMA = 0.5
 PARTITIONS = 2
@@ -222,11 +223,6 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.split(":", 1) for line in f if ":" in line)
 
 
-def _cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().replace(b"\0", b" ").decode(errors="replace")
-
-
 def python_worker_peaks() -> dict[int, int]:
     """VmHWM (KiB) of every Python worker under this driver: children of pyspark.daemon."""
     kids = _children()
@@ -239,7 +235,7 @@ def python_worker_peaks() -> dict[int, int]:
     peaks: dict[int, int] = {}
     for pid in descendants:
         try:
-            if "pyspark.daemon" not in _cmdline(pid):
+            if "pyspark.daemon" not in cmdline(pid):
                 continue
             for worker in kids.get(pid, []):  # forked by the daemon: the Python workers
                 peaks[worker] = int(_status(worker)["VmHWM"].split()[0])
