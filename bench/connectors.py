@@ -20,8 +20,9 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
   per process: 2, 4 or 8 measured no faster on 2 CPUs); once with the pool's
   defaults (asyncpg sends a reset query when a connection is released), once
   ``no reset`` (a ``reset=`` that sends nothing, as PostgresLookup's pools do),
-  and once ``arrays``: no reset, and each query's result as one row of arrays
-  made into Arrow columns, as the columnar path of PostgresLookup reads it;
+  and once ``columnar``: no reset, and each query's result as one row (an
+  array per column, text columns as bytes and lengths) made into Arrow columns,
+  as the columnar path of PostgresLookup reads it;
 - ``pg batched, 1 process, no Spark``: the same ``PostgresLookup`` and operator
   (``process_elements``, same capacity) in one plain uvloop process, rows from a
   generator: what the connector path costs without Spark and Arrow;
@@ -100,20 +101,22 @@ async def _no_reset(connection: Any) -> None:
 
 def _pg_ceiling_worker(
     dsn: str, table: str, start: int, stop: int, customers: int, batch_size: int,
-    concurrency: int, pool_size: int, reset: bool, arrays: bool, barrier: Any, out: Any,
+    concurrency: int, pool_size: int, reset: bool, columnar: bool, barrier: Any, out: Any,
 ) -> None:  # fmt: skip
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
     import pyarrow as pa
     import uvloop
 
-    from connectors.postgres._lookup import aggregate_sql
+    from connectors.postgres._columnar import Columnar, aggregate_sql, decode
 
     async def main() -> None:
         extra: dict[str, Any] = {} if reset else {"reset": _no_reset}
         pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size, **extra)
         query = f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)'
-        if arrays:
-            query = aggregate_sql(query, ["id", "name", "tier", "country"])
+        names, text = ("id", "name", "tier", "country"), frozenset({"name", "tier", "country"})
+        form = Columnar(aggregate_sql(query, names, text), names, text)
+        if columnar:
+            query = form.sql
         keys = [key_of(i, customers) for i in range(start, stop)]
         chunks = [keys[i : i + batch_size] for i in range(0, len(keys), batch_size)]
         sem = asyncio.Semaphore(concurrency)
@@ -123,16 +126,19 @@ def _pg_ceiling_worker(
             nonlocal emitted
             async with sem:
                 records = await pool.fetch(query, list(dict.fromkeys(chunk)))
-            if arrays:  # one row of arrays: each column to Arrow, keys to positions
-                ids = records[0][0] or []  # NULL arrays when nothing matched
-                _columns = [pa.array(c) for c in records[0]] if ids else []  # what a client uses
+            if columnar:  # one row: each column to Arrow, keys to positions
+                ids, *rest = decode(form, [records[0]])
+                _columns = [pa.array(ids), *rest]  # what a client uses
                 by_id = dict(zip(ids, range(len(ids)), strict=True))
             else:  # records: a dict per record, as a plain client uses them
                 by_id = {r["id"]: dict(r) for r in records}
             emitted += sum(1 for k in chunk if by_id.get(k) is not None)
 
-        await pool.fetch(query, [1])  # warm the connections and the statement cache
-        pa.array(["x"])  # pyarrow's first conversion imports more of it: not in the timing
+        warm = await pool.fetch(query, [1])  # warm the connections and the statement cache
+        # The first conversions import more of pyarrow and numpy: not in the timing.
+        pa.array(["x"])
+        if columnar:
+            decode(form, [warm[0]])
         barrier.wait()
         t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(c) for c in chunks))
@@ -462,8 +468,8 @@ def pg_suite(
         ("pg asyncpg ceiling (2 procs)", True, False, ""),
         ("pg asyncpg ceiling, no reset", False, False,
          ", pool reset= that sends nothing (as PostgresLookup)"),
-        ("pg asyncpg ceiling, arrays", False, True,
-         ", no reset, result as one row of arrays (as PostgresLookup's columnar path)"),
+        ("pg asyncpg ceiling, columnar", False, True,
+         ", no reset, result as one row, text as bytes (as PostgresLookup's columnar path)"),
     )  # fmt: skip
     # The chunked case and the ceilings are short (seconds) and noisy on a shared
     # machine: run them in --rounds interleaved rounds and keep each one's median.
@@ -474,13 +480,13 @@ def pg_suite(
             args.chunk_capacity, args.pool_size, chunk_size=args.chunk_size,
         )  # fmt: skip
         runs.setdefault(chunked.name, []).append(chunked)
-        for name, reset, arrays, more in ceilings:
+        for name, reset, columnar, more in ceilings:
             before = cpu.snapshot()
             emitted, secs, clients = two_processes(
                 _pg_ceiling_worker,
-                lambda a, b, reset=reset, arrays=arrays: (
+                lambda a, b, reset=reset, columnar=columnar: (
                     dsn, table, a, b, customers, args.batch_size,
-                    max(1, args.capacity // args.batch_size), args.pool_size, reset, arrays),
+                    max(1, args.capacity // args.batch_size), args.pool_size, reset, columnar),
                 orders,
             )  # fmt: skip
             used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
@@ -503,10 +509,11 @@ def pg_suite(
     print()
     paired_line("chunked / asyncpg ceiling, round by round", runs.get("pg chunked (spark)"),
                 runs.get("pg asyncpg ceiling (2 procs)"))  # fmt: skip
-    paired_line("chunked / asyncpg ceiling with arrays, round by round",
-                runs.get("pg chunked (spark)"), runs.get("pg asyncpg ceiling, arrays"))  # fmt: skip
-    cpu_line("CPU seconds per row, ceiling with arrays / chunked",
-             by.get("pg asyncpg ceiling, arrays"), by.get("pg chunked (spark)"))  # fmt: skip
+    paired_line("chunked / columnar asyncpg ceiling, round by round",
+                runs.get("pg chunked (spark)"),
+                runs.get("pg asyncpg ceiling, columnar"))  # fmt: skip
+    cpu_line("CPU seconds per row, columnar ceiling / chunked",
+             by.get("pg asyncpg ceiling, columnar"), by.get("pg chunked (spark)"))  # fmt: skip
     ratio_line("batched / per-row", by.get("pg batched (spark)"), by.get("pg per-row (spark)"), 10)
     ratio_line("batched / asyncpg ceiling", by.get("pg batched (spark)"),
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
@@ -516,8 +523,8 @@ def pg_suite(
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip
     ratio_line("chunked / asyncpg ceiling without the pool's reset", by.get("pg chunked (spark)"),
                by.get("pg asyncpg ceiling, no reset"), 0.8)  # fmt: skip
-    ratio_line("chunked / asyncpg ceiling with arrays", by.get("pg chunked (spark)"),
-               by.get("pg asyncpg ceiling, arrays"), None)  # fmt: skip
+    ratio_line("chunked / columnar asyncpg ceiling", by.get("pg chunked (spark)"),
+               by.get("pg asyncpg ceiling, columnar"), None)  # fmt: skip
     ratio_line("chunked / JDBC join (>1: lookups win)", by.get("pg chunked (spark)"),
                by.get("pg JDBC + broadcast join"), None)  # fmt: skip
     return rows

@@ -41,6 +41,7 @@ from .._exceptions import LookupAmbiguousError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
+from ._columnar import TEXT_OIDS, Columnar, aggregate_sql, decode
 from ._errors import is_query_error, map_asyncpg_errors
 
 if TYPE_CHECKING:
@@ -125,32 +126,6 @@ def active_pools() -> int:
     return _POOLS.active()
 
 
-@dataclass(frozen=True)
-class _Columnar:
-    """The lookup query wrapped to answer one row of arrays, one array per column."""
-
-    sql: str
-    names: tuple[str, ...]
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def aggregate_sql(query: str, names: Sequence[str]) -> str:
-    """``query`` wrapped so that its whole result comes back as one row of arrays.
-
-    ``SELECT array_agg(q."a"), array_agg(q."b") FROM (<query>) AS q``: every
-    aggregate of one query level reads the same rows in the same order, so the
-    i-th elements of all arrays are the i-th result row. A query with no rows
-    answers one row of NULLs.
-    """
-    body = query.strip().rstrip(";").rstrip()
-    aggregates = ", ".join(f"array_agg(q.{_quote_ident(n)})" for n in names)
-    # Newlines around the body: a trailing ``-- comment`` must not swallow the ")".
-    return f"SELECT {aggregates}\nFROM (\n{body}\n) AS q"
-
-
 @dataclass
 class _Runtime:
     pool: asyncpg.Pool
@@ -158,7 +133,7 @@ class _Runtime:
     # The columnar path's probe (:meth:`PostgresLookup._columnar`), started by the first
     # chunk and shared by the chunks that arrive while it runs; its result is None
     # when the result cannot be aggregated (records are used).
-    columnar_probe: asyncio.Future[_Columnar | None] | None = None
+    columnar_probe: asyncio.Future[Columnar | None] | None = None
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -410,9 +385,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
 
         Deduplication, matching and fan-out are Arrow compute kernels; Python
         touches each distinct key once. The query's result comes back as one row
-        of arrays (:func:`aggregate_sql`), so asyncpg decodes each column as one
-        array, with no record per result row; a query whose columns cannot be
-        aggregated is answered as records, transposed once into columns.
+        (:mod:`._columnar`): an array per column, and text columns as bytes that
+        become Arrow strings with no Python object per value; a query whose
+        columns cannot be aggregated is answered as records, transposed once
+        into columns.
         """
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -434,13 +410,16 @@ class PostgresLookup(BaseLookup[_Runtime]):
             records = [record for part in parts for record in part]
             present = list(records[0].keys()) if records else []
             columns = list(zip(*records, strict=True))
-        if not columns or not columns[0]:
+        if not columns or not len(columns[0]):
             return [], {}
         found = columns[present.index(self.on.names[0])]
-        try:
-            value_set = pa.array(found, type=column.type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            value_set = pa.array(found).cast(column.type)
+        if isinstance(found, pa.Array):  # a text column of the columnar form
+            value_set = found if found.type == column.type else found.cast(column.type)
+        else:
+            try:
+                value_set = pa.array(found, type=column.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                value_set = pa.array(found).cast(column.type)
         if len(pc.unique(value_set)) != len(value_set):
             counts: dict[Any, int] = {}
             for key in value_set.to_pylist():  # as matched: after the cast to the key's type
@@ -456,9 +435,13 @@ class PostgresLookup(BaseLookup[_Runtime]):
             row_index = pc.indices_nonzero(matched)
             take = position.filter(matched)
         names = self.columns if self.columns is not None else present
-        return row_index, {n: pa.array(columns[present.index(n)]).take(take) for n in names}
+        arrays = (columns[present.index(n)] for n in names)
+        return row_index, {
+            n: (a if isinstance(a, pa.Array) else pa.array(a)).take(take)
+            for n, a in zip(names, arrays, strict=True)
+        }
 
-    async def _columnar(self, runtime: _Runtime) -> _Columnar | None:
+    async def _columnar(self, runtime: _Runtime) -> Columnar | None:
         """The query's columnar form for this runtime (None: use records), probed once.
 
         Chunks arriving while the probe runs await the same probe (shielded: one
@@ -470,15 +453,16 @@ class PostgresLookup(BaseLookup[_Runtime]):
             probe = runtime.columnar_probe = asyncio.ensure_future(self._probe_columnar(runtime))
         return await asyncio.shield(probe)
 
-    async def _probe_columnar(self, runtime: _Runtime) -> _Columnar | None:
-        """Whether the query's result can come back as arrays, and the query that does it.
+    async def _probe_columnar(self, runtime: _Runtime) -> Columnar | None:
+        """Whether the query's result can come back as one row, and the query that does it.
 
         Prepares the query (no rows are read) and reads its result columns: none
         may be an array (``array_agg`` of arrays makes one multi-dimensional
         array, and fails on NULL or ragged ones) and their names must be distinct.
-        The wrapped query is prepared too. A query the server rejects gives None
-        here: the records path then runs it and raises its error as every lookup
-        does.
+        ``text`` and ``varchar`` columns travel as bytes when the server's encoding
+        is UTF-8 (see :mod:`._columnar`). The wrapped query is prepared too. A
+        query the server rejects gives None here: the records path then runs it
+        and raises its error as every lookup does.
         """
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
@@ -490,29 +474,30 @@ class PostgresLookup(BaseLookup[_Runtime]):
                         attribute.type.kind == "array" for attribute in attributes
                     ):
                         return None
-                    sql = aggregate_sql(self.query, names)
+                    utf8 = connection.get_settings().server_encoding == "UTF8"
+                    text = frozenset(
+                        attribute.name
+                        for attribute in attributes
+                        if utf8 and attribute.type.oid in TEXT_OIDS
+                    )
+                    sql = aggregate_sql(self.query, names, text)
                     await connection.prepare(sql, timeout=self.query_timeout)
                 except asyncpg.PostgresError as exc:
                     if not is_query_error(exc):
                         raise
                     return None
-        return _Columnar(sql, names)
+        return Columnar(sql, names, text)
 
     async def _query_columns(
-        self, columnar: _Columnar, chunks: Sequence[Sequence[Hashable]]
-    ) -> list[list[Any]]:
+        self, columnar: Columnar, chunks: Sequence[Sequence[Hashable]]
+    ) -> list[Any]:
         """The rows matching ``chunks`` of distinct keys (one query each, concurrently)
-        as one list per column, in ``columnar.names`` order; the columns are checked
-        as :meth:`_query` checks records, when any row matched."""
+        as one column each (a list, or an Arrow string array for a text column), in
+        ``columnar.names`` order; the columns are checked as :meth:`_query` checks
+        records, when any row matched."""
         parts = await asyncio.gather(*(self._query(chunk, columnar.sql) for chunk in chunks))
-        columns: list[list[Any]] = [[] for _ in columnar.names]
-        for records in parts:
-            arrays = records[0] if records else None
-            if arrays is None or arrays[0] is None:
-                continue  # no match: array_agg over no rows is NULL
-            for into, values in zip(columns, arrays, strict=True):
-                into.extend(values)
-        if columns[0]:
+        columns = decode(columnar, [records[0] for records in parts if records])
+        if len(columns[0]):
             self._check_columns(list(columnar.names))
         return columns
 

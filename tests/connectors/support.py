@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from asyncio_ops import AsyncRetryStrategy
 from connectors.postgres import PostgresLookup
 
@@ -73,3 +75,34 @@ async def with_retry(
             if failures is not None:
                 failures.append(exc)
             await asyncio.sleep(strategy.backoff_seconds(attempts))
+
+
+def per_row_pairs(
+    lookup: PostgresLookup, rows: list[dict[str, Any]]
+) -> list[tuple[int, dict[str, Any]]]:
+    """What the per-row path answers, as (input row index, output dict) pairs."""
+
+    async def go() -> list[tuple[int, dict[str, Any]]]:
+        async with lookup:
+            out = []
+            for i, row in enumerate(rows):
+                out.extend((i, dict(r)) for r in await lookup.async_invoke(row))
+            return out
+
+    return run_isolated(go())
+
+
+def columnar_pairs(
+    lookup: PostgresLookup, batch: pa.RecordBatch
+) -> list[tuple[int, dict[str, Any]]]:
+    """What the columnar path (``async_invoke_arrow``) answers, as the same pairs."""
+
+    async def go() -> Any:
+        async with lookup:
+            return await lookup.async_invoke_arrow(batch)
+
+    index, columns = run_isolated(go())
+    names = list(columns)
+    values = {n: pa.array(columns[n]).to_pylist() for n in names}
+    positions = list(range(batch.num_rows)) if index is None else pa.array(index).to_pylist()
+    return [(i, {n: values[n][k] for n in names}) for k, i in enumerate(positions)]

@@ -18,10 +18,10 @@ from asyncio_ops import AsyncFunction, ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
 from connectors import LookupAmbiguousError, LookupCache, LookupKeyError, LookupQueryError
 from connectors.postgres import PostgresLookup
-from connectors.postgres._lookup import aggregate_sql
+from connectors.postgres._columnar import aggregate_sql
 from tests.spark.conftest import spark
 
-from .support import CountingLookup, PgTables, run_isolated
+from .support import CountingLookup, PgTables, columnar_pairs, per_row_pairs, run_isolated
 
 __all__ = ["spark"]
 
@@ -115,41 +115,14 @@ async def test_chunk_lookup_dedupes_keys_and_splits_by_batch_size(pg_tables: PgT
 
 
 # -- the columnar path: async_invoke_arrow -------------------------------------------------------
-def _per_row(
-    lookup: PostgresLookup, rows: list[dict[str, Any]]
-) -> list[tuple[int, dict[str, Any]]]:
-    """What the per-row path answers, as (input row index, output dict) pairs."""
-
-    async def go() -> list[tuple[int, dict[str, Any]]]:
-        async with lookup:
-            out = []
-            for i, row in enumerate(rows):
-                out.extend((i, dict(r)) for r in await lookup.async_invoke(row))
-            return out
-
-    return run_isolated(go())
-
-
-def _columnar(lookup: PostgresLookup, batch: pa.RecordBatch) -> list[tuple[int, dict[str, Any]]]:
-    async def go() -> Any:
-        async with lookup:
-            return await lookup.async_invoke_arrow(batch)
-
-    index, columns = run_isolated(go())
-    names = list(columns)
-    values = {n: pa.array(columns[n]).to_pylist() for n in names}
-    positions = list(range(batch.num_rows)) if index is None else pa.array(index).to_pylist()
-    return [(i, {n: values[n][k] for n in names}) for k, i in enumerate(positions)]
-
-
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.int32()])
 def test_arrow_one_to_one_equals_the_per_row_path(pg_tables: PgTables, key_type: Any) -> None:
     ids = [5, 250, None, 5, 17, 199, 3, 0]  # repeats, no match (250, 0) and a null key
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array(ids, key_type)})
     rows = batch.to_pylist()
-    expected = _per_row(_lookup(pg_tables), rows)
+    expected = per_row_pairs(_lookup(pg_tables), rows)
     assert [i for i, _ in expected] == [0, 3, 4, 5, 6]
-    assert _columnar(_lookup(pg_tables), batch) == expected
+    assert columnar_pairs(_lookup(pg_tables), batch) == expected
 
 
 def test_arrow_every_row_matched_needs_no_row_index(pg_tables: PgTables) -> None:
@@ -175,9 +148,9 @@ def test_arrow_one_to_many_composite_and_cached_equal_the_per_row_path(
     )  # fmt: skip
     ids = pa.array([3, 4, 7, None, 3, 999], pa.int64())
     batch = pa.RecordBatch.from_pydict({"customer_id": ids})
-    expected = _per_row(many, batch.to_pylist())
+    expected = per_row_pairs(many, batch.to_pylist())
     assert [i for i, _ in expected] == [0, 0, 0, 2, 2, 2, 4, 4, 4]
-    assert _columnar(many, batch) == expected
+    assert columnar_pairs(many, batch) == expected
 
     def regional() -> PostgresLookup:
         return PostgresLookup(
@@ -190,14 +163,14 @@ def test_arrow_one_to_many_composite_and_cached_equal_the_per_row_path(
     batch = pa.RecordBatch.from_pydict(
         {"r": ["eu", "us", "eu", None, "us"], "i": pa.array([2, 3, 9, 1, 1], pa.int32())}
     )
-    expected = _per_row(regional(), batch.to_pylist())
+    expected = per_row_pairs(regional(), batch.to_pylist())
     assert [r["name"] for _, r in expected] == ["eu-two", "us-three", "us-one"]
-    assert _columnar(regional(), batch) == expected
+    assert columnar_pairs(regional(), batch) == expected
 
     cached = _lookup(pg_tables, cache=LookupCache(60, max_size=100))
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1, 2, 1, 300], pa.int64())})
-    assert _columnar(cached, batch) == _per_row(_lookup(pg_tables), batch.to_pylist())
-    assert _columnar(cached, batch) == _per_row(_lookup(pg_tables), batch.to_pylist())
+    assert columnar_pairs(cached, batch) == per_row_pairs(_lookup(pg_tables), batch.to_pylist())
+    assert columnar_pairs(cached, batch) == per_row_pairs(_lookup(pg_tables), batch.to_pylist())
     assert cached.cache is not None and cached.cache.statistics().hits >= 3
 
 
@@ -208,15 +181,15 @@ def test_arrow_one_to_one_with_two_matches_is_an_error(pg_tables: PgTables) -> N
     )  # fmt: skip
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1, 3], pa.int64())})
     with pytest.raises(LookupAmbiguousError, match="key 3 matched 3 rows"):
-        _columnar(ambiguous, batch)
+        columnar_pairs(ambiguous, batch)
 
 
 def test_arrow_key_column_errors_name_the_column(pg_tables: PgTables) -> None:
     with pytest.raises(LookupKeyError, match=r"no key column 'customer_id'.*\['id'\]"):
-        _columnar(_lookup(pg_tables), pa.RecordBatch.from_pydict({"id": [1]}))
+        columnar_pairs(_lookup(pg_tables), pa.RecordBatch.from_pydict({"id": [1]}))
     nested = pa.RecordBatch.from_pydict({"customer_id": pa.array([[1]], pa.list_(pa.int64()))})
     with pytest.raises(LookupKeyError, match="'customer_id' has the nested type"):
-        _columnar(_lookup(pg_tables), nested)
+        columnar_pairs(_lookup(pg_tables), nested)
 
 
 def test_a_function_with_only_async_invoke_chunk_gets_dict_rows(spark: SparkSession) -> None:
@@ -254,8 +227,8 @@ def test_arrow_lookup_reads_the_result_as_arrays(pg_tables: PgTables) -> None:
     )  # fmt: skip
     ids = [5, 250, None, 5, 17, 199, 3, 0, 6, 7]
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array(ids, pa.int64())})
-    expected = _per_row(_lookup(pg_tables), batch.to_pylist())
-    got = _columnar(lookup, batch)
+    expected = per_row_pairs(_lookup(pg_tables), batch.to_pylist())
+    got = columnar_pairs(lookup, batch)
     assert [(i, {"name": r["name"], "tier": r["tier"]}) for i, r in got] == expected
     assert [r["twice"] for _, r in got] == [2 * ids[i] for i, _ in got]  # type: ignore[operator]
     assert len(lookup.sql) == 3  # 7 distinct keys, at most 3 per query
@@ -266,7 +239,7 @@ def test_arrow_lookup_reads_the_result_as_arrays(pg_tables: PgTables) -> None:
         key="customer_id", on="id",
     )  # fmt: skip
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([0, 999], pa.int64())})
-    assert _columnar(nothing, batch) == []  # array_agg over no rows is NULL: no match
+    assert columnar_pairs(nothing, batch) == []  # array_agg over no rows is NULL: no match
     assert nothing.sql[0].startswith("SELECT array_agg(")
 
 
@@ -283,11 +256,11 @@ def test_arrow_lookup_falls_back_to_records_for_columns_arrays_cannot_carry(
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([3, 4, 3, 500], pa.int64())})
     for kind, query in queries.items():
         lookup = CountingLookup(pg_tables.dsn, query, key="customer_id", on="id", columns=("name",))
-        got = _columnar(lookup, batch)
+        got = columnar_pairs(lookup, batch)
         assert got == [(0, {"name": "customer-3"}), (1, {"name": "customer-4"}),
                        (2, {"name": "customer-3"})], kind  # fmt: skip
         assert lookup.sql == [query], kind  # records, not arrays
-    pair = _columnar(
+    pair = columnar_pairs(
         PostgresLookup(pg_tables.dsn, queries["array"], key="customer_id", on="id"), batch
     )
     assert [r["pair"] for _, r in pair] == [[3, 4], [4, 5], [3, 4]]
@@ -299,7 +272,7 @@ def test_arrow_lookup_falls_back_to_records_for_columns_arrays_cannot_carry(
     assert lookup.sql[0].startswith("SELECT array_agg(")
     records = CountingLookup(pg_tables.dsn, whole, key="customer_id", on="id", columns=("whole",))
     rows = [{"customer_id": k} for k in (3, 4, 500)]
-    assert sorted(got) == sorted(tuple(r["whole"]) for _, r in _per_row(records, rows))
+    assert sorted(got) == sorted(tuple(r["whole"]) for _, r in per_row_pairs(records, rows))
     assert sorted(got) == [(3, "customer-3", "gold"), (4, "customer-4", "basic")]
 
 
@@ -325,4 +298,4 @@ def test_arrow_lookup_with_bad_sql_raises_the_query_error(pg_tables: PgTables) -
     )  # fmt: skip
     batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1], pa.int64())})
     with pytest.raises(LookupQueryError, match=r'column "nme" does not exist'):
-        _columnar(broken, batch)
+        columnar_pairs(broken, batch)

@@ -1,0 +1,121 @@
+"""The columnar form of a lookup query: its whole result as one row, one value per column.
+
+PostgresLookup's columnar path (``async_invoke_arrow``) wraps the user's query so
+that the server aggregates the result rows into one row, and asyncpg decodes a
+few large values instead of a record per result row:
+
+- a ``text`` or ``varchar`` column travels as two ``bytea`` values: the column's
+  values concatenated (``string_agg(col, '')::bytea``, the server's UTF-8 bytes)
+  and their byte lengths as big-endian int4 (``int4send``), -1 for NULL. Arrow's
+  string array is made from those two buffers, with no Python object per value;
+- any other column travels as an array (``array_agg(col)``), decoded by asyncpg
+  into a list.
+
+Every aggregate of one query level reads the same rows in the same order, so the
+i-th value of every column belongs to the i-th result row. A query with no rows
+answers a row of NULLs. Measured on 2 CPUs (2,000 queries of 500 keys, three
+text columns and a bigint): the text columns as bytes cost the client 0.40 CPU-s
+against 0.55 to 0.63 as arrays, and the server 1.0 to 1.1 against 1.2 to 1.4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from .._exceptions import LookupQueryError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["TEXT_OIDS", "Columnar", "aggregate_sql", "decode"]
+
+# pg_type OIDs of text and varchar: their columns travel as bytes (see the module).
+# Other string-like types do not: bpchar loses its padding when cast to text.
+TEXT_OIDS: Final = frozenset({25, 1043})
+
+
+@dataclass(frozen=True)
+class Columnar:
+    """The lookup query wrapped by :func:`aggregate_sql`, and how to read its one row."""
+
+    sql: str
+    names: tuple[str, ...]
+    text: frozenset[str] = frozenset()  # the columns that travel as bytes and lengths
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def aggregate_sql(query: str, names: Sequence[str], text: frozenset[str] = frozenset()) -> str:
+    """``query`` wrapped so that its whole result comes back as one row.
+
+    ``SELECT array_agg(q."a"), string_agg(q."b", '')::bytea, string_agg(int4send(
+    coalesce(octet_length(q."b"), -1)), '') FROM (<query>) AS q`` for a column
+    ``a`` and a text column ``b`` (in ``text``): an array per column, and two
+    values (bytes, lengths) per text column.
+    """
+    body = query.strip().rstrip(";").rstrip()
+    aggregates = []
+    for name in names:
+        column = f"q.{_quote_ident(name)}"
+        if name in text:
+            aggregates.append(f"string_agg({column}, '')::bytea")
+            aggregates.append(f"string_agg(int4send(coalesce(octet_length({column}), -1)), '')")
+        else:
+            aggregates.append(f"array_agg({column})")
+    # Newlines around the body: a trailing ``-- comment`` must not swallow the ")".
+    return f"SELECT {', '.join(aggregates)}\nFROM (\n{body}\n) AS q"
+
+
+def decode(columnar: Columnar, rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """The result columns, in ``columnar.names`` order, of the one-row answers ``rows``
+    (one per query): a list per array column, a ``pa.StringArray`` per text column.
+    Each column has one value per result row of all the queries, in order."""
+    parts: list[list[Any]] = [[] for _ in columnar.names]
+    for row in rows:
+        if all(value is None for value in row):
+            continue  # no rows: every aggregate is NULL
+        at = 0
+        for name, part in zip(columnar.names, parts, strict=True):
+            if name in columnar.text:
+                # string_agg skips NULLs, and is NULL when all values are: b"".
+                part.append((row[at] or b"", row[at + 1]))
+                at += 2
+            else:
+                part.extend(row[at])
+                at += 1
+    return [
+        _strings(name, part) if name in columnar.text else part
+        for name, part in zip(columnar.names, parts, strict=True)
+    ]
+
+
+def _strings(name: str, pieces: list[tuple[bytes, bytes]]) -> pa.Array:
+    """A string array from (concatenated UTF-8 bytes, big-endian int4 lengths) pieces."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = b"".join(piece for piece, _ in pieces)
+    lengths = np.frombuffer(b"".join(lengths for _, lengths in pieces), dtype=">i4")
+    n = len(lengths)
+    valid = lengths >= 0
+    nulls = n - int(np.count_nonzero(valid))
+    if nulls:
+        lengths = np.where(valid, lengths, 0)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if int(offsets[-1]) != len(data):
+        raise LookupQueryError(
+            f"column {name!r}: the server sent {len(data)} bytes for values of "
+            f"{int(offsets[-1])} bytes in all"
+        )
+    kind = pa.string() if len(data) < 2**31 else pa.large_string()
+    if kind == pa.string():
+        offsets = offsets.astype(np.int32)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(
+        kind, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )

@@ -1,0 +1,141 @@
+"""Text columns of the columnar path travel as bytes (``connectors.postgres._columnar``).
+
+The answers must equal the per-row path's for every shape a text value takes:
+multi-byte UTF-8, empty, NULL, a query whose text column is NULL in every row,
+varchar, and bpchar (which stays an array: casting it to text drops its padding).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg  # type: ignore[import-untyped,unused-ignore]
+import pyarrow as pa
+import pytest
+
+from connectors import LookupQueryError
+from connectors.postgres import PostgresLookup
+from connectors.postgres._columnar import Columnar, aggregate_sql, decode
+
+from .support import CountingLookup, PgTables, columnar_pairs, per_row_pairs, run_isolated
+
+pytestmark = pytest.mark.postgres
+
+# Keys 2 and 3 have NULL in column s: a query for exactly those two keys gets
+# string_agg(s) = NULL while the lengths say two NULLs.
+VALUES = """
+SELECT k, s, v, c, n FROM (VALUES
+  (1, 'grüße ✓ 🙂'::text, 'x'::varchar(8), 'ab'::char(4), 7),
+  (2, NULL, NULL, NULL, NULL),
+  (3, NULL, '', 'z', 9),
+  (4, '', 'ünï', 'q', NULL),
+  (5, 'plain', 'yy', NULL, 11)
+) AS t(k, s, v, c, n)
+WHERE k = ANY($1)
+"""
+
+
+def test_aggregate_sql_sends_text_columns_as_bytes_and_lengths() -> None:
+    sql = aggregate_sql("SELECT id, name FROM t WHERE id = ANY($1)", ["id", "name"],
+                        frozenset({"name"}))  # fmt: skip
+    assert sql == (
+        'SELECT array_agg(q."id"), string_agg(q."name", \'\')::bytea, '
+        "string_agg(int4send(coalesce(octet_length(q.\"name\"), -1)), '')\n"
+        "FROM (\nSELECT id, name FROM t WHERE id = ANY($1)\n) AS q"
+    )
+
+
+def test_text_columns_equal_the_per_row_path(pg_tables: PgTables) -> None:
+    keys = [2, 3, 1, None, 4, 2, 9, 5, 1]  # distinct in order: 2, 3, 1, 4, 9, 5
+    batch = pa.RecordBatch.from_pydict({"key": pa.array(keys, pa.int64())})
+    lookup = CountingLookup(pg_tables.dsn, VALUES, key="key", on="k", batch_size=2)
+    got = columnar_pairs(lookup, batch)
+    expected = per_row_pairs(
+        PostgresLookup(pg_tables.dsn, VALUES, key="key", on="k"), batch.to_pylist()
+    )
+    assert got == expected
+    assert [i for i, _ in got] == [0, 1, 2, 4, 5, 7, 8]  # 9 has no row, None no key
+    assert got[2][1] == {"k": 1, "s": "grüße ✓ 🙂", "v": "x", "c": "ab  ", "n": 7}
+    sql = lookup.sql[0]
+    assert "string_agg(q.\"s\", '')::bytea" in sql and "string_agg(q.\"v\", '')::bytea" in sql
+    assert 'array_agg(q."c")' in sql and 'array_agg(q."k")' in sql  # bpchar and int
+    assert lookup.sent == [2, 2, 2]  # three queries, each with its piece of every column
+
+
+def test_a_text_key_is_matched_from_the_bytes(pg_tables: PgTables) -> None:
+    query = """SELECT code, label FROM (VALUES ('ä', 'a-umlaut'), ('a', 'plain a'), ('', 'empty'))
+               AS t(code, label) WHERE code = ANY($1)"""
+    batch = pa.RecordBatch.from_pydict({"code": ["a", "zz", None, "ä", "", "a"]})
+    lookup = CountingLookup(pg_tables.dsn, query, key="code", columns=("label",))
+    got = columnar_pairs(lookup, batch)
+    assert got == per_row_pairs(
+        PostgresLookup(pg_tables.dsn, query, key="code", columns=("label",)), batch.to_pylist()
+    )
+    assert [r["label"] for _, r in got] == ["plain a", "a-umlaut", "empty", "plain a"]
+    assert lookup.sql[0].startswith("SELECT string_agg(q.\"code\", '')::bytea")
+
+
+def test_decode_reads_nulls_empties_and_pieces() -> None:
+    columnar = Columnar("", ("id", "s"), frozenset({"s"}))
+
+    def lengths(*n: int) -> bytes:
+        return struct.pack(f">{len(n)}i", *n)
+
+    rows = [
+        ([1, 2, 3], "añb".encode(), lengths(3, -1, 1)),  # "añ" is 3 bytes, then "b"
+        (None, None, None),  # a query that matched nothing
+        ([4], None, lengths(-1)),  # every value NULL: string_agg is NULL
+        ([5], b"", lengths(0)),
+    ]
+    ids, strings = decode(columnar, rows)
+    assert ids == [1, 2, 3, 4, 5]
+    assert strings.type == pa.string()
+    assert strings.to_pylist() == ["añ", None, "b", None, ""]
+    assert decode(columnar, [(None, None, None)]) == [[], pa.array([], pa.string())]
+
+    with pytest.raises(LookupQueryError, match="column 's': the server sent 3 bytes"):
+        decode(columnar, [([1], b"abc", lengths(2))])
+
+
+async def _create_latin1(dsn: str, name: str) -> None:
+    connection = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await connection.execute(
+            f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0"
+        )
+    finally:
+        await connection.close(timeout=5)
+
+
+async def _drop(dsn: str, name: str) -> None:
+    connection = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await connection.close(timeout=5)
+
+
+def test_a_database_not_in_utf8_sends_text_as_arrays(pg_tables: PgTables) -> None:
+    name = f"aops_latin1_{uuid.uuid4().hex[:10]}"
+    try:
+        run_isolated(_create_latin1(pg_tables.dsn, name))
+    except asyncpg.InsufficientPrivilegeError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(f"cannot create a LATIN1 database here: {exc}")
+    try:
+        dsn = urlunsplit(urlsplit(pg_tables.dsn)._replace(path="/" + name))
+        query = """SELECT k, s FROM (VALUES (1, 'café'), (2, NULL)) AS t(k, s)
+                   WHERE k = ANY($1)"""
+        batch = pa.RecordBatch.from_pydict({"key": pa.array([2, 1], pa.int64())})
+        lookup = CountingLookup(dsn, query, key="key", on="k")
+        got: list[tuple[int, dict[str, Any]]] = columnar_pairs(lookup, batch)
+        assert got == [(0, {"k": 2, "s": None}), (1, {"k": 1, "s": "café"})]
+        assert "string_agg" not in lookup.sql[0]  # LATIN1 bytes are not UTF-8: arrays
+    finally:
+        run_isolated(_drop(pg_tables.dsn, name))
