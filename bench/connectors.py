@@ -35,7 +35,10 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
   requests in flight against the same service.
 
 The chunked case and the ceilings run ``--rounds`` times, interleaved (they
-last seconds, and a shared machine moves them by +-20 %); the table shows each
+last seconds, and a shared machine moves them by +-20 %), after
+``--warmup-rounds`` (default 1) rounds that are not kept: Spark's JVM compiles
+the chunked case's Arrow paths (JIT) during its first million rows, which used
+1.8 CPU-s of JVM time against 0.7 once compiled. The table shows each
 one's median run and notes every round's rate, and the chunked case's ratio to
 a ceiling is also given round by round (each pair ran back to back).
 
@@ -472,14 +475,18 @@ def pg_suite(
          ", no reset, result as one row, text as bytes (as PostgresLookup's columnar path)"),
     )  # fmt: skip
     # The chunked case and the ceilings are short (seconds) and noisy on a shared
-    # machine: run them in --rounds interleaved rounds and keep each one's median.
+    # machine: run them in --rounds interleaved rounds and keep each one's median,
+    # after --warmup-rounds rounds that are not kept (the JVM compiles the Arrow
+    # paths of the chunked case while it runs them).
     runs: dict[str, list[Row]] = {}
-    for _ in range(max(1, args.rounds)):
+    warmup = max(0, args.warmup_rounds)
+    for round_ in range(warmup + max(1, args.rounds)):
+        kept = runs if round_ >= warmup else {}
         chunked = pg_lookup_row(
             spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size,
             args.chunk_capacity, args.pool_size, chunk_size=args.chunk_size,
         )  # fmt: skip
-        runs.setdefault(chunked.name, []).append(chunked)
+        kept.setdefault(chunked.name, []).append(chunked)
         for name, reset, columnar, more in ceilings:
             before = cpu.snapshot()
             emitted, secs, clients = two_processes(
@@ -491,7 +498,7 @@ def pg_suite(
             )  # fmt: skip
             used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
             note = f"same ANY($1) chunks of {args.batch_size}{more}"
-            runs.setdefault(name, []).append(Row(name, emitted, secs, note, {"cpu": used}))
+            kept.setdefault(name, []).append(Row(name, emitted, secs, note, {"cpu": used}))
     for results in runs.values():
         rows.append(median_row(results))
     emitted, secs = one_process(
@@ -555,6 +562,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=5,
         help="interleaved rounds of the chunked case and the ceilings (median)",
+    )
+    p.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=1,
+        help="rounds of the chunked case and the ceilings run first and not kept",
     )
     p.add_argument(
         "--arrow-max-bytes",
