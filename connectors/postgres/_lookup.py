@@ -413,13 +413,13 @@ class PostgresLookup(BaseLookup[_Runtime]):
         if not columns or not len(columns[0]):
             return [], {}
         found = columns[present.index(self.on.names[0])]
-        if isinstance(found, pa.Array):  # a text column of the columnar form
-            value_set = found if found.type == column.type else found.cast(column.type)
-        else:
-            try:
-                value_set = pa.array(found, type=column.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                value_set = pa.array(found).cast(column.type)
+        try:
+            value_set = self._as_key_type(found, column.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise LookupQueryError(
+                f"the query's column {self.on.names[0]!r} cannot be matched to the key column "
+                f"{self.key.names[0]!r} ({column.type}): {exc} (cast it in SQL to the key's type)"
+            ) from exc
         if len(pc.unique(value_set)) != len(value_set):
             counts: dict[Any, int] = {}
             for key in value_set.to_pylist():  # as matched: after the cast to the key's type
@@ -440,6 +440,19 @@ class PostgresLookup(BaseLookup[_Runtime]):
             n: (a if isinstance(a, pa.Array) else pa.array(a)).take(take)
             for n, a in zip(names, arrays, strict=True)
         }
+
+    @staticmethod
+    def _as_key_type(found: Any, type_: pa.DataType) -> pa.Array:
+        """The query's ``on`` column (a list, or an Arrow array of a text column) as
+        an Arrow array of the key column's type."""
+        import pyarrow as pa
+
+        if isinstance(found, pa.Array):  # a text column of the columnar form
+            return found if found.type == type_ else found.cast(type_)
+        try:
+            return pa.array(found, type=type_)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return pa.array(found).cast(type_)
 
     async def _columnar(self, runtime: _Runtime) -> Columnar | None:
         """The query's columnar form for this runtime (None: use records), probed once.

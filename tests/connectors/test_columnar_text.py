@@ -139,3 +139,14 @@ def test_a_database_not_in_utf8_sends_text_as_arrays(pg_tables: PgTables) -> Non
         assert "string_agg" not in lookup.sql[0]  # LATIN1 bytes are not UTF-8: arrays
     finally:
         run_isolated(_drop(pg_tables.dsn, name))
+
+
+def test_a_text_column_that_cannot_become_the_key_type_names_both_columns(
+    pg_tables: PgTables,
+) -> None:
+    # Matched on the text column "code" while the keys are integers.
+    query = "SELECT k, code FROM (VALUES (1, 'x1')) AS t(k, code) WHERE k = ANY($1)"
+    batch = pa.RecordBatch.from_pydict({"key": pa.array([1], pa.int64())})
+    lookup = PostgresLookup(pg_tables.dsn, query, key="key", on="code")
+    with pytest.raises(LookupQueryError, match=r"'code' cannot be matched to the key column 'key'"):
+        columnar_pairs(lookup, batch)
