@@ -110,14 +110,15 @@ def _pg_ceiling_worker(
     import pyarrow as pa
     import uvloop
 
-    from connectors.postgres._columnar import Columnar, aggregate_sql, decode
+    from connectors.postgres._columnar import Columnar, decode
 
     async def main() -> None:
         extra: dict[str, Any] = {} if reset else {"reset": _no_reset}
         pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size, **extra)
         query = f'SELECT id, name, tier, country FROM "{table}" WHERE id = ANY($1)'
-        names, text = ("id", "name", "tier", "country"), frozenset({"name", "tier", "country"})
-        form = Columnar(aggregate_sql(query, names, text), names, text)
+        form = Columnar.of(
+            query, ("id", "name", "tier", "country"), frozenset({"name", "tier", "country"})
+        )
         if columnar:
             query = form.sql
         keys = [key_of(i, customers) for i in range(start, stop)]

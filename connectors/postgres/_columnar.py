@@ -45,6 +45,11 @@ class Columnar:
     names: tuple[str, ...]
     text: frozenset[str] = frozenset()  # the columns that travel as bytes and lengths
 
+    @classmethod
+    def of(cls, query: str, names: Sequence[str], text: frozenset[str] = frozenset()) -> Columnar:
+        """``query``'s columnar form, for result columns ``names`` (``text``: sent as bytes)."""
+        return cls(aggregate_sql(query, names, text), tuple(names), text)
+
 
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -113,9 +118,11 @@ def _strings(name: str, pieces: list[tuple[bytes, bytes]]) -> pa.Array:
             f"column {name!r}: the server sent {len(data)} bytes for values of "
             f"{int(offsets[-1])} bytes in all"
         )
-    kind = pa.string() if len(data) < 2**31 else pa.large_string()
-    if kind == pa.string():
+    kind = pa.string()
+    if len(data) < 2**31:
         offsets = offsets.astype(np.int32)
+    else:
+        kind = pa.large_string()
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     return pa.Array.from_buffers(
         kind, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls

@@ -41,7 +41,7 @@ from .._exceptions import LookupAmbiguousError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
-from ._columnar import TEXT_OIDS, Columnar, aggregate_sql, decode
+from ._columnar import TEXT_OIDS, Columnar, decode
 from ._errors import is_query_error, map_asyncpg_errors
 
 if TYPE_CHECKING:
@@ -124,6 +124,21 @@ _POOLS: Final[SharedResources[asyncpg.Pool]] = SharedResources(
 def active_pools() -> int:
     """How many asyncpg pools this process holds open (for tests and metrics)."""
     return _POOLS.active()
+
+
+def _to_arrow(values: Any, type_: pa.DataType | None = None) -> pa.Array:
+    """A result column (a list, or an Arrow array: a text column of the columnar form)
+    as an Arrow array, of ``type_`` when given (a key column's type)."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.Array):
+        return values if type_ is None or values.type == type_ else values.cast(type_)
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        if type_ is None:
+            raise
+        return pa.array(values).cast(type_)
 
 
 @dataclass
@@ -414,7 +429,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
             return [], {}
         found = columns[present.index(self.on.names[0])]
         try:
-            value_set = self._as_key_type(found, column.type)
+            value_set = _to_arrow(found, column.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise LookupQueryError(
                 f"the query's column {self.on.names[0]!r} cannot be matched to the key column "
@@ -435,24 +450,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
             row_index = pc.indices_nonzero(matched)
             take = position.filter(matched)
         names = self.columns if self.columns is not None else present
-        arrays = (columns[present.index(n)] for n in names)
-        return row_index, {
-            n: (a if isinstance(a, pa.Array) else pa.array(a)).take(take)
-            for n, a in zip(names, arrays, strict=True)
-        }
-
-    @staticmethod
-    def _as_key_type(found: Any, type_: pa.DataType) -> pa.Array:
-        """The query's ``on`` column (a list, or an Arrow array of a text column) as
-        an Arrow array of the key column's type."""
-        import pyarrow as pa
-
-        if isinstance(found, pa.Array):  # a text column of the columnar form
-            return found if found.type == type_ else found.cast(type_)
-        try:
-            return pa.array(found, type=type_)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return pa.array(found).cast(type_)
+        return row_index, {n: _to_arrow(columns[present.index(n)]).take(take) for n in names}
 
     async def _columnar(self, runtime: _Runtime) -> Columnar | None:
         """The query's columnar form for this runtime (None: use records), probed once.
@@ -487,19 +485,16 @@ class PostgresLookup(BaseLookup[_Runtime]):
                         attribute.type.kind == "array" for attribute in attributes
                     ):
                         return None
-                    utf8 = connection.get_settings().server_encoding == "UTF8"
-                    text = frozenset(
-                        attribute.name
-                        for attribute in attributes
-                        if utf8 and attribute.type.oid in TEXT_OIDS
-                    )
-                    sql = aggregate_sql(self.query, names, text)
-                    await connection.prepare(sql, timeout=self.query_timeout)
+                    text: frozenset[str] = frozenset()
+                    if connection.get_settings().server_encoding == "UTF8":
+                        text = frozenset(a.name for a in attributes if a.type.oid in TEXT_OIDS)
+                    columnar = Columnar.of(self.query, names, text)
+                    await connection.prepare(columnar.sql, timeout=self.query_timeout)
                 except asyncpg.PostgresError as exc:
                     if not is_query_error(exc):
                         raise
                     return None
-        return Columnar(sql, names, text)
+        return columnar
 
     async def _query_columns(
         self, columnar: Columnar, chunks: Sequence[Sequence[Hashable]]
