@@ -1,6 +1,7 @@
 """The one place where aiohttp's exceptions become the connectors' exceptions.
 
-Every request the HTTP lookup sends runs inside :func:`map_aiohttp_errors`:
+Every request the HTTP lookup sends goes through :func:`aiohttp_error`, which
+turns an exception raised while sending it into the connectors' own:
 
 =====================================================  ======================
 aiohttp / builtin                                      raised as
@@ -22,10 +23,6 @@ Request headers are never part of a message.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import aiohttp
 
 from .._exceptions import (
@@ -34,9 +31,9 @@ from .._exceptions import (
     LookupTimeout,
     LookupTLSError,
 )
-from .._redact import Scrubber
+from .._redact import Scrubber, redact_url
 
-__all__ = ["map_aiohttp_errors"]
+__all__ = ["aiohttp_error"]
 
 
 def _classify(exc: BaseException) -> type[ConnectorError] | None:
@@ -53,18 +50,19 @@ def _classify(exc: BaseException) -> type[ConnectorError] | None:
     return None
 
 
-@contextmanager
-def map_aiohttp_errors(method: str, where: str, scrub: Scrubber) -> Iterator[None]:
-    """Translate aiohttp errors raised inside the block; ``where`` is the redacted URL."""
-    try:
-        yield
-    except asyncio.CancelledError:
-        raise
-    except ConnectorError:
-        raise
-    except Exception as exc:
-        kind = _classify(exc)
-        if kind is None:
-            raise
-        text = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "no message")
-        raise kind(scrub(f"{method} {where} failed: {type(exc).__name__}: {text}")) from exc
+def aiohttp_error(
+    exc: BaseException, method: str, url: str, scrub: Scrubber
+) -> ConnectorError | None:
+    """The connectors' exception for ``exc``, raised sending ``method url``; None if
+    ``exc`` is not an aiohttp or network error (it then propagates as it is).
+
+    The caller raises the result ``from exc``. ``url`` is redacted here, only
+    when a request failed: a successful request never pays for it.
+    """
+    if isinstance(exc, ConnectorError):
+        return None
+    kind = _classify(exc)
+    if kind is None:
+        return None
+    text = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "no message")
+    return kind(scrub(f"{method} {redact_url(url)} failed: {type(exc).__name__}: {text}"))

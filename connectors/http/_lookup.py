@@ -40,7 +40,7 @@ from .._exceptions import (
 from .._lookup import BaseLookup, Row
 from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
 from .._resources import SharedResources
-from ._errors import map_aiohttp_errors
+from ._errors import aiohttp_error
 from ._template import JsonTemplate, ParamsTemplate, Template, text_of
 
 __all__ = ["HttpBatch", "HttpLookup", "active_sessions", "parse_retry_after"]
@@ -305,6 +305,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         self.max_connections = _count("max_connections", max_connections, 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
         self.request_timeout = _seconds("timeout", timeout)
+        self._client_timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         self.retry_statuses = frozenset(int(s) for s in retry_statuses)
         self.max_retries = _count("max_retries", max_retries, 0)
         self.backoff = _seconds("backoff", backoff, zero=True)
@@ -395,12 +396,15 @@ class HttpLookup(BaseLookup[_Runtime]):
             url = self.url.render(value, url=True)
             params = self.params.render(value)
             body = self.json.render(value) if self.json is not None else None
-            cache_key = (url, tuple(params), _canonical(body)) if self.cache is not None else None
+            if self.cache is None:
+                items = self._rows_of(await self._send(runtime, url, params, body))
+            else:
 
-            async def fetch() -> Rows:
-                return self._rows_of(await self._send(runtime, url, params, body))
+                async def fetch() -> Rows:
+                    return self._rows_of(await self._send(runtime, url, params, body))
 
-            items = await self._cached(cache_key, fetch)
+                cache_key = (url, tuple(params), _canonical(body))
+                items = await self._cached(cache_key, fetch)
         if self.include_input:
             return [{**value, **item} for item in items]
         return [dict(item) for item in items]
@@ -455,13 +459,12 @@ class HttpLookup(BaseLookup[_Runtime]):
         Raises LookupResponseError, LookupDecodeError, LookupConnectionError,
         LookupTimeout, LookupTLSError, ConnectorError.
         """
-        where = redact_url(url)
         attempt = 0
         while True:
             if runtime.limiter is not None:
                 await runtime.limiter.acquire()
             try:
-                return await self._attempt(runtime, url, where, params, body)
+                return await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
                 if not exc.retryable or attempt >= self.max_retries:
@@ -477,21 +480,22 @@ class HttpLookup(BaseLookup[_Runtime]):
             await asyncio.sleep(delay)
 
     async def _attempt(
-        self, runtime: _Runtime, url: str, where: str, params: list[tuple[str, str]], body: Any
+        self, runtime: _Runtime, url: str, params: list[tuple[str, str]], body: Any
     ) -> Any:
-        with map_aiohttp_errors(self.method, where, self._scrub):
+        # The URL is redacted for a message only when there is one to write.
+        try:
             async with runtime.session.request(
                 self.method,
                 URL(url, encoded=True),  # values are encoded by the template already
                 params=params or None,
                 json=body,
                 headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
+                timeout=self._client_timeout,
             ) as response:
                 status = response.status
                 if 200 <= status < 300:
                     raw = await response.read()
-                    return self._decode(raw, status, where)
+                    return self._decode(raw, status, url)
                 if status == 404 and self.not_found_empty:
                     return None
                 head = await response.content.read(_ERROR_BODY_BYTES)
@@ -502,21 +506,27 @@ class HttpLookup(BaseLookup[_Runtime]):
                 )
                 reason = self._scrub(response.reason or "")
                 raise LookupResponseError(
-                    f"{self.method} {where} answered {status} {reason}".rstrip(),
+                    f"{self.method} {redact_url(url)} answered {status} {reason}".rstrip(),
                     status=status,
                     retry_after=retry_after,
                     body=head,
                     retryable=status in self.retry_statuses,
                 )
+        except Exception as exc:
+            mapped = aiohttp_error(exc, self.method, url, self._scrub)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
-    def _decode(self, raw: bytes, status: int, where: str) -> Any:
+    def _decode(self, raw: bytes, status: int, url: str) -> Any:
         if not raw.strip():
             return None  # 204 or an empty 200: nothing found
         try:
             return jsonlib.loads(raw)
         except ValueError as exc:
             raise LookupDecodeError(
-                f"{self.method} {where} answered {status} with a body that is not JSON: {exc}",
+                f"{self.method} {redact_url(url)} answered {status} with a body that is not "
+                f"JSON: {exc}",
                 status=status,
                 body=raw[:_ERROR_BODY_BYTES],
             ) from exc

@@ -35,6 +35,11 @@ _FORMATTER: Final = string.Formatter()
 _URL_SAFE: Final = ":/?#[]@!$&'()*+,;=%~-._"
 
 
+def _plain(text: str) -> bool:
+    """True if ``text`` is ASCII letters and digits only (what quote() leaves as is)."""
+    return text.isascii() and text.isalnum()
+
+
 def _value(row: Mapping[str, Any], name: str) -> Any:
     try:
         return row[name]
@@ -62,7 +67,7 @@ def text_of(value: Any, spec: str = "") -> str:
 class Template:
     """A string with ``{field}`` placeholders, validated once, rendered per row."""
 
-    __slots__ = ("_parts", "fields", "single", "text")
+    __slots__ = ("_parts", "_url_parts", "fields", "single", "text")
 
     def __init__(self, text: str, *, option: str) -> None:
         if not isinstance(text, str):
@@ -92,6 +97,12 @@ class Template:
             parts.append((literal, name, spec or ""))
         self.text = text
         self._parts = tuple(parts)
+        # The template's own text is trusted: keep its reserved characters and
+        # existing %-escapes, encode only what cannot appear in a URL at all.
+        # Done once here, not per row.
+        self._url_parts = tuple(
+            (quote(literal, safe=_URL_SAFE), name, spec) for literal, name, spec in parts
+        )
         self.fields = tuple(name for _, name, _ in parts if name is not None)
         # "{id}" alone: the raw value (with its type) can be used instead of text.
         self.single: str | None = (
@@ -107,13 +118,12 @@ class Template:
         ``None`` renders as an empty string.
         """
         out: list[str] = []
-        for literal, name, spec in self._parts:
-            # The template's own text is trusted: keep its reserved characters and
-            # existing %-escapes, encode only what cannot appear in a URL at all.
-            out.append(quote(literal, safe=_URL_SAFE) if url else literal)
+        for literal, name, spec in self._url_parts if url else self._parts:
+            out.append(literal)
             if name is not None:
                 text = text_of(_value(row, name), spec)
-                out.append(quote(text, safe="") if url else text)
+                # ASCII letters and digits never need encoding (the common key).
+                out.append(quote(text, safe="") if url and not _plain(text) else text)
         return "".join(out)
 
     def raw(self, row: Mapping[str, Any]) -> Any:
