@@ -1,4 +1,5 @@
-"""CPU seconds by role (Postgres, Spark's JVM, Spark's Python workers) from ``/proc``.
+"""CPU seconds by role (Postgres, Spark's JVM, Spark's Python workers, the HTTP
+lookup service) from ``/proc``.
 
 A benchmark on a machine whose cores are all busy is a contest for CPU: where
 Postgres, the JVM and the Python workers share two cores, the throughput of a
@@ -20,7 +21,7 @@ from pathlib import Path
 
 Snapshot = dict[int, tuple[str, float]]
 
-ROLES = ("postgres", "spark jvm", "spark python")
+ROLES = ("postgres", "spark jvm", "spark python", "http service")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -35,8 +36,12 @@ def _role(pid: str, comm: str) -> str | None:
         return "postgres"
     if comm == "java":
         return "spark jvm"
-    if comm.startswith("python") and "pyspark.daemon" in cmdline(pid):
-        return "spark python"
+    if comm.startswith("python"):
+        line = cmdline(pid)
+        if "pyspark.daemon" in line:
+            return "spark python"
+        if "examples.http_service" in line:
+            return "http service"
     return None
 
 

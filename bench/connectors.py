@@ -32,7 +32,10 @@ Rows of the table (every Spark figure is a ``write.format("noop")`` action on
 - ``http per-row``: ``unordered_wait`` + ``HttpLookup`` against the customer
   service (a separate process, ``--http-latency-ms`` per request), and
   ``http aiohttp ceiling``: two aiohttp client processes with the same number of
-  requests in flight against the same service.
+  requests in flight against the same service; ``--http-rounds`` (default 3)
+  interleaved rounds after ``--warmup-rounds`` rounds of a tenth of the size
+  (the workers import aiohttp and open their sessions), the median kept, and
+  the ratio also given round by round.
 
 The chunked case and the ceilings run ``--rounds`` times, interleaved (they
 last seconds, and a shared machine moves them by +-20 %), after
@@ -43,8 +46,8 @@ one's median run and notes every round's rate, and the chunked case's ratio to
 a ceiling is also given round by round (each pair ran back to back).
 
 A second table gives the CPU seconds each case used, by role (Postgres, Spark's
-JVM, Spark's Python workers, the ceiling's client processes; from ``/proc``, so
-Linux): on a machine whose cores are all busy, throughput follows CPU per row,
+JVM, Spark's Python workers, the HTTP service, the ceiling's client processes;
+from ``/proc``, so Linux): on a machine whose cores are all busy, throughput follows CPU per row,
 and the ratio of the ceiling's CPU per row to the chunked case's is what their
 rate ratio tends to.
 
@@ -332,7 +335,12 @@ def jdbc_join_row(spark: Any, name: str, dsn: str, table: str, n: int, customers
     return Row(name, n, seconds, f"reads all {customers:,} customers over JDBC")
 
 
-def http_rows(spark: Any, n: int, customers: int, latency_ms: float, capacity: int) -> list[Row]:
+def http_suite(
+    spark: Any, n: int, customers: int, latency_ms: float, capacity: int, rounds: int,
+    warmup: int,
+) -> tuple[list[Row], dict[str, list[Row]]]:  # fmt: skip
+    """The HTTP case and its ceiling in ``rounds`` interleaved rounds after ``warmup``
+    smaller ones (not kept): their median rows, and every kept round by case."""
     from asyncio_ops.spark import AsyncMetrics, unordered_wait
     from connectors.http import HttpLookup
 
@@ -345,6 +353,31 @@ def http_rows(spark: Any, n: int, customers: int, latency_ms: float, capacity: i
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+
+    def in_spark(count: int) -> Row:
+        metrics = AsyncMetrics(spark)
+        df = unordered_wait(
+            orders_df(spark, count, customers),
+            HttpLookup(f"{base}/customers/{{customer_id}}", max_connections=capacity),
+            timeout=60.0, capacity=capacity,
+            output_schema="id bigint, name string, tier string, country string", metrics=metrics,
+        )  # fmt: skip
+        before = cpu.snapshot()
+        seconds = run_noop(df)
+        used = cpu.usage(before, cpu.snapshot())
+        note = f"capacity={capacity} latency={latency_ms}ms"
+        return Row("http per-row (spark)", metrics.summary()["emitted"], seconds, note,
+                   {"cpu": used})  # fmt: skip
+
+    def ceiling(count: int) -> Row:
+        before = cpu.snapshot()
+        rows, secs, clients = two_processes(
+            _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), count
+        )
+        used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
+        return Row("http aiohttp ceiling (2 procs)", rows, secs, f"{capacity} in flight each",
+                   {"cpu": used})  # fmt: skip
+
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -354,23 +387,17 @@ def http_rows(spark: Any, n: int, customers: int, latency_ms: float, capacity: i
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the customer service did not start")
             time.sleep(0.1)
-        rows, secs, _cpu = two_processes(
-            _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), n
-        )
-        ceiling = Row("http aiohttp ceiling (2 procs)", rows, secs, f"{capacity} in flight each")
-        metrics = AsyncMetrics(spark)
-        df = unordered_wait(
-            orders_df(spark, n, customers),
-            HttpLookup(f"{base}/customers/{{customer_id}}", max_connections=capacity),
-            timeout=60.0, capacity=capacity,
-            output_schema="id bigint, name string, tier string, country string", metrics=metrics,
-        )  # fmt: skip
-        seconds = run_noop(df)
-        spark_row = Row(
-            "http per-row (spark)", metrics.summary()["emitted"], seconds,
-            f"capacity={capacity} latency={latency_ms}ms",
-        )  # fmt: skip
-        return [spark_row, ceiling]
+        runs: dict[str, list[Row]] = {}
+        # Warm-up rounds, a tenth of the size: the Python workers import aiohttp and
+        # open their sessions, the service and the JVM warm up.
+        for _ in range(max(0, warmup)):
+            in_spark(max(2000, n // 10))
+            ceiling(max(2000, n // 10))
+        for _ in range(max(1, rounds)):
+            for case in (in_spark, ceiling):
+                row = case(n)
+                runs.setdefault(row.name, []).append(row)
+        return [median_row(results) for results in runs.values()], runs
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -400,7 +427,7 @@ def ratio_line(label: str, a: Row | None, b: Row | None, target: float | None) -
     print(f"- {label}: {ratio:.2f}{goal}{verdict}")
 
 
-CLIENTS = "asyncpg clients"  # the ceiling's processes, as they measure themselves
+CLIENTS = "ceiling clients"  # the ceiling's processes, as they measure themselves
 CPU_COLUMNS = (*cpu.ROLES, CLIENTS)
 
 
@@ -409,14 +436,15 @@ def print_cpu(rows: list[Row]) -> None:
     measured = [r for r in rows if r.extra.get("cpu")]
     if not measured:
         return
+    columns = [c for c in CPU_COLUMNS if any(c in r.extra["cpu"] for r in measured)]
     print(f"\nCPU seconds during each case's timed part (median run; {os.cpu_count()} CPUs):\n")
-    print(f"| {'case':<34} | " + " | ".join(f"{c:>15}" for c in CPU_COLUMNS)
+    print(f"| {'case':<34} | " + " | ".join(f"{c:>15}" for c in columns)
           + f" | {'total':>6} | {'us/row':>6}")  # fmt: skip
-    print(f"|{'-' * 36}|" + "|".join("-" * 17 for _ in CPU_COLUMNS) + f"|{'-' * 8}|{'-' * 8}")
+    print(f"|{'-' * 36}|" + "|".join("-" * 17 for _ in columns) + f"|{'-' * 8}|{'-' * 8}")
     for r in measured:
         used = r.extra["cpu"]
         total = sum(used.values())
-        cells = " | ".join(f"{used[c]:>15.2f}" if c in used else f"{'-':>15}" for c in CPU_COLUMNS)
+        cells = " | ".join(f"{used[c]:>15.2f}" if c in used else f"{'-':>15}" for c in columns)
         per_row = f"{1e6 * total / r.rows:.2f}" if r.rows else "-"
         print(f"| {r.name:<34} | {cells} | {total:>6.2f} | {per_row:>6}")
 
@@ -583,6 +611,8 @@ def main(argv: list[str] | None = None) -> None:
         "--http-orders", type=int, default=None,
         help="default 200k (10k --quick): long enough that Spark's job start-up is amortised",
     )  # fmt: skip
+    p.add_argument("--http-rounds", type=int, default=3,
+                   help="interleaved rounds of the HTTP case and its ceiling (median)")  # fmt: skip
     p.add_argument("--http-latency-ms", type=float, default=20.0)
     p.add_argument("--http-capacity", type=int, default=200)
     p.add_argument("--no-jdbc", action="store_true")
@@ -640,10 +670,17 @@ def main(argv: list[str] | None = None) -> None:
                  f"{args.large_keys:,} distinct keys looked up")  # fmt: skip
 
     if not args.no_http:
-        rows = http_rows(spark, http_orders, args.customers, args.http_latency_ms,
-                         args.http_capacity)  # fmt: skip
+        rows, runs = http_suite(
+            spark, http_orders, args.customers, args.http_latency_ms, args.http_capacity,
+            args.http_rounds, args.warmup_rounds,
+        )  # fmt: skip
         print_table(f"HTTP: {http_orders:,} lookups, {args.http_latency_ms} ms per request", rows)
+        print_cpu(rows)
         print()
+        paired_line(
+            "http spark / aiohttp ceiling, round by round",
+            runs.get("http per-row (spark)"), runs.get("http aiohttp ceiling (2 procs)"),
+        )  # fmt: skip
         ratio_line("http spark / aiohttp ceiling", rows[0], rows[1], 0.8)
     spark.stop()
 
