@@ -450,3 +450,18 @@ def test_template_rejects_attribute_access() -> None:
         HttpLookup("http://h/{}")
     with pytest.raises(ConfigurationError, match="http"):
         HttpLookup("ftp://h/x")
+
+
+def test_url_template_encodes_its_text_once_and_every_unsafe_value() -> None:
+    from urllib.parse import quote
+
+    from connectors.http._template import Template
+
+    template = Template("http://h/a b/{x}/%41?q={y}", option="url")
+    for x, y in [("abc123", 7), ("a/b c", "é"), ("", None), ("Ünï", "x&y=z"), ("-._~", True)]:
+        expected_y = "" if y is None else ("true" if y is True else str(y))
+        assert template.render({"x": x, "y": y}, url=True) == (
+            f"http://h/a%20b/{quote(x, safe='')}/%41?q={quote(expected_y, safe='')}"
+        )
+    # Without url=True nothing is encoded: the text as written, values as text.
+    assert template.render({"x": "a/b", "y": 1}) == "http://h/a b/a/b/%41?q=1"
