@@ -241,9 +241,11 @@ def _http_ceiling_worker(
     uvloop.run(main())
 
 
-def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float, float]:
+def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float, dict[str, float]]:
     """Run ``target`` in two spawned processes over halves of ``0..n``: (rows, slowest
-    seconds, CPU seconds of both in their timed part)."""
+    seconds, CPU seconds by role meanwhile, with both clients' own timed part as
+    ``CLIENTS``)."""
+    before = cpu.snapshot()
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     half = n // 2
@@ -256,7 +258,8 @@ def two_processes(target: Any, args_for: Any, n: int) -> tuple[int, float, float
     results = [out.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    return sum(r[0] for r in results), max(r[1] for r in results), sum(r[2] for r in results)
+    used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: sum(r[2] for r in results)}
+    return sum(r[0] for r in results), max(r[1] for r in results), used
 
 
 # -- Spark side --------------------------------------------------------------------------------
@@ -264,6 +267,13 @@ def run_noop(df: Any) -> float:
     t0 = time.perf_counter()
     df.write.format("noop").mode("overwrite").save()
     return time.perf_counter() - t0
+
+
+def run_noop_cpu(df: Any) -> tuple[float, dict[str, float]]:
+    """:func:`run_noop`, and the CPU seconds by role it took."""
+    before = cpu.snapshot()
+    seconds = run_noop(df)
+    return seconds, cpu.usage(before, cpu.snapshot())
 
 
 def orders_df(spark: Any, n: int, customers: int) -> Any:
@@ -298,9 +308,7 @@ def pg_lookup_row(
         output_schema="name string, tier string, country string", metrics=metrics,
         chunk_size=chunk_size,
     )  # fmt: skip
-    before = cpu.snapshot()
-    seconds = run_noop(df)
-    used = cpu.usage(before, cpu.snapshot())
+    seconds, used = run_noop_cpu(df)
     emitted = metrics.summary()["emitted"]
     note = f"batch_size={batch_size} capacity={capacity}"
     if chunk_size is not None:
@@ -362,19 +370,15 @@ def http_suite(
             timeout=60.0, capacity=capacity,
             output_schema="id bigint, name string, tier string, country string", metrics=metrics,
         )  # fmt: skip
-        before = cpu.snapshot()
-        seconds = run_noop(df)
-        used = cpu.usage(before, cpu.snapshot())
+        seconds, used = run_noop_cpu(df)
         note = f"capacity={capacity} latency={latency_ms}ms"
         return Row("http per-row (spark)", metrics.summary()["emitted"], seconds, note,
                    {"cpu": used})  # fmt: skip
 
     def ceiling(count: int) -> Row:
-        before = cpu.snapshot()
-        rows, secs, clients = two_processes(
+        rows, secs, used = two_processes(
             _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), count
         )
-        used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
         return Row("http aiohttp ceiling (2 procs)", rows, secs, f"{capacity} in flight each",
                    {"cpu": used})  # fmt: skip
 
@@ -390,9 +394,10 @@ def http_suite(
         runs: dict[str, list[Row]] = {}
         # Warm-up rounds, a tenth of the size: the Python workers import aiohttp and
         # open their sessions, the service and the JVM warm up.
+        small = max(2000, n // 10)
         for _ in range(max(0, warmup)):
-            in_spark(max(2000, n // 10))
-            ceiling(max(2000, n // 10))
+            in_spark(small)
+            ceiling(small)
         for _ in range(max(1, rounds)):
             for case in (in_spark, ceiling):
                 row = case(n)
@@ -517,15 +522,13 @@ def pg_suite(
         )  # fmt: skip
         kept.setdefault(chunked.name, []).append(chunked)
         for name, reset, columnar, more in ceilings:
-            before = cpu.snapshot()
-            emitted, secs, clients = two_processes(
+            emitted, secs, used = two_processes(
                 _pg_ceiling_worker,
                 lambda a, b, reset=reset, columnar=columnar: (
                     dsn, table, a, b, customers, args.batch_size,
                     max(1, args.capacity // args.batch_size), args.pool_size, reset, columnar),
                 orders,
             )  # fmt: skip
-            used = {**cpu.usage(before, cpu.snapshot()), CLIENTS: clients}
             note = f"same ANY($1) chunks of {args.batch_size}{more}"
             kept.setdefault(name, []).append(Row(name, emitted, secs, note, {"cpu": used}))
     for results in runs.values():

@@ -118,9 +118,8 @@ def _strings(name: str, pieces: list[tuple[bytes, bytes]]) -> pa.Array:
             f"column {name!r}: the server sent {len(data)} bytes for values of "
             f"{int(offsets[-1])} bytes in all"
         )
-    kind = pa.string()
     if len(data) < 2**31:
-        offsets = offsets.astype(np.int32)
+        kind, offsets = pa.string(), offsets.astype(np.int32)
     else:
         kind = pa.large_string()
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
