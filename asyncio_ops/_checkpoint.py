@@ -38,6 +38,8 @@ MAGIC: Final = b"AOPSCKP1"
 FORMAT_VERSION: Final = 1
 _HEADER = struct.Struct("<8sHQI")
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
+# A listing that races a directory being created is retried (see CheckpointStorage._entries).
+_LIST_ATTEMPTS: Final = 5
 
 
 def encode(payload: Any) -> bytes:
@@ -148,20 +150,33 @@ class CheckpointStorage:
             raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
         return decode(data, path)
 
+    def _entries(self, directory: str) -> list[pafs.FileInfo]:
+        """What ``directory`` holds; [] if it does not exist.
+
+        Tasks of a batch start together, and one may list a directory while
+        another creates it (its first write) or prunes it. pyarrow's
+        ``allow_not_found`` lists first and checks existence after, so a
+        directory created in between raises FileNotFoundError. Listing again
+        then sees it (or, if pruned, nothing).
+        """
+        selector = pafs.FileSelector(directory, allow_not_found=True)
+        for _ in range(_LIST_ATTEMPTS - 1):
+            with contextlib.suppress(FileNotFoundError):
+                return list(self.fs.get_file_info(selector))
+        return list(self.fs.get_file_info(selector))
+
     def list_files(self, version: int, prefix: str = "") -> list[str]:
         """Names of the complete files of ``version`` starting with ``prefix`` (sorted)."""
-        selector = pafs.FileSelector(self.version_dir(version), allow_not_found=True)
         names = []
-        for info in self.fs.get_file_info(selector):
+        for info in self._entries(self.version_dir(version)):
             name = info.base_name
             if info.type == pafs.FileType.File and name.startswith(prefix) and ".tmp-" not in name:
                 names.append(name)
         return sorted(names)
 
     def versions(self) -> list[int]:
-        selector = pafs.FileSelector(self.root, allow_not_found=True)
         found = []
-        for info in self.fs.get_file_info(selector):
+        for info in self._entries(self.root):
             m = _VERSION_DIR.match(info.base_name)
             if m and info.type == pafs.FileType.Directory:
                 found.append(int(m.group(1)))

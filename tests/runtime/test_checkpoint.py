@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,33 @@ def test_location_under_a_file_is_not_writable(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(CheckpointError, match=r"not writable"):
         CheckpointStorage(str(blocker / "ckpt"), "op").check_writable()
+
+
+@pytest.mark.parametrize("churned", ["version directory", "operator directory"])
+def test_listing_a_directory_another_task_creates_or_deletes_meanwhile(
+    tmp_path: Path, churned: str
+) -> None:
+    """Tasks of one batch start together: one lists a version directory while another
+    creates it (its first write) or prunes it. The listing sees it or not, never fails."""
+    s = CheckpointStorage(str(tmp_path), "op")
+    root = tmp_path / "op"
+    if churned == "version directory":
+        root.mkdir()
+        target, listing = root / "v0000000001", lambda: s.list_files(1)
+    else:
+        target, listing = root, s.versions
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            target.mkdir()
+            target.rmdir()
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        seen = [listing() for _ in range(20_000)]
+    finally:
+        stop.set()
+        thread.join()
+    assert seen == [[]] * len(seen)  # an empty directory, or none: nothing listed
