@@ -44,12 +44,17 @@ def test_killed_and_restarted_query_writes_each_row_exactly_once(
 ) -> None:
     src, sink, work, log = tmp_path / "in", tmp_path / "out", tmp_path / "work", tmp_path / "log"
     src.mkdir()
+    first_mtime = int(time.time()) - FILES - 1
     for f in range(FILES):
         lines = [
             json.dumps({"id": f * ROWS_PER_FILE + j, "ts": float(f * ROWS_PER_FILE + j)})
             for j in range(ROWS_PER_FILE)
         ]
-        (src / f"part-{f:03d}.json").write_text("\n".join(lines))
+        path = src / f"part-{f:03d}.json"
+        path.write_text("\n".join(lines))
+        # Spark reads files in modification-time order (milliseconds; ties in any order):
+        # a second apart, part-011 is surely the last batch's file.
+        os.utime(path, (first_mtime + f, first_mtime + f))
     rng = random.Random(2026)
     args = [str(src), str(sink), str(work)]
 
