@@ -1,17 +1,25 @@
-"""Checkpoint storage: versioned, verified files on any filesystem pyarrow.fs handles.
+"""Checkpoint storage: versioned, verified Arrow files on any filesystem pyarrow.fs handles.
 
 Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://)::
 
-    <uid>/v<version>/subtask-<i>.ckpt        manifest + operator state of partition i
-    <uid>/v<version>/kg-<kg>.ckpt            in-flight elements of one key group (keyed mode)
-    <uid>/v<version>/results-p<i>-a<attempt>-<seq>.ckpt
-                                             completed lookups of a task attempt (replay log)
+    <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i: watermark state, and its
+                                        in-flight elements (unkeyed) or key-group files (keyed)
+    <uid>/v<version>/kg-<kg>.ckpt       in-flight elements of one key group (keyed mode)
+    <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
+                                        completed lookups of a task attempt (replay log)
+    <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)
+    <uid>/run-<id>/...                  the same files for one run of a batch job
+
+Streaming queries use their micro-batch ids as versions; a batch job writes
+one ``run-<id>`` directory per action (see ``docs/spark.md``).
 
 Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
-(u32) | payload`` with a pickled payload. It is written to a temporary name
-and then moved into place, so a reader sees a whole file or none; a torn,
-truncated, bit-flipped or too-new file raises :class:`CorruptCheckpointError`
-naming it, never a silent loss.
+(u32) | payload`` with an Arrow IPC stream as payload: typed columns and
+schema metadata, never pickle, so loading a checkpoint never runs code. A file
+is written to a temporary name and then moved into place, so a reader sees a
+whole file or none; a torn, truncated, bit-flipped, too-new or
+not-Arrow file raises :class:`CorruptCheckpointError` naming it, never a silent
+loss. Format version 1 (pickle payloads, asyncio_ops 0.1) is refused by name.
 
 Files hold the payloads of in-flight rows (whatever columns the input had):
 protect the location as you would the input data. They are written with the
@@ -21,7 +29,6 @@ process umask.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import re
 import struct
 import uuid
@@ -35,21 +42,30 @@ import pyarrow.fs as pafs
 from ._exceptions import CheckpointError, CorruptCheckpointError
 
 MAGIC: Final = b"AOPSCKP1"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+PICKLE_FORMAT_VERSION: Final = 1
 _HEADER = struct.Struct("<8sHQI")
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
+_RUN_DIR: Final = "run-"
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
 
+Version = int | str
+"""A streaming version (the micro-batch id, or a pinned int) or a batch job's run id."""
 
-def encode(payload: Any) -> bytes:
-    """The bytes of one checkpoint file holding ``payload``."""
-    body = pickle.dumps(payload, protocol=5)
+
+def encode(table: pa.Table) -> bytes:
+    """The bytes of one checkpoint file holding ``table`` (Arrow IPC stream, framed)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body: bytes = sink.getvalue().to_pybytes()
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
 
 
-def decode(data: bytes, name: str) -> Any:
-    """Verify and unpickle one checkpoint file; ``name`` is used in errors."""
+def decode(data: bytes, name: str) -> pa.Table:
+    """Verify one checkpoint file and read its Arrow table; ``name`` is used in errors."""
     if len(data) < _HEADER.size:
         raise CorruptCheckpointError(
             f"checkpoint file {name} is truncated: {len(data)} bytes, shorter than its header"
@@ -57,6 +73,12 @@ def decode(data: bytes, name: str) -> Any:
     magic, version, length, crc = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CorruptCheckpointError(f"checkpoint file {name} is not an asyncio_ops checkpoint")
+    if version == PICKLE_FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} has format version 1 (pickle, written by asyncio_ops 0.1); "
+            "it is not loaded, since loading a pickle can run code: delete the checkpoint "
+            "location (or use another) to start afresh"
+        )
     if version > FORMAT_VERSION:
         raise CorruptCheckpointError(
             f"checkpoint file {name} has format version {version}, newer than this asyncio_ops "
@@ -71,11 +93,19 @@ def decode(data: bytes, name: str) -> Any:
     if zlib.crc32(body) != crc:
         raise CorruptCheckpointError(f"checkpoint file {name} fails its checksum (corrupted)")
     try:
-        return pickle.loads(body)
-    except Exception as exc:  # a payload that verifies but does not load: same answer
+        with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
+            return reader.read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptCheckpointError(
-            f"checkpoint file {name} could not be unpickled: {exc}"
+            f"checkpoint file {name} verifies but is not a readable Arrow stream: {exc}"
         ) from exc
+
+
+def check_run_id(run_id: str) -> str:
+    """A batch run id is one path segment of letters, digits, ``_``, ``.`` and ``-``."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in (".", ".."):
+        raise CheckpointError(f"checkpoint run id {run_id!r} is not a valid path segment")
+    return run_id
 
 
 class CheckpointStorage:
@@ -98,10 +128,12 @@ class CheckpointStorage:
         self.__init__(state["location"], state["uid"])  # type: ignore[misc]
 
     # -- paths -----------------------------------------------------------------------
-    def version_dir(self, version: int) -> str:
+    def version_dir(self, version: Version) -> str:
+        if isinstance(version, str):
+            return f"{self.root}/{_RUN_DIR}{check_run_id(version)}"
         return f"{self.root}/v{version:010d}"
 
-    def path(self, version: int, name: str) -> str:
+    def path(self, version: Version, name: str) -> str:
         return f"{self.version_dir(version)}/{name}"
 
     def describe(self, path: str) -> str:
@@ -121,11 +153,11 @@ class CheckpointStorage:
                 f"checkpoint_location {self.location!r} is not writable: {exc}"
             ) from exc
 
-    def write(self, version: int, name: str, payload: Any) -> None:
-        """Atomically write ``payload`` as ``v<version>/<name>`` (temp file + move)."""
+    def write(self, version: Version, name: str, table: pa.Table) -> None:
+        """Atomically write ``table`` as ``<version dir>/<name>`` (temp file + move)."""
         final = self.path(version, name)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-        data = encode(payload)
+        data = encode(table)
         try:
             self.fs.create_dir(self.version_dir(version), recursive=True)
             with self.fs.open_output_stream(tmp) as out:
@@ -135,11 +167,11 @@ class CheckpointStorage:
             raise CheckpointError(f"cannot write checkpoint file {final}: {exc}") from exc
 
     # -- reading ---------------------------------------------------------------------
-    def exists(self, version: int, name: str) -> bool:
+    def exists(self, version: Version, name: str) -> bool:
         info = self.fs.get_file_info(self.path(version, name))
         return bool(info.type == pafs.FileType.File)
 
-    def read(self, version: int, name: str) -> Any:
+    def read(self, version: Version, name: str) -> pa.Table:
         path = self.path(version, name)
         try:
             with self.fs.open_input_stream(path) as f:
@@ -165,7 +197,7 @@ class CheckpointStorage:
                 return list(self.fs.get_file_info(selector))
         return list(self.fs.get_file_info(selector))
 
-    def list_files(self, version: int, prefix: str = "") -> list[str]:
+    def list_files(self, version: Version, prefix: str = "") -> list[str]:
         """Names of the complete files of ``version`` starting with ``prefix`` (sorted)."""
         names = []
         for info in self._entries(self.version_dir(version)):
@@ -175,6 +207,7 @@ class CheckpointStorage:
         return sorted(names)
 
     def versions(self) -> list[int]:
+        """The streaming (int) versions present, ascending."""
         found = []
         for info in self._entries(self.root):
             m = _VERSION_DIR.match(info.base_name)
@@ -182,7 +215,16 @@ class CheckpointStorage:
                 found.append(int(m.group(1)))
         return sorted(found)
 
-    def delete_versions(self, versions: Iterable[int]) -> None:
+    def runs(self) -> list[str]:
+        """Batch run ids present, oldest first (by the directory's modification time)."""
+        found = []
+        for info in self._entries(self.root):
+            name = info.base_name
+            if name.startswith(_RUN_DIR) and info.type == pafs.FileType.Directory:
+                found.append((info.mtime_ns or 0, name[len(_RUN_DIR) :]))
+        return [run for _, run in sorted(found)]
+
+    def delete_versions(self, versions: Iterable[Version]) -> None:
         for v in versions:
             with contextlib.suppress(FileNotFoundError):  # another task deleted it first
                 self.fs.delete_dir(self.version_dir(v))

@@ -14,13 +14,21 @@ Call order, per operator instance::
 ``async_invoke`` returns a sequence (list or tuple) of results: empty emits
 nothing, several fan out. ``None`` is an error.
 
-Checkpointed functions (optional, like Flink's ``CheckpointedFunction``): a
-function with ``snapshot_function_state() -> list[(key, value)]`` and
-``initialize_function_state(entries)`` gets its state written with each
-checkpoint version by the partition runtime and offered back, before the first
-element, in the next version (the connectors' lookup cache uses this). Clients, pools and sessions
-belong in ``open``: the function object is pickled to Spark executors, and
-``__init__`` runs on the driver.
+Optional abilities are declared as protocols, never probed by name:
+
+- :class:`CheckpointedFunction` (like Flink's ``CheckpointedFunction``):
+  ``snapshot_function_state() -> pyarrow.Table | None`` is written with each
+  checkpoint version by the partition runtime (as Arrow IPC, never pickle) and
+  every partition's tables of the previous version are offered back, before
+  the first element, to ``initialize_function_state(tables)`` (the
+  connectors' lookup cache uses this).
+- :class:`SupportsInvokeChunk` / :class:`SupportsInvokeArrow`: whole chunks of
+  rows per call, as dicts or as an Arrow batch (``chunk_size=``).
+- :class:`SupportsCacheStatistics`: cache counters that reach the operator
+  metrics.
+
+Clients, pools and sessions belong in ``open``: the function object is
+pickled to Spark executors, and ``__init__`` runs on the driver.
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ._exceptions import AsyncTimeoutError, ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
@@ -118,3 +129,56 @@ async def maybe_await(value: object) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+# -- optional abilities ---------------------------------------------------------------------
+@runtime_checkable
+class SupportsInvokeChunk(Protocol):
+    """Answers a chunk of rows in one call: one result list per row, in order."""
+
+    async def async_invoke_chunk(self, rows: list[dict[str, Any]]) -> Sequence[Sequence[Any]]: ...
+
+
+@runtime_checkable
+class SupportsInvokeArrow(Protocol):
+    """Answers a chunk as an Arrow batch: ``(row_index, columns)`` (see docs/spark.md)."""
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class CheckpointedFunction(Protocol):
+    """A function with state of its own that checkpoints write and restore.
+
+    ``snapshot_function_state`` returns an Arrow table (or None for nothing);
+    ``initialize_function_state`` receives the tables every partition wrote in
+    the previous version, before the first element (a worker-wide function
+    sees every partition's: merge, and drop what is stale).
+    """
+
+    def snapshot_function_state(self) -> pa.Table | None: ...
+
+    def initialize_function_state(self, tables: Sequence[pa.Table]) -> None: ...
+
+
+class CacheCounters(Protocol):
+    """Counters of a cache, monotonic over the function's life."""
+
+    @property
+    def hits(self) -> int: ...
+
+    @property
+    def misses(self) -> int: ...
+
+    @property
+    def evictions(self) -> int: ...
+
+    @property
+    def expirations(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsCacheStatistics(Protocol):
+    """A function whose cache counters reach the operator metrics (None: no cache)."""
+
+    def cache_statistics(self) -> CacheCounters | None: ...

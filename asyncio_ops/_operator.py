@@ -9,7 +9,7 @@ Call order::
     await op.end_input()              drain: wait until every element is emitted
     await op.close()                  always, also after a failure
 
-Semantics (DESIGN §4):
+Semantics:
 
 - At most ``capacity`` elements (watermarks included) are in the queue. When it
   is full, ``process_element`` awaits; completions, timers and emission go on
@@ -38,9 +38,14 @@ Semantics (DESIGN §4):
   locks); ``output`` is called once per emitted record or watermark, in the
   queue's order.
 - :meth:`snapshot_state` holds every element not yet emitted, in queue order,
-  with the results of those already complete; :meth:`open` with it emits those
-  results without a new request and re-invokes the rest, each with a fresh
-  timeout and attempt count, before any new input.
+  with the results of those already complete and, for the others, the
+  attempts made and the absolute deadline (the element's timeout timer);
+  :meth:`open` with it emits those results without a new request and
+  re-invokes the rest before any new input, each keeping its deadline and
+  attempt count. An element whose deadline passed while it was stored times
+  out at once (its ``timeout()``, an error result, or a failure): restoring
+  never grants a fresh budget, so a slow element cannot be re-requested
+  forever across restores.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from ._functions import (
     as_async_function,
     maybe_await,
 )
+from ._options import non_negative_int, positive_seconds
 from ._queues import (
     ElementQueue,
     OrderedElementQueue,
@@ -110,28 +116,19 @@ def make_queue(mode: OutputMode, capacity: int, key_ordered: bool = False) -> El
     raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
 
 
-def timeout_seconds(timeout: object, name: str = "timeout") -> float:
-    """Validate a timeout given as seconds or ``timedelta``; must be > 0."""
-    if isinstance(timeout, timedelta):
-        value = timeout.total_seconds()
-    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        value = float(timeout)
-    else:
-        raise ConfigurationError(
-            f"{name} must be seconds (int or float) or a timedelta, got {timeout!r}"
-        )
-    if not value > 0 or math.isnan(value):
-        raise ConfigurationError(f"{name} must be > 0 seconds, got {timeout!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class SnapshotEntry:
-    """One element not yet emitted: the input, and its results if already complete."""
+    """One element not yet emitted: the input, and its results if already complete.
+
+    For an element still in flight, ``attempts`` made so far and its absolute
+    ``deadline`` (processing time, seconds; None: a fresh budget on restore).
+    """
 
     element: StreamElement
     results: tuple[Any, ...] | None = None
     key: Any = None
+    attempts: int = 0
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -503,17 +500,11 @@ class AsyncWaitOperator:
         self._describe_value = describe
         self.mode = mode
         self.capacity = capacity
-        if (
-            not isinstance(output_buffer, int)
-            or isinstance(output_buffer, bool)
-            or output_buffer < 0
-        ):
-            raise ConfigurationError(f"output_buffer must be an int >= 0, got {output_buffer!r}")
-        self.output_buffer = output_buffer
+        self.output_buffer = non_negative_int(output_buffer, "output_buffer")
         # with an output buffer, in-flight elements are bounded apart from the queue
         self._bound_in_flight = output_buffer > 0
         self._in_flight = 0
-        self.timeout = timeout_seconds(timeout)
+        self.timeout = positive_seconds(timeout, "timeout")
         self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
         self._buckets: dict[int, _TimeoutBucket] = {}
         self._latency_tick = 0
@@ -574,8 +565,28 @@ class AsyncWaitOperator:
                 await self.process_watermark(element)
             elif entry.results is not None:
                 await self.process_completed_element(element, entry.results)  # type: ignore[arg-type]
-            else:
+            elif entry.deadline is None:
                 await self.process_element(element)
+            else:
+                await self._restore_in_flight(element, entry.attempts, entry.deadline)  # type: ignore[arg-type]
+
+    async def _restore_in_flight(self, record: Record[Any], attempts: int, deadline: float) -> None:
+        """Re-admit a stored element with its attempts and deadline (see the module docstring)."""
+        self._check()
+        queue = self._queue
+        if len(queue) >= queue.capacity or self._bound_in_flight:
+            await self._wait_for_request_slot()
+        self._received += 1
+        key = self._key_selector(record.value) if self._key_selector is not None else None
+        entry = self._new_entry(record, key)
+        entry.attempts = max(0, attempts)
+        entry.deadline = deadline
+        if deadline <= self._clock_now():
+            self._on_timeout(entry)
+        else:
+            self._invoke(entry)
+        if self._failure is not None:
+            raise self._failure
 
     async def close(self) -> None:
         """Cancel and await everything in flight, stop timers, close the function."""
@@ -720,6 +731,7 @@ class AsyncWaitOperator:
         started = self._clock_now()
         entry = _Entry(record, handle, key, started, started + self.timeout)
         entry.attempts = 1
+        handle.attachment = entry
         self._in_flight += 1
         return entry
 
@@ -1001,8 +1013,12 @@ class AsyncWaitOperator:
             key = handle.key
             if handle.done and handle.exception is None:
                 entries.append(SnapshotEntry(element, tuple(handle.results), key))
-            else:
+                continue
+            entry: _Entry | None = handle.attachment
+            if entry is None:
                 entries.append(SnapshotEntry(element, None, key))
+            else:
+                entries.append(SnapshotEntry(element, None, key, entry.attempts, entry.deadline))
         return OperatorSnapshot(tuple(entries), self.mode)
 
     # -- introspection -----------------------------------------------------------------

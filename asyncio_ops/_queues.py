@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ._elements import Record, StreamElement, Watermark
-from ._exceptions import ConfigurationError, WatermarkNotSupportedError
+from ._exceptions import WatermarkNotSupportedError
+from ._options import positive_int
 
 _EMPTY: tuple[()] = ()
 
@@ -49,7 +50,7 @@ _EMPTY: tuple[()] = ()
 class ResultHandle:
     """The promise of one queue entry; completed once, by whoever is first."""
 
-    __slots__ = ("_exception", "_results", "_segment", "done", "element", "key")
+    __slots__ = ("_exception", "_results", "_segment", "attachment", "done", "element", "key")
 
     def __init__(
         self, element: StreamElement, segment: _Segment | None = None, key: Any = None
@@ -57,6 +58,8 @@ class ResultHandle:
         self.element = element
         self.key = key
         self.done = False
+        # the operator's bookkeeping of this element (attempts, deadline), for snapshots
+        self.attachment: Any = None
         self._results: Sequence[Any] = _EMPTY
         self._exception: BaseException | None = None
         self._segment = segment
@@ -129,19 +132,13 @@ class ElementQueue(Protocol):
     def is_empty(self) -> bool: ...
 
 
-def _check_capacity(capacity: object) -> int:
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-        raise ConfigurationError(f"capacity must be an int > 0, got {capacity!r}")
-    return capacity
-
-
 class OrderedElementQueue:
     """FIFO queue: entries leave in arrival order, each once it is done."""
 
     __slots__ = ("_queue", "capacity")
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = _check_capacity(capacity)
+        self.capacity = positive_int(capacity, "capacity")
         self._queue: deque[ResultHandle] = deque()
 
     def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
@@ -235,7 +232,7 @@ class WatermarkBoundedElementQueue:
     __slots__ = ("_all", "_key_ordered", "_segments", "capacity")
 
     def __init__(self, capacity: int, key_ordered: bool = False) -> None:
-        self.capacity = _check_capacity(capacity)
+        self.capacity = positive_int(capacity, "capacity")
         self._key_ordered = key_ordered
         self._segments: deque[_Segment] = deque([_Segment(key_ordered)])
         # Every entry not yet emitted, in arrival order (dicts keep insertion order).

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops import ConfigurationError
 
 from ._exceptions import ConnectorError
 

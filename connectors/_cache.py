@@ -32,8 +32,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from asyncio_ops._clock import SYSTEM_CLOCK, Clock
-from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops import Clock, ConfigurationError, SystemClock
 
 __all__ = ["MISS", "CacheStatistics", "LookupCache"]
 
@@ -87,7 +86,7 @@ class LookupCache(Generic[V]):
         *,
         max_size: int = 100_000,
         cache_empty: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
         if not (isinstance(ttl, int | float) and ttl > 0) or math.isnan(ttl):
             raise ConfigurationError(f"cache ttl must be > 0 seconds (or math.inf), got {ttl!r}")
@@ -96,7 +95,7 @@ class LookupCache(Generic[V]):
         self.ttl = float(ttl)
         self.max_size = max_size
         self.cache_empty = cache_empty
-        self.clock = clock
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self._entries: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
         self._hits = 0
         self._misses = 0

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from asyncio_ops._exceptions import AsyncOpsError
+from asyncio_ops import AsyncOpsError
 
 __all__ = [
     "ConnectorError",

@@ -17,13 +17,13 @@ the operator.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from asyncio_ops._exceptions import ConfigurationError
-from asyncio_ops._functions import AsyncFunction, RuntimeContext
+from asyncio_ops import AsyncFunction, ConfigurationError, RuntimeContext, UnsupportedKeyError
 
 from ._batching import BatchStatistics
 from ._cache import CacheStatistics, LookupCache
@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extr
     import pyarrow as pa
 
 __all__ = ["BaseLookup", "KeyFields", "LookupStatistics", "Row"]
+
+log = logging.getLogger("connectors")
 
 Row = dict[str, Any]
 R = TypeVar("R")
@@ -257,14 +259,55 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         self.__dict__.update(state)
 
     # -- checkpointing (asyncio_ops calls these when checkpoint_location is set) ----------
-    def snapshot_function_state(self) -> list[tuple[Any, Any]]:
-        """The cache's live entries, written with each checkpoint version."""
-        return self.cache.snapshot() if self.cache is not None else []
+    def snapshot_function_state(self) -> pa.Table | None:
+        """The cache's live entries as Arrow, written with each checkpoint version.
 
-    def initialize_function_state(self, entries: list[tuple[Any, Any]]) -> None:
+        Columns: ``key`` (the key's canonical bytes, see
+        :func:`asyncio_ops.state.canonical_bytes`), ``written_at`` (seconds) and
+        ``rows`` (the cached matches, typed by Arrow from their values). Entries
+        whose values Arrow cannot type together are not written (the cache is
+        an optimisation: the next run looks them up again), with a warning.
+        """
+        if self.cache is None:
+            return None
+        entries = self.cache.snapshot()
+        if not entries:
+            return None
+        import pyarrow as pa
+
+        from asyncio_ops.state import canonical_bytes
+
+        try:
+            rows = pa.array([[dict(m.items()) for m in value] for _, (_, value) in entries])
+            return pa.table(
+                {
+                    "key": pa.array([canonical_bytes(k) for k, _ in entries], pa.binary()),
+                    "written_at": pa.array([w for _, (w, _) in entries], pa.float64()),
+                    "rows": rows,
+                }
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, UnsupportedKeyError) as exc:
+            log.warning("%s: the cache is not checkpointed: %s", type(self).__name__, exc)
+            return None
+
+    def initialize_function_state(self, tables: Sequence[pa.Table]) -> None:
         """Warm the cache from the previous checkpoint version (unexpired entries only)."""
-        if self.cache is not None:
-            self.cache.restore(entries)
+        if self.cache is None:
+            return
+        from asyncio_ops.state import decode_canonical
+
+        for table in tables:
+            keys = table.column("key").to_pylist()
+            written = table.column("written_at").to_pylist()
+            rows = table.column("rows").to_pylist()
+            self.cache.restore(
+                (decode_canonical(k), (w, tuple(r)))
+                for k, w, r in zip(keys, written, rows, strict=True)
+            )
+
+    def cache_statistics(self) -> CacheStatistics | None:
+        """The cache's counters (None without a cache): they reach the operator metrics."""
+        return self.cache.statistics() if self.cache is not None else None
 
     # -- statistics ------------------------------------------------------------------
     def statistics(self) -> LookupStatistics:

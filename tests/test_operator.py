@@ -705,6 +705,61 @@ def test_restore_of_a_full_queue(run: Runner[Any]) -> None:
     run(main())
 
 
+def test_a_restored_element_keeps_its_deadline_and_attempts(run: Runner[Any]) -> None:
+    """A restore never grants a fresh budget: the timeout fires at the first deadline."""
+
+    async def main() -> None:
+        clock = ManualClock()
+        fn = WithFallback()
+        op, _ = make_op(fn, clock, timeout=10.0)
+        await op.open()
+        await op.process_element(Record("slow", 1))
+        clock.advance(6.0)
+        snap = op.snapshot_state()
+        await op.close()
+        (entry,) = snap.entries
+        assert entry.attempts == 1 and entry.deadline == pytest.approx(10.0)
+
+        fn2 = WithFallback()
+        op2, out2 = make_op(fn2, clock, timeout=10.0)  # a fresh budget would end at 16
+        await op2.open(snap)
+        assert fn2.calls == ["slow"]  # requested again, as its second attempt
+        clock.advance(3.9)
+        await settle()
+        assert out2 == []
+        clock.advance(0.2)  # 10.1: past the first deadline
+        await settle()
+        assert out2 == [Record("fallback-slow", 1)]
+        assert fn2.cancelled == ["slow"]
+        assert op2.statistics().timed_out == 1
+        await op2.end_input()
+        await op2.close()
+
+    run(main())
+
+
+def test_an_element_whose_deadline_passed_while_stored_times_out_at_once(
+    run: Runner[Any],
+) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        op, _ = make_op(Controlled(), clock, timeout=2.0)
+        await op.open()
+        await op.process_element(Record("stale", 7))
+        snap = op.snapshot_state()
+        await op.close()
+        clock.advance(5.0)  # stored longer than its budget
+
+        fn2 = Controlled()
+        op2, _ = make_op(fn2, clock, timeout=2.0)
+        with pytest.raises(AsyncTimeoutError, match="stale"):
+            await op2.open(snap)
+        assert fn2.calls == []  # not requested again: its time was up
+        await op2.close()
+
+    run(main())
+
+
 def test_restore_with_larger_capacity_then_new_input(run: Runner[Any]) -> None:
     async def main() -> None:
         fn = Controlled()

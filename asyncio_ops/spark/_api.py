@@ -6,6 +6,7 @@ is ``DataFrame.mapInArrow`` over :func:`asyncio_ops._runtime.run_partition`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import uuid
@@ -34,12 +35,28 @@ from pyspark.sql.types import (
 
 from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError, KeyGroupError
-from .._functions import AsyncFunction, as_async_function
+from .._functions import (
+    AsyncFunction,
+    CoroutineFunction,
+    SupportsInvokeArrow,
+    SupportsInvokeChunk,
+    as_async_function,
+)
 from .._keygroups import check_parallelism
-from .._operator import OutputMode, timeout_seconds
-from .._queues import _check_capacity
+from .._operator import OutputMode
+from .._options import (
+    at_least,
+    choice,
+    non_negative_int,
+    path_segment,
+    positive_int,
+    positive_seconds,
+    seconds_or_zero,
+)
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_FLUSH_ROWS,
     ERROR_COLUMN,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
@@ -47,7 +64,6 @@ from .._runtime import (
     RunMetrics,
     TaskInfo,
     run_partition,
-    seconds_option,
 )
 from ._keyed import partition_by_key_group
 
@@ -134,13 +150,13 @@ def _wait(
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     mode: OutputMode,
     *,
-    timeout: float | timedelta,
+    timeout: float | timedelta | str,
     output_schema: str | StructType,
     capacity: int,
     retry: AsyncRetryStrategy | None,
     key: str | Sequence[str] | None,
     event_time: str | None,
-    watermark_delay: float | timedelta | None,
+    watermark_delay: float | timedelta | str | None,
     watermark_interval: int,
     late_records: str,
     on_error: str,
@@ -152,26 +168,23 @@ def _wait(
     uid: str | None,
     checkpoint_location: str | None,
     checkpoint_version: int | None,
-    drain_timeout: float | timedelta | None,
+    drain_timeout: float | timedelta | str | None,
     retain_versions: int,
     chunk_size: int | None,
     output_buffer: int,
+    checkpoint_flush_rows: int,
+    checkpoint_flush_interval: float | timedelta | str,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
     function = as_async_function(fn)
-    timeout_s = timeout_seconds(timeout)
-    _check_capacity(capacity)
-    if not isinstance(output_buffer, int) or isinstance(output_buffer, bool) or output_buffer < 0:
-        raise ConfigurationError(f"output_buffer must be an int >= 0, got {output_buffer!r}")
+    timeout_s = positive_seconds(timeout, "timeout")
+    positive_int(capacity, "capacity")
+    non_negative_int(output_buffer, "output_buffer")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
-    if on_error not in ON_ERROR:
-        raise ConfigurationError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    if late_records not in LATE_RECORDS:
-        raise ConfigurationError(
-            f"late_records must be one of {LATE_RECORDS}, got {late_records!r}"
-        )
+    choice(on_error, "on_error", ON_ERROR)
+    choice(late_records, "late_records", LATE_RECORDS)
     try:
         check_parallelism(max_parallelism, num_partitions)
     except KeyGroupError as exc:
@@ -181,12 +194,8 @@ def _wait(
             df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
             or 10000
         )
-    if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ConfigurationError(f"batch_size must be an int > 0, got {batch_size!r}")
-    if not isinstance(watermark_interval, int) or watermark_interval <= 0:
-        raise ConfigurationError(
-            f"watermark_interval must be an int > 0, got {watermark_interval!r}"
-        )
+    positive_int(batch_size, "batch_size")
+    positive_int(watermark_interval, "watermark_interval")
 
     added = _as_struct(output_schema, "output_schema")
     reserved = {ERROR_COLUMN, LATE_COLUMN, KEY_GROUP_COLUMN}
@@ -221,15 +230,11 @@ def _wait(
             mode = OutputMode.WATERMARK_BOUNDED
     elif watermark_delay is not None:
         raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
-    delay = seconds_option(watermark_delay, "watermark_delay")
+    delay = seconds_or_zero(watermark_delay, "watermark_delay")
 
     if chunk_size is not None:
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
-            raise ConfigurationError(f"chunk_size must be an int > 0, got {chunk_size!r}")
-        if not (
-            callable(getattr(function, "async_invoke_arrow", None))
-            or callable(getattr(function, "async_invoke_chunk", None))
-        ):
+        positive_int(chunk_size, "chunk_size")
+        if not isinstance(function, SupportsInvokeArrow | SupportsInvokeChunk):
             raise ConfigurationError(
                 f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
                 f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
@@ -243,9 +248,15 @@ def _wait(
                 "with no single key, event time or replay position"
             )
 
-    operator_uid = uid or f"{mode.value}-wait"
+    operator_uid = (
+        path_segment(uid, "uid")
+        if uid is not None
+        else default_uid(mode, function, added, key_cols, event_col, df.schema)
+    )
     storage: CheckpointStorage | None = None
     drain: float | None = None
+    flush_rows = positive_int(checkpoint_flush_rows, "checkpoint_flush_rows")
+    flush_interval = positive_seconds(checkpoint_flush_interval, "checkpoint_flush_interval")
     if checkpoint_location is not None:
         if not isinstance(checkpoint_location, str) or not checkpoint_location:
             raise ConfigurationError(
@@ -253,19 +264,12 @@ def _wait(
             )
         storage = CheckpointStorage(checkpoint_location, operator_uid)
         storage.check_writable()
-        if checkpoint_version is None:
-            # one version per job run; a streaming query uses its batch ids instead
-            checkpoint_version = max(storage.versions(), default=0) + 1
-        elif not isinstance(checkpoint_version, int) or checkpoint_version < 0:
-            raise ConfigurationError(
-                f"checkpoint_version must be an int >= 0, got {checkpoint_version!r}"
-            )
+        if checkpoint_version is not None:
+            non_negative_int(checkpoint_version, "checkpoint_version")
         if drain_timeout is not None:
-            drain = timeout_seconds(drain_timeout, "drain_timeout")
-        if not isinstance(retain_versions, int) or retain_versions < 2:
-            raise ConfigurationError(
-                f"retain_versions must be an int >= 2, got {retain_versions!r}"
-            )
+            drain = positive_seconds(drain_timeout, "drain_timeout")
+        at_least(retain_versions, "retain_versions", 2)
+        _check_not_upstream(df, checkpoint_location, operator_uid)
     elif checkpoint_version is not None or drain_timeout is not None:
         raise ConfigurationError("checkpoint_version and drain_timeout need checkpoint_location=")
 
@@ -318,6 +322,9 @@ def _wait(
         retain_versions=retain_versions,
         chunk_size=chunk_size,
         output_buffer=output_buffer,
+        flush_rows=flush_rows,
+        flush_interval=flush_interval,
+        run_token=uuid.uuid4().hex[:16],
         pool=os.environ.get("ASYNCIO_OPS_POOL", "1") != "0",
     )
     on_done = metrics._add if metrics is not None else None
@@ -325,6 +332,11 @@ def _wait(
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from run_partition(spec, batches, _task_info(spec), on_done=on_done)
 
+    if storage is not None:
+        # the plan names the operator's checkpoint, so that a later operator under the
+        # same location and uid finds it upstream (see _check_not_upstream)
+        partition.__name__ = _plan_tag(checkpoint_location, operator_uid)  # type: ignore[arg-type]
+        _DESCRIBED[partition.__name__] = _describe_operator(mode, function, spec.run_token)
     out = df.mapInArrow(partition, spark_schema)
     if key_cols and keep_input_columns:
         out = out.drop(KEY_GROUP_COLUMN)
@@ -342,20 +354,81 @@ def _task_info(spec: PartitionSpec) -> TaskInfo:
         attempt_number=ctx.attemptNumber(),
         stage_id=ctx.stageId(),
         batch_id=int(batch) if batch is not None else None,
+        execution_id=ctx.getLocalProperty("spark.sql.execution.id"),
     )
+
+
+# -- checkpoint identity ------------------------------------------------------------------------
+_DESCRIBED: dict[str, str] = {}
+"""Plan tag -> description of the operator, for the message of a uid collision."""
+
+
+def _function_name(function: AsyncFunction[Any, Any]) -> str:
+    target: Any = function.fn if isinstance(function, CoroutineFunction) else type(function)
+    module = getattr(target, "__module__", "?")
+    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def default_uid(
+    mode: OutputMode,
+    function: AsyncFunction[Any, Any],
+    added: StructType,
+    key_cols: Sequence[str],
+    event_col: str | None,
+    input_schema: StructType,
+) -> str:
+    """The operator id when ``uid`` is not given: stable across restarts of one query.
+
+    Derived from what makes the operator itself (mode, function, output
+    columns, key, event time, input columns), so that two different operators
+    under one ``checkpoint_location`` get different ids, and the same operator
+    rebuilt after a restart finds its checkpoint. Two identical operators in
+    one query would share it: give them ``uid=`` each (an operator upstream
+    of another with the same id is refused, see :func:`_check_not_upstream`).
+    """
+    parts = [
+        mode.value, _function_name(function), added.simpleString(), ",".join(key_cols),
+        event_col or "", input_schema.simpleString(),
+    ]  # fmt: skip
+    digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
+    return f"{mode.value.replace('_', '-')}-wait-{digest}"
+
+
+def _plan_tag(location: str, uid: str) -> str:
+    digest = hashlib.blake2b(f"{location.rstrip('/')}|{uid}".encode(), digest_size=8).hexdigest()
+    return f"asyncio_ops_{digest}"
+
+
+def _describe_operator(mode: OutputMode, function: AsyncFunction[Any, Any], token: str) -> str:
+    return f"{mode.value} wait of {_function_name(function)} (DataFrame {token})"
+
+
+def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
+    """Refuse a second operator under one location and uid in the same query."""
+    tag = _plan_tag(location, uid)
+    try:
+        plan = df._jdf.queryExecution().logical().toString()
+    except Exception:  # Spark Connect: no JVM plan to read; the default ids still differ
+        return
+    if tag in plan:
+        raise ConfigurationError(
+            f"two async operators write checkpoint_location {location!r} with uid {uid!r}: "
+            f"{_DESCRIBED.get(tag, 'an operator upstream')} is already in this DataFrame's "
+            "plan; give each operator its own uid="
+        )
 
 
 def ordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     *,
-    timeout: float | timedelta,
+    timeout: float | timedelta | str,
     output_schema: str | StructType,
     capacity: int = 100,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,
-    watermark_delay: float | timedelta | None = None,
+    watermark_delay: float | timedelta | str | None = None,
     watermark_interval: int = 1000,
     late_records: str = "keep",
     on_error: str = "fail",
@@ -367,10 +440,12 @@ def ordered_wait(
     uid: str | None = None,
     checkpoint_location: str | None = None,
     checkpoint_version: int | None = None,
-    drain_timeout: float | timedelta | None = None,
+    drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
     output_buffer: int = 0,
+    checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
+    checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -389,7 +464,8 @@ def ordered_wait(
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
-        output_buffer=output_buffer,
+        output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
+        checkpoint_flush_interval=checkpoint_flush_interval,
     )  # fmt: skip
 
 
@@ -397,13 +473,13 @@ def unordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     *,
-    timeout: float | timedelta,
+    timeout: float | timedelta | str,
     output_schema: str | StructType,
     capacity: int = 100,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,
-    watermark_delay: float | timedelta | None = None,
+    watermark_delay: float | timedelta | str | None = None,
     watermark_interval: int = 1000,
     late_records: str = "keep",
     on_error: str = "fail",
@@ -415,10 +491,12 @@ def unordered_wait(
     uid: str | None = None,
     checkpoint_location: str | None = None,
     checkpoint_version: int | None = None,
-    drain_timeout: float | timedelta | None = None,
+    drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
     output_buffer: int = 0,
+    checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
+    checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -434,5 +512,6 @@ def unordered_wait(
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
-        output_buffer=output_buffer,
+        output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
+        checkpoint_flush_interval=checkpoint_flush_interval,
     )  # fmt: skip

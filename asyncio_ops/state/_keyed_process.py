@@ -1,4 +1,4 @@
-"""KeyedProcessFunction and the operator that runs it (Flink's KeyedProcessOperator, seed 004).
+"""KeyedProcessFunction and the operator that runs it (Flink's KeyedProcessOperator).
 
 Call order, per operator instance::
 

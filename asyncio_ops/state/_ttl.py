@@ -1,4 +1,4 @@
-"""State time-to-live (Flink's ``StateTtlConfig``, seed 002).
+"""State time-to-live (Flink's ``StateTtlConfig``).
 
 A TTL state stores, next to each value (each element of a list, each entry of
 a map), the timestamp of its last access. An entry is *expired* when

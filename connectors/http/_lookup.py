@@ -27,7 +27,7 @@ import aiohttp
 from aiolimiter import AsyncLimiter
 from yarl import URL
 
-from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops import ConfigurationError
 
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache, _Miss

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
-from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops import ConfigurationError
 
 from .._exceptions import LookupKeyError
 

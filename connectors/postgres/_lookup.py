@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-from asyncio_ops._exceptions import ConfigurationError
+from asyncio_ops import ConfigurationError
 
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import MISS, LookupCache

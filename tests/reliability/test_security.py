@@ -472,11 +472,12 @@ _WRITE_CHECKPOINT = textwrap.dedent(
     """
     import os, sys
     os.umask(int(sys.argv[2], 8))
+    import pyarrow as pa
     from asyncio_ops._checkpoint import CheckpointStorage
     storage = CheckpointStorage(sys.argv[1], "op")
     storage.check_writable()
-    storage.write(1, "subtask-0.ckpt", {"in_flight": [{"card": "4111-1111"}]})
-    storage.write(1, "kg-7.ckpt", [1, 2, 3])
+    storage.write(1, "subtask-0.ckpt", pa.table({"card": ["4111-1111"]}))
+    storage.write(1, "kg-7.ckpt", pa.table({"n": [1, 2, 3]}))
     """
 )
 

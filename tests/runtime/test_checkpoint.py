@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import struct
 import threading
+import zlib
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
-from asyncio_ops._checkpoint import FORMAT_VERSION, CheckpointStorage, decode, encode
+from asyncio_ops._checkpoint import MAGIC, FORMAT_VERSION, CheckpointStorage, decode, encode
+
+
+def t(**columns: list[object]) -> pa.Table:
+    return pa.table(columns)
 
 
 def test_round_trip_and_listing(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
     s.check_writable()
-    s.write(3, "subtask-00000.ckpt", {"rows": [1, 2, 3]})
-    s.write(3, "kg-00007.ckpt", [("a", 1)])
-    assert s.read(3, "subtask-00000.ckpt") == {"rows": [1, 2, 3]}
+    s.write(3, "subtask-00000.ckpt", t(rows=[1, 2, 3]))
+    s.write(3, "kg-00007.ckpt", t(k=["a"], v=[1]))
+    assert s.read(3, "subtask-00000.ckpt") == t(rows=[1, 2, 3])
     assert s.list_files(3) == ["kg-00007.ckpt", "subtask-00000.ckpt"]
     assert s.list_files(3, "kg-") == ["kg-00007.ckpt"]
     assert s.versions() == [3]
@@ -27,22 +36,22 @@ def test_round_trip_and_listing(tmp_path: Path) -> None:
 
 def test_file_uri_works_like_a_path(tmp_path: Path) -> None:
     s = CheckpointStorage(f"file://{tmp_path}", "op")
-    s.write(1, "x.ckpt", 42)
+    s.write(1, "x.ckpt", t(x=[42]))
     assert (tmp_path / "op" / "v0000000001" / "x.ckpt").is_file()
-    assert CheckpointStorage(str(tmp_path), "op").read(1, "x.ckpt") == 42
+    assert CheckpointStorage(str(tmp_path), "op").read(1, "x.ckpt") == t(x=[42])
 
 
 def test_a_torn_temp_file_is_never_read(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "subtask-00000.ckpt", "whole")
+    s.write(1, "subtask-00000.ckpt", t(s=["whole"]))
     torn = tmp_path / "op" / "v0000000001" / "subtask-00001.ckpt.tmp-deadbeef"
-    torn.write_bytes(encode("half")[:10])  # a writer died half-way
+    torn.write_bytes(encode(t(s=["half"]))[:10])  # a writer died half-way
     assert s.list_files(1) == ["subtask-00000.ckpt"]
 
 
 def test_truncated_file_is_named(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "kg-00001.ckpt", list(range(1000)))
+    s.write(1, "kg-00001.ckpt", t(n=list(range(1000))))
     f = tmp_path / "op" / "v0000000001" / "kg-00001.ckpt"
     f.write_bytes(f.read_bytes()[:-7])
     with pytest.raises(CorruptCheckpointError, match=r"kg-00001\.ckpt.*truncated"):
@@ -54,7 +63,7 @@ def test_truncated_file_is_named(tmp_path: Path) -> None:
 
 def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "kg-00002.ckpt", {"payload": "x" * 100})
+    s.write(1, "kg-00002.ckpt", t(payload=["x" * 100]))
     f = tmp_path / "op" / "v0000000001" / "kg-00002.ckpt"
     data = bytearray(f.read_bytes())
     data[-20] ^= 0x04
@@ -64,10 +73,39 @@ def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
 
 
 def test_newer_format_version_is_refused_by_name() -> None:
-    data = bytearray(encode("future"))
+    data = bytearray(encode(t(s=["future"])))
     data[8] = FORMAT_VERSION + 1  # the u16 after the magic
-    with pytest.raises(CorruptCheckpointError, match=r"format version 2.*upgrade"):
+    with pytest.raises(CorruptCheckpointError, match=rf"format version {FORMAT_VERSION + 1}.*upgrade"):
         decode(bytes(data), "some/file.ckpt")
+
+
+class _Payload:
+    """Unpickling this runs a shell command: what a crafted checkpoint file would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _framed(version: int, body: bytes) -> bytes:
+    return struct.pack("<8sHQI", MAGIC, version, len(body), zlib.crc32(body)) + body
+
+
+@pytest.mark.parametrize("version", [1, FORMAT_VERSION])
+def test_a_crafted_pickle_with_a_valid_header_and_crc_never_runs(
+    tmp_path: Path, version: int
+) -> None:
+    marker = tmp_path / "pwned"
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "subtask-00000.ckpt", t(x=[1]))
+    victim = tmp_path / "op" / "v0000000001" / "subtask-00000.ckpt"
+    victim.write_bytes(_framed(version, pickle.dumps(_Payload(marker))))
+    expected = "pickle" if version == 1 else "not a readable Arrow stream"
+    with pytest.raises(CorruptCheckpointError, match=rf"subtask-00000\.ckpt.*{expected}"):
+        s.read(1, "subtask-00000.ckpt")
+    assert not marker.exists()
 
 
 def test_not_a_checkpoint_and_missing_files(tmp_path: Path) -> None:

@@ -106,8 +106,25 @@ def test_retried_attempt_does_not_request_completed_lookups_again(tmp_path: Path
     fn.fail_at = None
     out = list(run_partition(spec, batches(list(range(100))), TaskInfo(attempt_number=1)))
     assert [r["double"] for r in rows_of(out)] == [i * 2 for i in range(100)]
-    # rows 0-49 were logged by the first attempt (one log segment per input batch)
-    assert fn.calls == list(range(50, 100))
+    # what the failing attempt completed was logged as it failed: only the rest is requested
+    assert fn.calls == list(range(55, 100))
+
+
+def test_a_dead_attempt_repeats_at_most_capacity_plus_the_flush_count(tmp_path: Path) -> None:
+    fn = Lookup()
+    spec = spec_for(fn, tmp_path, checkpoint_version=2, capacity=8, flush_rows=10, batch_size=5)
+    first = run_partition(spec, batches(list(range(200)), size=50), TaskInfo(attempt_number=0))
+    got = [r for _ in range(8) for r in next(first).to_pylist()]  # 40 rows out, then it dies:
+    assert len(got) == 40  # ... left suspended, so no failure path runs (a killed worker)
+    fn.calls.clear()
+    out = rows_of(list(run_partition(spec, batches(list(range(200)), size=50), TaskInfo(0, 1, 1))))
+    assert [r["double"] for r in out] == [2 * i for i in range(200)]
+    repeated = [i for i in fn.calls if i < 50]
+    # completed before the death: at least the 40 emitted; repeated: at most what was in
+    # flight (capacity) plus the lookups not yet flushed (fewer than flush_rows)
+    assert len(repeated) <= 8 + 10 - 1
+    assert fn.calls == sorted(fn.calls) and fn.calls[-1] == 199
+    first.close()
 
 
 def test_replay_log_is_ignored_for_a_different_row(tmp_path: Path) -> None:
@@ -225,11 +242,13 @@ class Memo(Lookup):
             self.memo[i] = i * 2
         return [{"double": self.memo[i]}]
 
-    def snapshot_function_state(self) -> list[tuple[int, int]]:
-        return sorted(self.memo.items())
+    def snapshot_function_state(self) -> pa.Table:
+        keys = sorted(self.memo)
+        return pa.table({"id": keys, "double": [self.memo[k] for k in keys]})
 
-    def initialize_function_state(self, entries: list[tuple[int, int]]) -> None:
-        self.offered = list(entries)
+    def initialize_function_state(self, tables: list[pa.Table]) -> None:
+        entries = [(r["id"], r["double"]) for t in tables for r in t.to_pylist()]
+        self.offered = entries
         self.memo.update(entries)
 
 

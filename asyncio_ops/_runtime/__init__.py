@@ -1,0 +1,47 @@
+"""The partition runtime: Arrow batches in, the operator on an event loop, Arrow batches out.
+
+This layer knows pyarrow but not pyspark: the Spark layer gives
+:func:`run_partition` an iterator of ``pyarrow.RecordBatch`` and a
+:class:`TaskInfo`, and consumes the iterator it returns (the shape of
+``DataFrame.mapInArrow``). One job per module:
+
+- ``_spec``: what the driver sends (:class:`PartitionSpec`) and what a task is (:class:`TaskInfo`);
+- ``_worker``: the worker process (one event loop, the opened functions);
+- ``_adapters``: the user's function as the operator sees it (rows, chunks, Arrow);
+- ``_feed``: rows into operator elements, event time and watermarks, replay;
+- ``_sink``: output rows and batches into Arrow batches of the output schema;
+- ``_checkpointing``: what a partition writes and restores (typed Arrow);
+- ``_metrics``: counters per partition, merged on the driver;
+- ``_partition``: the glue, :func:`run_partition`.
+"""
+
+from __future__ import annotations
+
+from ._metrics import RunMetrics
+from ._partition import run_partition
+from ._spec import (
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_FLUSH_ROWS,
+    ERROR_COLUMN,
+    ERROR_TYPE,
+    KEY_GROUP_COLUMN,
+    LATE_COLUMN,
+    PartitionSpec,
+    TaskInfo,
+)
+from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
+
+__all__ = [
+    "DEFAULT_FLUSH_INTERVAL",
+    "DEFAULT_FLUSH_ROWS",
+    "ERROR_COLUMN",
+    "ERROR_TYPE",
+    "KEY_GROUP_COLUMN",
+    "LATE_COLUMN",
+    "MAX_OPEN_FUNCTIONS",
+    "PartitionSpec",
+    "RunMetrics",
+    "TaskInfo",
+    "WorkerRuntime",
+    "run_partition",
+]

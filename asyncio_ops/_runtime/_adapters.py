@@ -1,0 +1,337 @@
+"""Row and Arrow adapters: the user's function as the operator sees it.
+
+The operator's value for a row is a :class:`RowValue` (the row dict, its
+lateness, its position in the partition for the replay log). :class:`RowFunction`
+calls the user's ``async_invoke(row)`` and merges each result dict into the
+row; :class:`ChunkFunction` calls ``async_invoke_chunk(rows)`` once per chunk
+(value: a :class:`RowValue` whose ``row`` is the list of rows);
+:class:`ArrowChunkFunction` calls ``async_invoke_arrow(batch)`` with a
+zero-copy slice of an input batch and merges columnar results. Every merge
+checks results against the declared output columns and names the input row
+in its errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._exceptions import AsyncTimeoutError, InvalidResultError, OutputSchemaError
+from .._functions import (
+    AsyncFunction,
+    CoroutineFunction,
+    SupportsInvokeArrow,
+    SupportsInvokeChunk,
+)
+from ._spec import LATE_COLUMN, PartitionSpec
+
+if TYPE_CHECKING:
+    from ._checkpointing import ReplayLog
+
+
+class RowValue:
+    """What the operator carries for one input row (or one chunk of rows).
+
+    ``row``: the row dict (for a chunk: the list of rows, or an Arrow batch);
+    ``late``: with event time, whether the row was behind the watermark when it
+    arrived (None without event time); ``position``: the row's position in the
+    partition for the replay log (None without a checkpoint; negative for rows
+    carried over from the previous micro-batch).
+    """
+
+    __slots__ = ("late", "position", "row")
+
+    def __init__(self, row: Any, late: bool | None = None, position: int | None = None) -> None:
+        self.row = row
+        self.late = late
+        self.position = position
+
+    def __repr__(self) -> str:
+        return f"RowValue({describe_row(self.row)}, late={self.late}, position={self.position})"
+
+
+def describe_row(row: Any) -> str:
+    text = repr(row)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+class RowFunction(AsyncFunction[Any, Any]):
+    """Calls the user's function with a row dict; merges each result dict into the row.
+
+    The operator's value is a :class:`RowValue`. A result must be a dict whose
+    keys are declared output columns; the message of a violation names the
+    column and the input row. With ``log`` set, each completed lookup is
+    appended to it as ``(position, fingerprint, results)``.
+    """
+
+    def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
+        self.user = user
+        self.allowed = frozenset(spec.added_columns)
+        self.keep = spec.keep_input_columns
+        self.log: ReplayLog | None = None
+        user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
+        self._invoke: Callable[[Any], Any] = user_fn
+
+    def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        row = value.row
+        late = value.late
+        if results is None or not isinstance(results, list | tuple):
+            # a failed lookup (an error row with on_error="error_column"), unlike a
+            # result that does not fit the schema, which is a bug and always fails
+            raise InvalidResultError(
+                f"the async function must return a list of dicts, got "
+                f"{type(results).__name__} for input row {describe_row(row)}"
+            )
+        out = []
+        allowed = self.allowed
+        for r in results:
+            if type(r) is not dict:
+                raise OutputSchemaError(
+                    f"each result must be a dict of output columns, got {type(r).__name__} "
+                    f"{r!r:.100} for input row {describe_row(row)}"
+                )
+            if not allowed.issuperset(r):
+                unknown = sorted(set(r) - allowed)
+                raise OutputSchemaError(
+                    f"result column(s) {unknown} are not in output_schema "
+                    f"(declared: {sorted(allowed)}) for input row {describe_row(row)}"
+                )
+            merged = {**row, **r} if self.keep else dict(r)
+            if late is not None:
+                merged[LATE_COLUMN] = late
+            out.append(merged)
+        return out
+
+    def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        """Merge ``results`` into the row, logging them for replay if a log is kept."""
+        merged = self.merge(value, results)
+        log = self.log
+        if log is not None and value.position is not None:
+            log.append(value.position, fingerprint(value.row), results)
+        return merged
+
+    def describe(self, value: Any) -> str:
+        """The input in an error message."""
+        return describe_row(value.row)
+
+    def invoke_direct(self, value: Any) -> Any:
+        """The user's coroutine for this row (the operator merges with :meth:`record`)."""
+        return self._invoke(value.row)
+
+    async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
+        return self.record(value, await self.user.async_invoke(value.row))
+
+    def timeout(self, value: Any) -> Any:
+        results = self.user.timeout(value.row)
+        if asyncio.iscoroutine(results):
+            return self._merge_later(value, results)
+        return self.merge(value, results)
+
+    async def _merge_later(self, value: Any, awaitable: Any) -> list[dict[str, Any]]:
+        return self.merge(value, await awaitable)
+
+
+class ChunkFunction(RowFunction):
+    """Vectorised: one call of the user's ``async_invoke_chunk(rows)`` per chunk of rows.
+
+    The operator's value is a :class:`RowValue` of the rows; the user returns one result
+    list per row, in order, and each row is merged with its own results. A
+    chunk succeeds or fails (times out, is retried) as a whole.
+    """
+
+    def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
+        super().__init__(user, spec)
+        if not isinstance(user, SupportsInvokeChunk):
+            raise TypeError(f"{user!r} has no async_invoke_chunk(rows)")
+        self._invoke = user.async_invoke_chunk
+
+    def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        rows = value.row
+        if not isinstance(results, list | tuple) or len(results) != len(rows):
+            raise InvalidResultError(
+                f"async_invoke_chunk must return one result list per row ({len(rows)}), got "
+                f"{type(results).__name__}"
+                + (f" of {len(results)}" if isinstance(results, list | tuple) else "")
+                + f" for the chunk starting with row {describe_row(rows[0] if rows else None)}"
+            )
+        out: list[dict[str, Any]] = []
+        merge = self.merge
+        for row, row_results in zip(rows, results, strict=True):
+            out.extend(merge(RowValue(row), row_results))
+        return out
+
+    async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
+        return self.record(value, await self._invoke(value.row))
+
+    def timeout(self, value: Any) -> Any:
+        n, first = self._chunk(value)
+        raise AsyncTimeoutError(f"a chunk of {n} rows timed out, starting with row {first}", value)
+
+    def describe(self, value: Any) -> str:
+        n, first = self._chunk(value)
+        return f"a chunk of {n} rows starting with row {first}"
+
+    def _chunk(self, value: Any) -> tuple[int, str]:
+        """The chunk's size and its first row, described, for messages."""
+        rows = value.row
+        return len(rows), describe_row(rows[0] if rows else None)
+
+
+class ArrowChunkFunction(ChunkFunction):
+    """Columnar: one call of the user's ``async_invoke_arrow(batch)`` per chunk of rows.
+
+    The operator's value is a :class:`RowValue` of ``batch``, a zero-copy
+    slice of an input Arrow batch. The user returns ``(row_index, columns)``:
+    ``row_index`` the input row (0-based, within the chunk) of each output row,
+    in output order (a row may appear several times, for fan-out, or not at
+    all, to drop it), and ``columns`` the output columns, each as long as
+    ``row_index`` (a ``pyarrow.RecordBatch`` / ``Table`` or a mapping of column
+    name to an Arrow array or a list of values). A declared output column the
+    function does not return is null. The merge is columnar: the input columns
+    are ``take``n by ``row_index`` and no row is ever turned into a dict.
+    """
+
+    def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
+        RowFunction.__init__(self, user, spec)
+        if not isinstance(user, SupportsInvokeArrow):
+            raise TypeError(f"{user!r} has no async_invoke_arrow(batch)")
+        self._invoke = user.async_invoke_arrow
+        self.schema = spec.output_schema
+
+    def record(self, value: Any, results: Any) -> list[pa.RecordBatch]:
+        batch: pa.RecordBatch = value.row
+        index, columns = self._unpack(batch, results)
+        if index is None:
+            n_out = batch.num_rows
+            taken = batch
+        else:
+            n_out = len(index)
+            if self.keep:
+                if n_out == batch.num_rows and (n_out == 0 or _is_identity(index)):
+                    taken = batch
+                else:
+                    taken = batch.take(index)
+        arrays: list[pa.Array] = []
+        inputs = batch.schema.names
+        for f in self.schema:
+            name = f.name
+            if name in columns:
+                arrays.append(_column(name, f.type, columns[name], n_out))
+            elif self.keep and name in inputs:
+                arrays.append(taken.column(name))
+            else:  # an output column the function left out, or _error of a good chunk
+                arrays.append(pa.nulls(n_out, f.type))
+        return [pa.RecordBatch.from_arrays(arrays, schema=self.schema)]
+
+    def _unpack(self, batch: pa.RecordBatch, results: Any) -> tuple[pa.Array | None, Any]:
+        if not isinstance(results, tuple | list) or len(results) != 2:
+            raise InvalidResultError(
+                f"async_invoke_arrow must return (row_index, columns), got {type(results).__name__}"
+            )
+        index, columns = results
+        if index is not None:  # None: every row once, in order
+            index = _check_index(index, batch.num_rows)
+        if isinstance(columns, pa.RecordBatch | pa.Table):
+            columns = {name: columns.column(name) for name in columns.column_names}
+        elif not isinstance(columns, Mapping):
+            raise InvalidResultError(
+                f"async_invoke_arrow must return columns as a RecordBatch, Table or mapping, "
+                f"got {type(columns).__name__}"
+            )
+        unknown = sorted(set(columns) - self.allowed)
+        if unknown:
+            raise OutputSchemaError(
+                f"result column(s) {unknown} are not in output_schema "
+                f"(declared: {sorted(self.allowed)})"
+            )
+        return index, columns
+
+    def _chunk(self, value: Any) -> tuple[int, str]:
+        batch = value.row
+        return batch.num_rows, describe_row(_first_row(batch))
+
+
+def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
+    """One output column of the columnar path, as ``type_``, checked to have ``n`` values."""
+    try:
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if isinstance(values, pa.Array):
+            array = values if values.type == type_ else values.cast(type_)
+        else:
+            array = pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        bad = _first_unfit(values, type_)
+        raise OutputSchemaError(
+            f"output column {name!r} ({type_}) cannot hold {bad}: {exc}"
+        ) from exc
+    if len(array) != n:
+        raise InvalidResultError(
+            f"output column {name!r} has {len(array)} values but row_index has {n}"
+        )
+    return array
+
+
+def _first_row(batch: pa.RecordBatch) -> Any:
+    return batch.slice(0, 1).to_pylist()[0] if batch.num_rows else None
+
+
+def _check_index(index: Any, rows: int) -> pa.Array:
+    """``row_index`` as an Arrow integer array, every value a row of the chunk."""
+    try:
+        if not isinstance(index, pa.Array):
+            index = pa.array(index, type=pa.int64())
+        if not pa.types.is_integer(index.type) or index.null_count:
+            raise TypeError(f"row_index must hold integers without nulls, got {index.type}")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidResultError(f"async_invoke_arrow returned a bad row_index: {exc}") from exc
+    if len(index):
+        bounds = pc.min_max(index)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo < 0 or hi >= rows:
+            raise InvalidResultError(
+                f"async_invoke_arrow returned row_index values {lo}..{hi} outside the chunk's "
+                f"{rows} rows"
+            )
+    return index
+
+
+def _is_identity(index: pa.Array) -> bool:
+    """True if ``index`` is 0, 1, ..., n-1 (every row once, in order: no take needed)."""
+    n = len(index)
+    if index[0].as_py() != 0 or index[n - 1].as_py() != n - 1:
+        return False
+    return bool(pc.all(pc.equal(index, pa.array(range(n), type=index.type))).as_py())
+
+
+def _first_unfit(values: Any, type_: pa.DataType) -> str:
+    """The first value of ``values`` that ``type_`` cannot hold, for an error message."""
+    items = values.to_pylist() if isinstance(values, pa.Array) else values
+    try:
+        for i, v in enumerate(items):
+            try:
+                pa.array([v], type=type_)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                return f"{v!r:.100} ({type(v).__name__}) at output row {i}"
+    except TypeError:
+        pass
+    return f"{type(values).__name__} values"
+
+
+def is_columnar(fn: object) -> bool:
+    """True if ``fn`` answers chunks as Arrow (``async_invoke_arrow``), preferred by chunk_size."""
+    return isinstance(fn, SupportsInvokeArrow)
+
+
+def fingerprint(row: Any) -> bytes:
+    """A digest of an input row: a replayed result is used only for the same row.
+
+    The row's ``repr``: rows come from one Arrow schema, so equal rows have
+    equal reprs (dict order is the schema's; floats repr exactly).
+    """
+    return hashlib.blake2b(repr(row).encode("utf-8", "surrogatepass"), digest_size=12).digest()

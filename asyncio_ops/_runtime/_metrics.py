@@ -1,0 +1,75 @@
+"""Counters of one partition run, merged across tasks on the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._operator import LatencyHistogram
+
+
+@dataclass
+class RunMetrics:
+    """Counters of one or more partitions; merged across tasks on the driver."""
+
+    partitions: int = 0
+    received: int = 0
+    emitted: int = 0
+    completed: int = 0
+    timed_out: int = 0
+    retried: int = 0
+    failed: int = 0
+    error_rows: int = 0
+    late: int = 0
+    dropped_late: int = 0
+    restored: int = 0
+    replayed: int = 0
+    carried_over: int = 0
+    max_in_flight: int = 0
+    max_worker_rss_mb: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    cache_expirations: int = 0
+    seconds: float = 0.0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def merge(self, other: RunMetrics) -> RunMetrics:
+        for name in (
+            "partitions", "received", "emitted", "completed", "timed_out", "retried",
+            "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
+            "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
+            "cache_expirations",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
+        self.max_worker_rss_mb = max(self.max_worker_rss_mb, other.max_worker_rss_mb)
+        self.latency.merge(other.latency)
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        """Plain numbers, for logs and for users."""
+        p50, p99 = self.latency.quantile(0.5), self.latency.quantile(0.99)
+        return {
+            "partitions": self.partitions,
+            "received": self.received,
+            "emitted": self.emitted,
+            "completed": self.completed,
+            "timed_out": self.timed_out,
+            "retried": self.retried,
+            "failed": self.failed,
+            "error_rows": self.error_rows,
+            "late": self.late,
+            "dropped_late": self.dropped_late,
+            "restored": self.restored,
+            "replayed": self.replayed,
+            "carried_over": self.carried_over,
+            "max_in_flight": self.max_in_flight,
+            "max_worker_rss_mb": round(self.max_worker_rss_mb, 1),
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "cache_evictions": self.cache_evictions,
+            "cache_expirations": self.cache_expirations,
+            "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
+        }

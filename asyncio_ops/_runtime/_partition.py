@@ -1,0 +1,293 @@
+"""Running one partition: Arrow batches in, the operator on the worker's loop, Arrow batches out.
+
+Call order per partition (``run_partition``)::
+
+    open the function (once per worker)        WorkerRuntime.function
+    restore (checkpoint)                       watermark state, then carried-over elements,
+                                               then the function's own state
+    per input batch: feed, collect, yield      never more than capacity elements ahead
+    drain                                      end_input, bounded by drain_timeout (streaming)
+    snapshot (checkpoint)                      the replay log's tail; streaming: what is
+                                               still in flight, by key group, and the watermark
+    close the operator (always), metrics
+
+Input is pulled lazily: one Arrow batch is turned into rows and admitted into
+the operator, which blocks (while lookups go on) whenever ``capacity`` elements
+are in flight; output rows collected meanwhile are handed back as batches of
+at most ``batch_size`` rows before the next input batch is read. Memory is
+bounded by capacity and batch sizes, not by the partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .._elements import Record
+from .._exceptions import CheckpointError, OutputSchemaError
+from .._functions import SupportsCacheStatistics
+from .._operator import AsyncWaitOperator, OperatorSnapshot
+from .._pool import PooledWaitOperator
+from ._adapters import ArrowChunkFunction, ChunkFunction, RowFunction, RowValue, is_columnar
+from ._checkpointing import PartitionCheckpoint, WatermarkState
+from ._feed import BoundedOutOfOrderness, Feeder
+from ._metrics import RunMetrics
+from ._sink import ArrowSink
+from ._spec import ERROR_COLUMN, LATE_COLUMN, PartitionSpec, TaskInfo
+from ._worker import WorkerRuntime
+
+log = logging.getLogger("asyncio_ops.runtime")
+
+FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
+
+
+def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandler | None:
+    """For ``on_error="error_column"``: a failed element becomes its input row plus ``_error``.
+
+    A result that does not fit the output schema and a checkpoint that cannot
+    be written are not failed lookups: they fail the partition loudly.
+    """
+    if spec.on_error != "error_column":
+        return None
+
+    chunked = spec.chunk_size is not None
+    columnar = chunked and is_columnar(spec.function)
+
+    def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[Any]:
+        if isinstance(exc, OutputSchemaError | CheckpointError):
+            raise exc
+        value: RowValue = record.value
+        if columnar:  # a failed Arrow chunk: one batch with an error row per row of it
+            inputs = value.row.to_pylist()
+            rows = [r for row in inputs for r in one(RowValue(row), exc, attempts)]
+            return [pa.RecordBatch.from_pylist(rows, schema=spec.output_schema)]
+        if chunked:  # a failed chunk: every row of it is an error row
+            return [r for row in value.row for r in one(RowValue(row), exc, attempts)]
+        return one(value, exc, attempts)
+
+    def one(value: RowValue, exc: BaseException, attempts: int) -> list[dict[str, Any]]:
+        out = dict(value.row) if spec.keep_input_columns else {}
+        out[ERROR_COLUMN] = {
+            "exception": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "attempts": attempts,
+        }
+        if value.late is not None:
+            out[LATE_COLUMN] = value.late
+        metrics.error_rows += 1
+        return [out]
+
+    return handler
+
+
+def _pooled(spec: PartitionSpec) -> bool:
+    """The plain case runs on :class:`PooledWaitOperator` (see ``_pool``)."""
+    return (
+        spec.pool
+        and spec.chunk_size is None
+        and not spec.key_columns
+        and spec.event_time is None
+        and spec.checkpoint is None
+        and spec.mode.value in ("ordered", "unordered")
+    )
+
+
+def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
+    cols = spec.key_columns
+    if not cols:
+        return None
+    if len(cols) == 1:
+        (col,) = cols
+        return lambda value: value.row[col]
+    return lambda value: tuple(value.row[c] for c in cols)
+
+
+def _operator(
+    spec: PartitionSpec, row_fn: RowFunction, sink: ArrowSink, columnar: bool, metrics: RunMetrics
+) -> AsyncWaitOperator | PooledWaitOperator:
+    if _pooled(spec):
+        return PooledWaitOperator(
+            invoke=row_fn.invoke_direct,
+            map_results=row_fn.record,
+            timeout_handler=row_fn.timeout,
+            emit=sink.extend,
+            timeout=spec.timeout,
+            capacity=spec.capacity,
+            mode=spec.mode,
+            retry=spec.retry,
+            on_failure=error_row_handler(spec, metrics),
+            output_buffer=spec.output_buffer,
+            describe=row_fn.describe,
+        )
+    return AsyncWaitOperator(
+        row_fn,
+        output=sink.add_batch if columnar else sink,
+        timeout=spec.timeout,
+        capacity=spec.capacity,
+        mode=spec.mode,
+        retry=spec.retry,
+        on_failure=error_row_handler(spec, metrics),
+        manage_function=False,
+        key_selector=_key_selector(spec),
+        # the user's coroutine is awaited directly and its results merged into
+        # the row afterwards: no wrapper coroutine per row
+        invoke=row_fn.invoke_direct,
+        map_results=row_fn.record,
+        describe=row_fn.describe,
+        output_buffer=spec.output_buffer,
+    )
+
+
+def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
+    """(hits, misses, evictions, expirations) of a function's cache, if it reports one."""
+    if not isinstance(fn, SupportsCacheStatistics):
+        return None
+    cache = fn.cache_statistics()
+    if cache is None:
+        return None
+    return (cache.hits, cache.misses, cache.evictions, cache.expirations)
+
+
+async def _drain(op: AsyncWaitOperator | PooledWaitOperator, drain_timeout: float | None) -> bool:
+    """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
+    if drain_timeout is None:
+        await op.end_input()
+        return True
+    try:
+        await asyncio.wait_for(op.end_input(), drain_timeout)
+    except TimeoutError:
+        if op.failure is not None:
+            raise op.failure from None
+        return False
+    return True
+
+
+def _flush_after_failure(ckpt: PartitionCheckpoint) -> None:
+    """Keep what a failing attempt completed, for its retry (the failure itself goes on)."""
+    try:
+        ckpt.log.flush()
+    except Exception:  # the attempt's own failure is the one to report
+        log.warning("could not write the replay log after a failure", exc_info=True)
+
+
+def _row_function(spec: PartitionSpec, user_fn: Any, columnar: bool) -> RowFunction:
+    if spec.chunk_size is None:
+        return RowFunction(user_fn, spec)
+    if columnar:
+        return ArrowChunkFunction(user_fn, spec)
+    return ChunkFunction(user_fn, spec)
+
+
+def run_partition(
+    spec: PartitionSpec,
+    batches: Iterable[pa.RecordBatch],
+    task: TaskInfo,
+    on_done: Callable[[RunMetrics], None] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Run the operator over one partition's batches; yield output batches lazily.
+
+    With checkpoint storage: the watermark and the elements the previous
+    micro-batch carried over are restored first (each keeping its deadline and
+    attempts), lookups completed by an earlier attempt of this task are served
+    from its replay log instead of being requested again, and (streaming)
+    elements still in flight when ``drain_timeout`` runs out are written to
+    this version for the next micro-batch.
+    """
+    runtime = WorkerRuntime.get()
+    user_fn = runtime.function(spec, task)
+    metrics = RunMetrics(partitions=1)
+    sink = ArrowSink(spec)
+    columnar = spec.chunk_size is not None and is_columnar(user_fn)
+    row_fn = _row_function(spec, user_fn, columnar)
+    op = _operator(spec, row_fn, sink, columnar, metrics)
+    ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
+    started = time.perf_counter()
+    cache_before = _cache_counters(user_fn)
+    watermarks = (
+        BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
+        if spec.event_time is not None
+        else None
+    )
+    replay = None
+    input_schema: pa.Schema | None = None
+    try:
+        restored = None
+        if ckpt is not None:
+            row_fn.log = ckpt.log
+            replay = ckpt.load_replay()
+            carried = ckpt.restore()
+            if carried is not None:
+                input_schema = carried.input_schema
+                if watermarks is not None:
+                    watermarks.restore(carried.watermarks.max_seen, carried.watermarks.current)
+                if carried.entries:
+                    restored = carried.entries
+            ckpt.restore_function_state(user_fn)
+        feeder = Feeder(op, spec, row_fn, watermarks, metrics, replay)
+        if restored is not None:
+            assert isinstance(op, AsyncWaitOperator)  # checkpoints never run pooled
+            runtime.run(op.open(OperatorSnapshot(restored, spec.mode)))
+        else:
+            runtime.run(op.open())
+        for batch in batches:
+            if input_schema is None:
+                input_schema = batch.schema
+            if columnar:
+                runtime.run(feeder.feed_arrow(batch))
+            else:
+                runtime.run(feeder.feed(batch.to_pylist()))
+            metrics.max_in_flight = max(metrics.max_in_flight, len(op))
+            if sink.full() or sink.batch_full():
+                yield from sink.take()
+        drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
+        if ckpt is not None:
+            assert isinstance(op, AsyncWaitOperator)
+            remaining = op.snapshot_state().entries if not drained else ()
+            metrics.carried_over = sum(1 for e in remaining if type(e.element) is Record)
+            state = (
+                WatermarkState(watermarks.max_seen, watermarks.current)
+                if watermarks is not None
+                else WatermarkState()
+            )
+            ckpt.finish(remaining, state, input_schema)
+            ckpt.snapshot_function_state(user_fn)
+    except BaseException:
+        if ckpt is not None:
+            _flush_after_failure(ckpt)
+        raise
+    finally:
+        runtime.run(op.close())
+        stats = op.statistics()
+        metrics.received = stats.received
+        metrics.completed = stats.completed
+        metrics.timed_out = stats.timed_out
+        metrics.retried = stats.retried
+        metrics.failed = stats.failed
+        metrics.restored = stats.restored
+        metrics.latency = op.latency
+        metrics.seconds = time.perf_counter() - started
+        # peak resident memory of this worker process so far (kB on Linux)
+        metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        cache_after = _cache_counters(user_fn)
+        if cache_before is not None and cache_after is not None:
+            # the cache lives as long as the worker: count this partition's share
+            (
+                metrics.cache_hits,
+                metrics.cache_misses,
+                metrics.cache_evictions,
+                metrics.cache_expirations,
+            ) = (a - b for a, b in zip(cache_after, cache_before, strict=True))
+    yield from sink.take()
+    metrics.emitted = sink.emitted
+    log.info(
+        "asyncio_ops partition %s (attempt %s) done: %s",
+        task.partition_id, task.attempt_number, metrics.summary(),
+    )  # fmt: skip
+    if on_done is not None:
+        on_done(metrics)

@@ -1,0 +1,85 @@
+"""The output side of a partition: rows or Arrow batches in, Arrow batches of the schema out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .._elements import Record
+from .._exceptions import OutputSchemaError
+from ._adapters import describe_row
+from ._spec import PartitionSpec
+
+
+class ArrowSink:
+    """Collects output rows and turns them into Arrow batches of the declared schema."""
+
+    def __init__(self, spec: PartitionSpec) -> None:
+        self.schema = spec.output_schema
+        self.batch_size = spec.batch_size
+        self.rows: list[dict[str, Any]] = []
+        self.emitted = 0
+        # columnar results (ArrowChunkFunction): Arrow batches, never rows
+        self.batches: list[pa.RecordBatch] = []
+        self.buffered = 0
+
+    def add_batch(self, element: Any) -> None:
+        """The output of the columnar path: each element's value is one Arrow batch."""
+        if type(element) is Record:
+            batch = element.value
+            self.batches.append(batch)
+            self.buffered += batch.num_rows
+
+    def batch_full(self) -> bool:
+        return self.buffered >= self.batch_size
+
+    def _take_batches(self) -> Iterator[pa.RecordBatch]:
+        batches, self.batches, self.buffered = self.batches, [], 0
+        # one copy into batches of batch_size rows: Spark pays per batch, not per byte
+        table = pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
+        for out in table.to_batches(max_chunksize=self.batch_size):
+            self.emitted += out.num_rows
+            yield out
+
+    def __call__(self, element: Any) -> None:
+        if type(element) is Record:
+            self.rows.append(element.value)
+
+    def extend(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Output rows without a Record around each (the pooled operator's output)."""
+        self.rows.extend(rows)
+
+    def full(self) -> bool:
+        return len(self.rows) >= self.batch_size
+
+    def take(self) -> Iterator[pa.RecordBatch]:
+        if self.batches:
+            yield from self._take_batches()
+            return
+        rows, self.rows = self.rows, []
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            self.emitted += len(chunk)
+            yield self._to_batch(chunk)
+
+    def _to_batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
+        try:
+            return pa.RecordBatch.from_pylist(rows, schema=self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise self._explain(rows, exc) from exc
+
+    def _explain(self, rows: list[dict[str, Any]], exc: Exception) -> OutputSchemaError:
+        """Find the first row and column that do not fit, for a message a user can act on."""
+        for row in rows:
+            for f in self.schema:
+                value = row.get(f.name)
+                try:
+                    pa.array([value], type=f.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                    return OutputSchemaError(
+                        f"output column {f.name!r} ({f.type}) cannot hold {value!r:.100} "
+                        f"({type(value).__name__}) in output row {describe_row(row)}"
+                    )
+        return OutputSchemaError(f"output rows do not fit the output schema: {exc}")

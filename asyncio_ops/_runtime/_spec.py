@@ -1,0 +1,94 @@
+"""What the driver sends to every task, and what a task knows about itself.
+
+:class:`PartitionSpec` is built and validated once on the driver (the Spark
+layer) and pickled to every task; :class:`TaskInfo` is read from Spark's
+``TaskContext`` inside the task. Neither is ever written to a checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+
+from .._checkpoint import CheckpointStorage
+from .._functions import AsyncFunction
+from .._operator import OutputMode
+from .._retry import AsyncRetryStrategy
+
+ERROR_COLUMN: Final = "_error"
+KEY_GROUP_COLUMN: Final = "__aops_key_group"
+LATE_COLUMN: Final = "_late"
+ERROR_TYPE: Final = pa.struct(
+    [
+        pa.field("exception", pa.string()),
+        pa.field("message", pa.string()),
+        pa.field("attempts", pa.int32()),
+    ]
+)
+
+DEFAULT_FLUSH_ROWS: Final = 1000
+"""Completed lookups logged in memory before the replay log is written (checkpoints)."""
+DEFAULT_FLUSH_INTERVAL: Final = 1.0
+"""Seconds after which logged lookups are written even if fewer than the flush count."""
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Everything a worker needs to run one async operator over a partition.
+
+    ``run_token`` identifies the DataFrame this spec was built for (random,
+    chosen on the driver): with the task's SQL execution id it names a batch
+    job's checkpoint run, so two DataFrames, or two actions on one, never
+    share one (see :class:`TaskInfo`).
+    """
+
+    function: AsyncFunction[Any, Any]
+    function_token: str
+    mode: OutputMode
+    timeout: float
+    capacity: int
+    retry: AsyncRetryStrategy | None
+    output_schema: pa.Schema
+    added_columns: tuple[str, ...]
+    keep_input_columns: bool = True
+    on_error: str = "fail"
+    event_time: str | None = None
+    watermark_delay: float = 0.0
+    watermark_interval: int = 1000
+    late_records: str = "keep"
+    key_columns: tuple[str, ...] = ()
+    batch_size: int = 10_000
+    operator_uid: str = "async-wait"
+    num_partitions: int | None = None
+    max_parallelism: int = 128
+    checkpoint: CheckpointStorage | None = None
+    checkpoint_version: int | None = None
+    drain_timeout: float | None = None
+    retain_versions: int = 10
+    chunk_size: int | None = None
+    output_buffer: int = 0
+    flush_rows: int = DEFAULT_FLUSH_ROWS
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL
+    run_token: str = ""
+    # the plain case on PooledWaitOperator (chosen on the driver: ASYNCIO_OPS_POOL=0 turns it off)
+    pool: bool = True
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Where the partition runs (from Spark's TaskContext, or defaults).
+
+    ``batch_id`` is the streaming micro-batch (``streaming.sql.batchId``),
+    ``execution_id`` the SQL execution of a batch job (``spark.sql.execution.id``):
+    every attempt of every task of one action shares it, and another action
+    gets another.
+    """
+
+    partition_id: int = 0
+    num_partitions: int = 1
+    attempt_number: int = 0
+    stage_id: int = 0
+    batch_id: int | None = None
+    execution_id: str | None = None
