@@ -56,7 +56,7 @@ Spark runs with ``spark.sql.execution.arrow.maxBytesPerBatch`` at INT_MAX
 it otherwise makes after every row it writes to the Python workers (see
 docs/spark.md, "Arrow batches in bytes").
 
-Targets (issue 5): batched >= 10x per-row, batched >= 0.8 of the asyncpg
+Targets: batched >= 10x per-row, batched >= 0.8 of the asyncpg
 ceiling, HTTP >= 0.8 of its ceiling. Postgres is ``--dsn`` /
 ``ASYNCIO_OPS_PG_DSN`` or a throwaway server (the default: the bench then owns
 the whole server).

@@ -29,8 +29,15 @@ every variant sees the same latency for the same row. The lookup is
   ``/proc/<pid>/status`` of every Python worker descending from this driver's
   JVM (the processes forked by ``pyspark.daemon``), read right after the job.
 - Rows without a target, for context (``--skip-extra`` leaves them out):
-  ``ordered_wait`` at 4x the capacity (20 ms), and an instant lookup (no
-  sleep) through ``unordered_wait`` and the hand-written version.
+  ``ordered_wait`` at 4x the capacity (20 ms), an instant lookup (no
+  sleep) through ``unordered_wait`` and the hand-written version, and the
+  1 ms lookup through ``unordered_wait`` with a ``checkpoint_location``
+  (the replay log flushed by its defaults, and only at the end: the cost of
+  flushing apart from that of logging).
+
+``--only 1ms`` runs just the workloads whose names start with ``1ms`` (no
+checks, no RSS): a quick way to compare two commits, each from its own
+worktree, one after the other.
 
 The hand-written version is what a competent user writes without the library:
 ``mapInArrow``; one uvloop event loop per call (per partition); per Arrow
@@ -42,7 +49,7 @@ Timing: one ``df.write.format("noop")`` per run, after a warm-up of every
 variant (JVM, Python workers, imports); the variants run interleaved for
 ``--repeat`` rounds (default 2) and the best round of each is reported, since
 other processes on a shared machine slow whichever run they overlap. Targets
-from issue 4 are checked at the end (PASS/MISS). This is a benchmark, not a
+are checked at the end (PASS/MISS). This is a benchmark, not a
 test: it never fails the build.
 """
 
@@ -52,7 +59,9 @@ import argparse
 import asyncio
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -165,6 +174,11 @@ class Result:
 # waiting behind a slower one no longer hold request slots)
 OUTPUT_BUFFER_FACTOR = 4
 BUFFERED = "ordered_wait+buffer"
+# unordered_wait with a checkpoint location: the replay log flushed by its defaults
+# (every 1,000 lookups or 1 s), and flushed only at the end (the cost of flushing apart)
+CHECKPOINTED = "unordered_wait+checkpoint"
+CHECKPOINTED_AT_END = "unordered_wait+checkpoint, flush at end"
+CHECKPOINT_DIR = tempfile.mkdtemp(prefix="bench-spark-ckpt-")
 
 
 def timed_noop(df: DataFrame) -> float:
@@ -179,13 +193,18 @@ def run_variant(
     df = source(spark, n, median_s)
     note = ""
     metrics: AsyncMetrics | None = None
-    if variant in ("unordered_wait", "ordered_wait", BUFFERED):
-        wait = unordered_wait if variant == "unordered_wait" else ordered_wait
+    if variant in ("unordered_wait", "ordered_wait", BUFFERED, CHECKPOINTED, CHECKPOINTED_AT_END):
+        wait = ordered_wait if variant in ("ordered_wait", BUFFERED) else unordered_wait
         metrics = AsyncMetrics(spark)
         buffer = OUTPUT_BUFFER_FACTOR * capacity if variant == BUFFERED else 0
+        checkpoint: dict[str, Any] = {}
+        if variant in (CHECKPOINTED, CHECKPOINTED_AT_END):
+            checkpoint["checkpoint_location"] = CHECKPOINT_DIR
+        if variant == CHECKPOINTED_AT_END:
+            checkpoint.update(checkpoint_flush_rows=1 << 40, checkpoint_flush_interval=86_400)
         out = wait(
             df, lookup, timeout=60.0, capacity=capacity, output_schema=OUTPUT_SCHEMA,
-            metrics=metrics, output_buffer=buffer,
+            metrics=metrics, output_buffer=buffer, **checkpoint,
         )  # fmt: skip
     elif variant == "hand-written":
         out = handwritten_df(df, capacity)
@@ -273,6 +292,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="rounds; the best is kept")
     parser.add_argument("--skip-rss", action="store_true")
     parser.add_argument("--skip-extra", action="store_true", help="skip the rows without a target")
+    parser.add_argument(
+        "--only", default="", help="comma-separated workload prefixes to run (e.g. '1ms'); "
+        "the checks need every workload",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.rows_20ms, args.rows_1ms, args.rows_udf, args.repeat = 10_000, 40_000, 60, 1
@@ -290,7 +313,8 @@ def main() -> None:
         f"loadavg={os.getloadavg()[0]:.1f}"
     )
     # warm-up: JVM code paths, Python workers, imports, for every variant
-    for variant in ("unordered_wait", "ordered_wait", BUFFERED, "hand-written", "python udf"):
+    for variant in ("unordered_wait", "ordered_wait", BUFFERED, "hand-written", "python udf",
+                    CHECKPOINTED):
         run_variant(spark, variant, 4_000 if variant != "python udf" else 20, 0.001, cap)
 
     # Variants run interleaved, round after round, and each figure is the best
@@ -305,6 +329,11 @@ def main() -> None:
                      4 * cap))  # fmt: skip
         for variant in ("unordered_wait", "hand-written"):
             jobs.append((f"instant {variant}", variant, args.rows_1ms, 0.0, cap))
+        for variant in (CHECKPOINTED, CHECKPOINTED_AT_END):
+            jobs.append((f"1ms {variant}", variant, args.rows_1ms, 0.001, cap))
+    if args.only:
+        prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
+        jobs = [job for job in jobs if job[0].startswith(prefixes)]
     runs: dict[str, list[Result]] = {key: [] for key, *_ in jobs}
     for round_ in range(args.repeat):
         print(f"round {round_ + 1}/{args.repeat} (loadavg {os.getloadavg()[0]:.1f})", flush=True)
@@ -323,6 +352,9 @@ def main() -> None:
         print(f"{key:<30}{res.rows:>10,}{res.seconds:>9.2f}{res.rate:>11,.0f}  {note}")
     spark.stop()
 
+    shutil.rmtree(CHECKPOINT_DIR, ignore_errors=True)
+    if args.only:
+        return  # the checks below need every workload
     rss: dict[int, tuple[int, float]] = {}
     if not args.skip_rss:
         print()

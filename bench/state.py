@@ -32,7 +32,7 @@ shared, oversubscribed machine wall time mostly measures the other tenants.
   ``InternalTimerService`` (with the heap backend as key context) and fired by
   one watermark, against ``heapq`` push/pop of ``(timestamp, seq, item)``.
 
-Targets (issue 3): heap >= 40% of the dict floor, RocksDB >= 50% of raw rocksdict.
+Targets: heap >= 40% of the dict floor, RocksDB >= 50% of raw rocksdict.
 """
 
 from __future__ import annotations

@@ -70,6 +70,6 @@ def test_cache_is_checkpointed_and_warms_the_next_run(
 
     first = run()
     assert first["cache_misses"] >= 100
-    assert list((tmp_path / "ckpt" / "customers").glob("v*/fnstate-*.ckpt"))
+    assert list((tmp_path / "ckpt" / "customers").glob("run-*/fnstate-*.ckpt"))
     second = run()  # a new job run: a new function, its cache restored from the checkpoint
     assert second["cache_misses"] == 0 and second["cache_hits"] == 300

@@ -50,7 +50,7 @@ def test_killed_worker_retry_does_not_repeat_completed_lookups(
     out = ordered_wait(
         spark.range(0, 2000, numPartitions=2), RequestLog(str(log), kill_at=1500),
         timeout=10, capacity=50, output_schema="double long",
-        checkpoint_location=str(tmp_path / "ckpt"),
+        checkpoint_location=str(tmp_path / "ckpt"), checkpoint_flush_rows=50,
     )  # fmt: skip
     rows = out.collect()
     assert [(r.id, r.double) for r in rows] == [(i, 2 * i) for i in range(2000)]
@@ -58,9 +58,10 @@ def test_killed_worker_retry_does_not_repeat_completed_lookups(
     assert set(counts) == set(range(2000))
     repeated = sorted(i for i, n in counts.items() if n > 1)
     # Without the replay log, 1000..1500 (all the crashed attempt did) would repeat;
-    # with it, at most the rows of the Arrow batch in flight at the crash do.
+    # with it, at most the lookups in flight (capacity) and one unflushed stretch do.
     assert repeated, "the first attempt really crashed and was retried"
-    assert min(repeated) >= 1400 and len(repeated) <= 150
+    tree = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "ckpt").rglob("*"))
+    assert min(repeated) >= 1400 and len(repeated) <= 50 + 50, tree
 
 
 def test_without_checkpoint_the_retry_repeats_everything(
