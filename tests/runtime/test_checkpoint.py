@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
-from asyncio_ops._checkpoint import MAGIC, FORMAT_VERSION, CheckpointStorage, decode, encode
+from asyncio_ops._checkpoint import FORMAT_VERSION, MAGIC, CheckpointStorage, decode, encode
 
 
 def t(**columns: list[object]) -> pa.Table:
@@ -75,7 +75,8 @@ def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
 def test_newer_format_version_is_refused_by_name() -> None:
     data = bytearray(encode(t(s=["future"])))
     data[8] = FORMAT_VERSION + 1  # the u16 after the magic
-    with pytest.raises(CorruptCheckpointError, match=rf"format version {FORMAT_VERSION + 1}.*upgrade"):
+    newer = FORMAT_VERSION + 1
+    with pytest.raises(CorruptCheckpointError, match=rf"format version {newer}.*upgrade"):
         decode(bytes(data), "some/file.ckpt")
 
 

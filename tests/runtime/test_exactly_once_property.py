@@ -50,7 +50,8 @@ def _batch(ids: list[int], keyed: bool) -> list[pa.RecordBatch]:
         return []
     cols: dict[str, Any] = {"id": pa.array(ids, pa.int64()), "k": pa.array([i % 7 for i in ids])}
     if keyed:
-        cols[KEY_GROUP_COLUMN] = pa.array([assign_to_key_group(i % 7, MAXP) for i in ids], pa.int32())
+        groups = [assign_to_key_group(i % 7, MAXP) for i in ids]
+        cols[KEY_GROUP_COLUMN] = pa.array(groups, pa.int32())
     return [pa.RecordBatch.from_pydict(cols)]
 
 
@@ -88,7 +89,9 @@ batches_strategy = st.lists(
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     batches=batches_strategy,
     keyed=st.booleans(),
