@@ -26,7 +26,15 @@ from ._exceptions import (
     UnsupportedKeyError,
     WatermarkNotSupportedError,
 )
-from ._functions import AsyncFunction, RuntimeContext
+from ._functions import (
+    AsyncFunction,
+    CacheCounters,
+    CheckpointedFunction,
+    RuntimeContext,
+    SupportsCacheStatistics,
+    SupportsInvokeArrow,
+    SupportsInvokeChunk,
+)
 from ._operator import (
     AsyncWaitOperator,
     OperatorSnapshot,
@@ -54,7 +62,9 @@ __all__ = [
     "AsyncRetryStrategy",
     "AsyncTimeoutError",
     "AsyncWaitOperator",
+    "CacheCounters",
     "CheckpointError",
+    "CheckpointedFunction",
     "Clock",
     "ConfigurationError",
     "CorruptCheckpointError",
@@ -75,6 +85,9 @@ __all__ = [
     "SnapshotEntry",
     "StateError",
     "StreamElement",
+    "SupportsCacheStatistics",
+    "SupportsInvokeArrow",
+    "SupportsInvokeChunk",
     "SystemClock",
     "Timer",
     "TimerHeap",
