@@ -937,8 +937,10 @@ class AsyncWaitOperator:
         self._complete(entry, results)
 
     def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
-        if not entry.handle.complete(results):
+        handle = entry.handle
+        if not handle.complete(results):
             return
+        handle.attachment = None  # no cycle handle <-> entry left for the collector
         self._in_flight -= 1
         if self._bound_in_flight:
             self._wake()  # a request slot is free even if nothing can be emitted yet
@@ -965,6 +967,7 @@ class AsyncWaitOperator:
             lambda: self._describe(entry.record),
         )  # fmt: skip
         entry.handle.complete_exceptionally(error)
+        entry.handle.attachment = None
         self._fail(error)
 
     def _describe(self, record: Record[Any]) -> str:
