@@ -76,7 +76,6 @@ from ._functions import (
     as_async_function,
     maybe_await,
 )
-from ._options import non_negative_int, positive_seconds
 from ._queues import (
     ElementQueue,
     OrderedElementQueue,
@@ -86,6 +85,7 @@ from ._queues import (
 )
 from ._retry import AsyncRetryStrategy
 from ._timers import InternalTimerService, Timer
+from .options import non_negative_int, positive_seconds
 
 SNAPSHOT_VERSION: Final = 1
 TIMEOUT_GRANULARITY: Final = 0.01

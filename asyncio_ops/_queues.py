@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from ._elements import Record, StreamElement, Watermark
 from ._exceptions import WatermarkNotSupportedError
-from ._options import positive_int
+from .options import positive_int
 
 _EMPTY: tuple[()] = ()
 

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from asyncio_ops import ConfigurationError
+from asyncio_ops.options import at_least, seconds
 
 from ._exceptions import ConnectorError
 
@@ -80,12 +80,8 @@ class KeyBatcher(Generic[K, V]):
         max_delay: float,
         missing: Callable[[], V],
     ) -> None:
-        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 1:
-            raise ConfigurationError(f"batch_size must be an int >= 1, got {max_size!r}")
-        if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
-            raise ConfigurationError(
-                f"max_batch_delay must be a finite number of seconds >= 0, got {max_delay!r}"
-            )
+        at_least(max_size, "batch_size", 1)
+        max_delay = seconds(max_delay, "max_batch_delay", low_ok=True)
         self._fetch = fetch
         self._max_size = max_size
         self._max_delay = float(max_delay)

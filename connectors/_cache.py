@@ -26,13 +26,13 @@ thread-safe: it is used from one event loop.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from asyncio_ops import Clock, ConfigurationError, SystemClock
+from asyncio_ops import Clock, SystemClock
+from asyncio_ops.options import positive_int, positive_seconds
 
 __all__ = ["MISS", "CacheStatistics", "LookupCache"]
 
@@ -88,11 +88,8 @@ class LookupCache(Generic[V]):
         cache_empty: bool = True,
         clock: Clock | None = None,
     ) -> None:
-        if not (isinstance(ttl, int | float) and ttl > 0) or math.isnan(ttl):
-            raise ConfigurationError(f"cache ttl must be > 0 seconds (or math.inf), got {ttl!r}")
-        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
-            raise ConfigurationError(f"cache max_size must be an int > 0, got {max_size!r}")
-        self.ttl = float(ttl)
+        self.ttl = positive_seconds(ttl, "cache ttl")  # math.inf: entries never expire
+        positive_int(max_size, "cache max_size")
         self.max_size = max_size
         self.cache_empty = cache_empty
         self.clock: Clock = clock if clock is not None else SystemClock()

@@ -44,15 +44,6 @@ from .._functions import (
 )
 from .._keygroups import check_parallelism
 from .._operator import OutputMode
-from .._options import (
-    at_least,
-    choice,
-    non_negative_int,
-    path_segment,
-    positive_int,
-    positive_seconds,
-    seconds_or_zero,
-)
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
     DEFAULT_FLUSH_INTERVAL,
@@ -64,6 +55,15 @@ from .._runtime import (
     RunMetrics,
     TaskInfo,
     run_partition,
+)
+from ..options import (
+    at_least,
+    choice,
+    non_negative_int,
+    path_segment,
+    positive_int,
+    positive_seconds,
+    seconds_or_zero,
 )
 from ._keyed import partition_by_key_group
 

@@ -28,6 +28,7 @@ from aiolimiter import AsyncLimiter
 from yarl import URL
 
 from asyncio_ops import ConfigurationError
+from asyncio_ops.options import at_least, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache, _Miss
@@ -108,12 +109,8 @@ class HttpBatch:
             raise ConfigurationError("HttpBatch needs exactly one of param= or json_field=")
         if not self.key or not self.result_key:
             raise ConfigurationError("HttpBatch key and result_key must be field names")
-        if not isinstance(self.max_size, int) or self.max_size < 1:
-            raise ConfigurationError(f"HttpBatch max_size must be >= 1, got {self.max_size!r}")
-        if not 0 <= self.max_delay <= 60:
-            raise ConfigurationError(
-                f"HttpBatch max_delay must be between 0 and 60 s, got {self.max_delay!r}"
-            )
+        at_least(self.max_size, "HttpBatch max_size", 1)
+        seconds(self.max_delay, "HttpBatch max_delay", high=60, low_ok=True)
 
 
 # -- per-process shared resources ------------------------------------------------------
@@ -191,22 +188,6 @@ class _Runtime:
     session: aiohttp.ClientSession
     limiter: AsyncLimiter | None
     batcher: KeyBatcher[Hashable, Rows] | None
-
-
-def _seconds(name: str, value: object, *, zero: bool = False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not zero):  # type: ignore[operator]
-        bound = ">= 0" if zero else "> 0"
-        raise ConfigurationError(
-            f"{name} must be a finite number of seconds {bound}, got {value!r}"
-        )
-    return float(value)  # type: ignore[arg-type]
-
-
-def _count(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 class HttpLookup(BaseLookup[_Runtime]):
@@ -299,18 +280,18 @@ class HttpLookup(BaseLookup[_Runtime]):
             ):
                 raise ConfigurationError("with HttpBatch(json_field=), json must be an object")
         if rate_limit is not None:
-            rate_limit = _seconds("rate_limit", rate_limit)
+            rate_limit = seconds(rate_limit, "rate_limit")
         self.rate_limit = rate_limit
-        self.rate_burst = _count("rate_burst", rate_burst, 1)
-        self.max_connections = _count("max_connections", max_connections, 1)
+        self.rate_burst = at_least(rate_burst, "rate_burst", 1)
+        self.max_connections = at_least(max_connections, "max_connections", 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
-        self.request_timeout = _seconds("timeout", timeout)
+        self.request_timeout = seconds(timeout, "timeout")
         self._client_timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         self.retry_statuses = frozenset(int(s) for s in retry_statuses)
-        self.max_retries = _count("max_retries", max_retries, 0)
-        self.backoff = _seconds("backoff", backoff, zero=True)
-        self.max_backoff = _seconds("max_backoff", max_backoff, zero=True)
-        self.max_retry_after = _seconds("max_retry_after", max_retry_after, zero=True)
+        self.max_retries = at_least(max_retries, "max_retries", 0)
+        self.backoff = seconds(backoff, "backoff", low_ok=True)
+        self.max_backoff = seconds(max_backoff, "max_backoff", low_ok=True)
+        self.max_retry_after = seconds(max_retry_after, "max_retry_after", low_ok=True)
         self.result_path = tuple(result_path.split(".")) if result_path else ()
         self.value_field = value_field
         self.not_found_empty = bool(not_found_empty)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
 from asyncio_ops import ConfigurationError
+from asyncio_ops.options import at_least, int_between, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import MISS, LookupCache
@@ -151,13 +152,6 @@ class _Runtime:
     columnar_probe: asyncio.Future[Columnar | None] | None = None
 
 
-def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
-        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
 class PostgresLookup(BaseLookup[_Runtime]):
     """Look rows up in PostgreSQL by key, many keys per query.
 
@@ -238,25 +232,14 @@ class PostgresLookup(BaseLookup[_Runtime]):
         self.many = bool(many)
         self.columns = tuple(columns) if columns is not None else None
         self.include_input = bool(include_input)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigurationError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not isinstance(max_batch_delay, int | float) or not 0 <= max_batch_delay <= 60:
-            raise ConfigurationError(
-                f"max_batch_delay must be between 0 and 60 seconds, got {max_batch_delay!r}"
-            )
-        self.batch_size = batch_size
-        self.max_batch_delay = float(max_batch_delay)
-        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
-            raise ConfigurationError(f"pool_size must be an int >= 1, got {pool_size!r}")
-        if not isinstance(min_pool_size, int) or not 0 <= min_pool_size <= pool_size:
-            raise ConfigurationError(
-                f"min_pool_size must be an int in [0, pool_size], got {min_pool_size!r}"
-            )
-        self.pool_size = pool_size
-        self.min_pool_size = min_pool_size
-        _positive("statement_timeout", statement_timeout, allow_none=True)
-        _positive("query_timeout", query_timeout)
-        _positive("connect_timeout", connect_timeout)
+        self.batch_size = at_least(batch_size, "batch_size", 1)
+        self.max_batch_delay = seconds(max_batch_delay, "max_batch_delay", high=60, low_ok=True)
+        self.pool_size = at_least(pool_size, "pool_size", 1)
+        self.min_pool_size = int_between(min_pool_size, "min_pool_size", 0, pool_size)
+        if statement_timeout is not None:
+            seconds(statement_timeout, "statement_timeout")
+        seconds(query_timeout, "query_timeout")
+        seconds(connect_timeout, "connect_timeout")
         self.statement_timeout = statement_timeout
         self.query_timeout = float(query_timeout)
         self.connect_timeout = float(connect_timeout)

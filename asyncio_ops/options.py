@@ -2,8 +2,9 @@
 
 Every function takes the value and the option's name and returns the value in
 its canonical form, or raises :class:`ConfigurationError` naming the option and
-the value. The operator, the runtime and the Spark API all validate through
-these, so one option reads and fails the same everywhere.
+the value. The operator, the runtime, the Spark API and the connectors all
+validate through these, so one option reads and fails the same everywhere (a
+public module, so that connectors and user code can use it too).
 
 Durations follow Spark's conventions too: besides seconds (int or float) and
 ``timedelta``, an interval string such as ``"2 seconds"``, ``"500 milliseconds"``
@@ -19,6 +20,18 @@ from datetime import timedelta
 from typing import Final, TypeVar
 
 from ._exceptions import ConfigurationError
+
+__all__ = [
+    "at_least",
+    "choice",
+    "int_between",
+    "non_negative_int",
+    "path_segment",
+    "positive_int",
+    "positive_seconds",
+    "seconds",
+    "seconds_or_zero",
+]
 
 T = TypeVar("T")
 
@@ -52,22 +65,39 @@ def _as_seconds(value: object, name: str) -> float:
     )
 
 
+def seconds(
+    value: object,
+    name: str,
+    *,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_ok: bool = False,
+    infinite_ok: bool = False,
+) -> float:
+    """A duration in ``(low, high]`` (``[low, high]`` with ``low_ok``); infinity only if allowed."""
+    s = _as_seconds(value, name)
+    if math.isinf(s) and s > 0:
+        if infinite_ok:
+            return s
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    above = s >= low if low_ok else s > low
+    if not (above and s <= high):  # NaN fails both
+        lower = f">= {low:g}" if low_ok else f"> {low:g}"
+        upper = f" and <= {high:g}" if high < math.inf else ""
+        raise ConfigurationError(f"{name} must be {lower}{upper} seconds, got {value!r}")
+    return s
+
+
 def positive_seconds(value: object, name: str) -> float:
     """A duration > 0 (a timeout, a drain timeout)."""
-    seconds = _as_seconds(value, name)
-    if not seconds > 0:  # NaN too; infinity is an unbounded budget
-        raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
-    return seconds
+    return seconds(value, name, infinite_ok=True)
 
 
 def seconds_or_zero(value: object, name: str) -> float:
     """A duration >= 0; None means 0 (a watermark delay)."""
     if value is None:
         return 0.0
-    seconds = _as_seconds(value, name)
-    if not seconds >= 0 or math.isinf(seconds):
-        raise ConfigurationError(f"{name} must be >= 0 seconds, got {value!r}")
-    return seconds
+    return seconds(value, name, low_ok=True)
 
 
 def positive_int(value: object, name: str) -> int:
@@ -88,6 +118,13 @@ def at_least(value: object, name: str, minimum: int) -> int:
     """An int >= ``minimum``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def int_between(value: object, name: str, low: int, high: int) -> int:
+    """An int in ``[low, high]``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigurationError(f"{name} must be an int in [{low}, {high}], got {value!r}")
     return value
 
 
