@@ -49,7 +49,7 @@ Timing: one ``df.write.format("noop")`` per run, after a warm-up of every
 variant (JVM, Python workers, imports); the variants run interleaved for
 ``--repeat`` rounds (default 2) and the best round of each is reported, since
 other processes on a shared machine slow whichever run they overlap. Targets
-are checked at the end (PASS/MISS). This is a benchmark, not a
+(docs/benchmarks.md) are checked at the end (PASS/MISS). This is a benchmark, not a
 test: it never fails the build.
 """
 
