@@ -32,7 +32,9 @@ def test_durations_as_seconds_timedelta_or_interval_strings(value: object, expec
     assert positive_seconds(value, "timeout") == expected
 
 
-@pytest.mark.parametrize("value", [0, -1, "0 seconds", math.nan, "soon", "5 fortnights", True, None])
+@pytest.mark.parametrize(
+    "value", [0, -1, "0 seconds", math.nan, "soon", "5 fortnights", True, None]
+)
 def test_a_bad_duration_names_the_option_and_the_value(value: object) -> None:
     with pytest.raises(ConfigurationError, match=r"^timeout .*" + f"{value!r}"[:4]):
         positive_seconds(value, "timeout")

@@ -19,7 +19,8 @@ from pyspark.sql import SparkSession
 from asyncio_ops import AsyncFunction, ConfigurationError
 from asyncio_ops._checkpoint import MAGIC
 from asyncio_ops.spark import ordered_wait, unordered_wait
-from tests.cross_process import first_attempt, log_request, requests
+from tests.cross_process import log_request, requests
+from tests.spark.test_checkpoints import RequestLog
 
 pytestmark = pytest.mark.spark
 
@@ -108,19 +109,6 @@ def test_the_watermark_survives_a_micro_batch_boundary(spark: SparkSession, tmp_
     assert late == {1: False, 2: True}  # ts=60 arrived after watermark 200 of batch 0
 
 
-class KillOnce(AsyncFunction[dict[str, Any], dict[str, Any]]):
-    def __init__(self, log: str, kill_at: int) -> None:
-        self.log = log
-        self.kill_at = kill_at
-
-    async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        log_request(self.log, row["id"])
-        if row["id"] == self.kill_at and first_attempt():
-            os._exit(23)
-        await asyncio.sleep(0.0005)
-        return [{"v": row["id"] * 3}]
-
-
 @pytest.mark.timeout(240)
 def test_a_killed_worker_repeats_at_most_capacity_plus_the_flush_count(
     spark: SparkSession, tmp_path: Path
@@ -128,8 +116,8 @@ def test_a_killed_worker_repeats_at_most_capacity_plus_the_flush_count(
     log = tmp_path / "requests.txt"
     rows, capacity, flush = 20_000, 64, 500
     out = ordered_wait(
-        spark.range(0, rows, numPartitions=2), KillOnce(str(log), kill_at=17_000),
-        timeout=30, capacity=capacity, output_schema="v long",
+        spark.range(0, rows, numPartitions=2), RequestLog(str(log), kill_at=17_000),
+        timeout=30, capacity=capacity, output_schema="double long",
         checkpoint_location=str(tmp_path / "ckpt"), checkpoint_flush_rows=flush,
         checkpoint_flush_interval=60,
     )  # fmt: skip
