@@ -3,22 +3,31 @@
 Every snapshot blob (keyed state, keyed operator, operator state) is::
 
     magic  b"AOSB"               4 bytes
-    format version               1 byte   (FORMAT_VERSION)
+    format version               1 byte   (1 unsigned, 2 signed)
     blob kind                    1 byte   (KEYED_STATE, KEYED_OPERATOR, OPERATOR_STATE)
     key group                    2 bytes  big-endian (0 for operator state)
     payload length               4 bytes  big-endian
     CRC-32 of the payload        4 bytes  big-endian
     payload                      pickle protocol 5 of plain tuples, lists and bytes
+    HMAC-SHA256                  32 bytes, version 2 only: of everything before it
 
 :func:`unseal` checks all of it and raises :class:`CorruptStateError` naming
 the key group (and what is wrong) for a blob that is truncated, altered, of
-another kind or version, or filed under another key group. Checkpoint data is
-trusted input (as in Spark and Flink): the payload is unpickled once the
-checksum matches.
+another kind or version, or filed under another key group.
+
+Trust boundary: the payload is a pickle, and loading a pickle can run code.
+Checkpoint data is trusted input by default (as in Spark and Flink): the
+payload is unpickled once the checksum matches. With a signing key in the
+environment (:data:`SIGNING_KEY_ENV`), every blob written is signed, and only
+blobs whose signature verifies are unpickled: an unsigned blob, a blob signed
+with another key, or an altered one is refused before its payload is read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import pickle
 import struct
 import zlib
@@ -26,10 +35,23 @@ from typing import Any, Final
 
 from .._exceptions import CorruptStateError
 
-__all__ = ["FORMAT_VERSION", "KEYED_OPERATOR", "KEYED_STATE", "OPERATOR_STATE", "seal", "unseal"]
+__all__ = [
+    "FORMAT_VERSION",
+    "KEYED_OPERATOR",
+    "KEYED_STATE",
+    "OPERATOR_STATE",
+    "SIGNED_FORMAT_VERSION",
+    "SIGNING_KEY_ENV",
+    "seal",
+    "unseal",
+]
 
 MAGIC: Final = b"AOSB"
 FORMAT_VERSION: Final = 1
+SIGNED_FORMAT_VERSION: Final = 2
+SIGNING_KEY_ENV: Final = "ASYNCIO_OPS_STATE_SIGNING_KEY"
+"""The environment variable holding the key that signs and verifies state blobs."""
+_MAC_SIZE: Final = hashlib.sha256().digest_size
 KEYED_STATE: Final = 1
 KEYED_OPERATOR: Final = 2
 OPERATOR_STATE: Final = 3
@@ -43,10 +65,22 @@ _HEADER: Final = struct.Struct(">4sBBHII")
 HEADER_SIZE: Final = _HEADER.size
 
 
+def _signing_key() -> bytes | None:
+    key = os.environ.get(SIGNING_KEY_ENV)
+    return key.encode("utf-8") if key else None
+
+
+def _mac(key: bytes, data: bytes | memoryview) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
 def seal(kind: int, key_group: int, payload: Any) -> bytes:
-    """Pickle ``payload`` and wrap it in a verified header."""
+    """Pickle ``payload`` and wrap it in a verified header (signed if a key is set)."""
     body = pickle.dumps(payload, protocol=5)
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, kind, key_group, len(body), zlib.crc32(body)) + body
+    key = _signing_key()
+    version = FORMAT_VERSION if key is None else SIGNED_FORMAT_VERSION
+    blob = _HEADER.pack(MAGIC, version, kind, key_group, len(body), zlib.crc32(body)) + body
+    return blob if key is None else blob + _mac(key, blob)
 
 
 def unseal(kind: int, key_group: int, blob: object, *, what: str = "key group") -> Any:
@@ -62,10 +96,28 @@ def unseal(kind: int, key_group: int, blob: object, *, what: str = "key group") 
     magic, version, blob_kind, blob_kg, length, crc = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise CorruptStateError(f"{where}: not an asyncio_ops snapshot blob (magic {magic!r})")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, SIGNED_FORMAT_VERSION):
         raise CorruptStateError(
             f"{where}: snapshot format version {version} is not supported "
-            f"(this build reads version {FORMAT_VERSION})"
+            f"(this build reads versions {FORMAT_VERSION} and {SIGNED_FORMAT_VERSION})"
+        )
+    key = _signing_key()
+    if version == SIGNED_FORMAT_VERSION:
+        if key is None:
+            raise CorruptStateError(
+                f"{where}: the blob is signed; set {SIGNING_KEY_ENV} to the key that signed it"
+            )
+        if len(view) < HEADER_SIZE + _MAC_SIZE or not hmac.compare_digest(
+            view[-_MAC_SIZE:], _mac(key, view[:-_MAC_SIZE])
+        ):
+            raise CorruptStateError(
+                f"{where}: the blob's signature does not verify (another key, or altered); "
+                "it is not loaded"
+            )
+        view = view[:-_MAC_SIZE]
+    elif key is not None:
+        raise CorruptStateError(
+            f"{where}: an unsigned blob is not loaded while {SIGNING_KEY_ENV} is set"
         )
     if blob_kind != kind:
         raise CorruptStateError(

@@ -30,7 +30,7 @@ from asyncio_ops.state import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
-from asyncio_ops.state._blob import FORMAT_VERSION, HEADER_SIZE, KEYED_STATE, unseal
+from asyncio_ops.state._blob import HEADER_SIZE, KEYED_STATE, SIGNED_FORMAT_VERSION, unseal
 from asyncio_ops.state._keycodec import decode_canonical
 from asyncio_ops.testing import ManualClock
 
@@ -208,7 +208,7 @@ def _corruptions(blob: bytes) -> Iterator[tuple[str, object]]:
         blob[:HEADER_SIZE] + bytes([blob[HEADER_SIZE] ^ 0x80]) + blob[HEADER_SIZE + 1 :],
     )
     yield "magic", b"XXXX" + blob[4:]
-    yield "version", blob[:4] + bytes([FORMAT_VERSION + 1]) + blob[5:]
+    yield "version", blob[:4] + bytes([SIGNED_FORMAT_VERSION + 1]) + blob[5:]
     yield "truncated or padded", blob + b"\x00"
     yield "must be bytes", "not a blob"
 
