@@ -112,8 +112,21 @@ class RowFunction(AsyncFunction[Any, Any]):
         merged = self.merge(value, results)
         log = self.log
         if log is not None and value.position is not None:
-            log.append(value.position, fingerprint(value.row), results)
+            log.append(value.position, self.fingerprint(value), results)
         return merged
+
+    # -- the replay log: what an element's completion is logged as, and back ----------
+    def log_type(self, spec: PartitionSpec) -> pa.DataType:
+        """The Arrow type of one logged completion: the function's results for a row."""
+        return pa.list_(pa.struct([f for f in spec.output_schema if f.name in self.allowed]))
+
+    def fingerprint(self, value: Any) -> bytes:
+        """A digest of the element's input: a logged completion is reused only for it."""
+        return fingerprint(value.row)
+
+    def replayed(self, value: Any, logged: Any) -> Any:
+        """The element's results (as the operator emits them) from its logged completion."""
+        return self.merge(value, logged)
 
     def describe(self, value: Any) -> str:
         """The input in an error message."""
@@ -151,6 +164,17 @@ class ChunkFunction(RowFunction):
         self._invoke = user.async_invoke_chunk
 
     def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
+        merged = self.replayed(value, results)
+        log = self.log
+        if log is not None and value.position is not None:
+            log.append(value.position, self.fingerprint(value), [list(r) for r in results])
+        return merged
+
+    def log_type(self, spec: PartitionSpec) -> pa.DataType:
+        """One result list per row of the chunk."""
+        return pa.list_(super().log_type(spec))
+
+    def replayed(self, value: Any, results: Any) -> list[dict[str, Any]]:
         rows = value.row
         if not isinstance(results, list | tuple) or len(results) != len(rows):
             raise InvalidResultError(
@@ -204,6 +228,25 @@ class ArrowChunkFunction(ChunkFunction):
         self.schema = spec.output_schema
 
     def record(self, value: Any, results: Any) -> list[pa.RecordBatch]:
+        merged = self._merge_arrow(value, results)
+        log = self.log
+        if log is not None and value.position is not None:
+            log.append(value.position, self.fingerprint(value), merged[0])
+        return merged
+
+    def log_type(self, spec: PartitionSpec) -> pa.DataType:
+        """The chunk's merged output batch, as a list of output rows."""
+        return pa.list_(pa.struct(list(spec.output_schema)))
+
+    def fingerprint(self, value: Any) -> bytes:
+        data = value.row.serialize()  # the slice's rows only, as Arrow IPC
+        return hashlib.blake2b(memoryview(data), digest_size=12).digest()
+
+    def replayed(self, value: Any, logged: Any) -> list[pa.RecordBatch]:
+        """``logged``: the output rows as a struct array (see ReplayLog)."""
+        return [pa.RecordBatch.from_struct_array(logged).cast(self.schema)]
+
+    def _merge_arrow(self, value: Any, results: Any) -> list[pa.RecordBatch]:
         batch: pa.RecordBatch = value.row
         index, columns = self._unpack(batch, results)
         if index is None:

@@ -247,9 +247,11 @@ class ReplayLog:
         return len(self._positions)
 
     def append(self, position: int, fp: bytes, results: Any) -> None:
+        """Log one completion: Python values of ``results_type``, or an Arrow batch of rows."""
         self._positions.append(position)
         self._fingerprints.append(fp)
-        self._results.append(list(results))
+        self._results.append(results.to_struct_array() if isinstance(results, pa.RecordBatch)
+                             else results)  # fmt: skip
         if len(self._positions) >= self.flush_rows or (
             time.monotonic() - self._last >= self.flush_interval
         ):
@@ -264,7 +266,7 @@ class ReplayLog:
             {
                 "position": pa.array(self._positions, pa.int64()),
                 "fingerprint": pa.array(self._fingerprints, pa.binary()),
-                "results": _array(self._results, self.results_type, "logged result of row"),
+                "results": self._results_array(),
             }
         )
         name = f"results-p{self.partition:05d}-{self.token}-{self.segment:06d}.ckpt"
@@ -272,6 +274,17 @@ class ReplayLog:
         self.flushes += 1
         self.storage.write(self.version, name, table)
         self._positions, self._fingerprints, self._results = [], [], []
+
+    def _results_array(self) -> pa.Array:
+        results = self._results
+        if results and isinstance(results[0], pa.StructArray):  # columnar chunks: no Python
+            offsets = [0]
+            for r in results:
+                offsets.append(offsets[-1] + len(r))
+            values = pa.concat_arrays(results)
+            array = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+            return array.cast(self.results_type)
+        return _array(results, self.results_type, "logged result of element")
 
 
 # -- one partition's checkpoint ------------------------------------------------------------------
@@ -288,7 +301,11 @@ def run_version(spec: PartitionSpec, task: TaskInfo) -> Version:
 class PartitionCheckpoint:
     """The checkpoint files one partition reads and writes (see the module docstring)."""
 
-    def __init__(self, spec: PartitionSpec, task: TaskInfo) -> None:
+    def __init__(
+        self, spec: PartitionSpec, task: TaskInfo, log_type: pa.DataType, columnar: bool = False
+    ) -> None:
+        """``log_type``: the Arrow type of one logged completion (the row function's);
+        ``columnar``: completions are logged and replayed as Arrow rows, never as Python."""
         assert spec.checkpoint is not None
         self.spec = spec
         self.task = task
@@ -296,16 +313,20 @@ class PartitionCheckpoint:
         self.streaming = task.batch_id is not None
         self.version: Version = run_version(spec, task)
         self.partition = task.partition_id
-        added = [f for f in spec.output_schema if f.name in set(spec.added_columns)]
+        self.columnar = columnar
         self.log = ReplayLog(
-            self.storage, self.version, self.partition, pa.list_(pa.struct(added)),
+            self.storage, self.version, self.partition, log_type,
             spec.flush_rows, spec.flush_interval,
         )  # fmt: skip
 
     # -- replay log ------------------------------------------------------------------------
-    def load_replay(self) -> dict[int, tuple[bytes, list[Any]]]:
-        """Lookups earlier attempts of this partition logged in this version."""
-        found: dict[int, tuple[bytes, list[Any]]] = {}
+    def load_replay(self) -> dict[int, tuple[bytes, Any]]:
+        """Completions earlier attempts of this partition logged in this version.
+
+        Per position: (fingerprint, logged results), as Python values, or (columnar)
+        as a struct array of output rows.
+        """
+        found: dict[int, tuple[bytes, Any]] = {}
         for name in self.storage.list_files(self.version, f"results-p{self.partition:05d}-"):
             table = self.storage.read(self.version, name)
             path = self.storage.path(self.version, name)
@@ -316,7 +337,11 @@ class PartitionCheckpoint:
                 )
             positions = table.column("position").to_pylist()
             fps = table.column("fingerprint").to_pylist()
-            results = table.column("results").to_pylist()
+            column = table.column("results").combine_chunks()
+            if self.columnar:
+                results: list[Any] = [column[i].values for i in range(len(column))]
+            else:
+                results = column.to_pylist()
             for pos, fp, res in zip(positions, fps, results, strict=True):
                 found[pos] = (fp, res)
         return found

@@ -26,8 +26,8 @@ from ._adapters import RowFunction, RowValue, describe_row, fingerprint
 from ._metrics import RunMetrics
 from ._spec import PartitionSpec
 
-Replay = dict[int, tuple[bytes, list[Any]]]
-"""Logged lookups by row position: (row fingerprint, results)."""
+Replay = dict[int, tuple[bytes, Any]]
+"""Logged completions by element position (a row, or a chunk): (fingerprint, results)."""
 
 
 def event_time_seconds(value: Any, column: str, row: Any) -> float:
@@ -104,19 +104,35 @@ class Feeder:
         """Columnar: one element per zero-copy slice of ``chunk_size`` rows."""
         n = self.spec.chunk_size
         assert n is not None
-        await self.op.process_elements(
-            [RowValue(batch.slice(i, n)) for i in range(0, batch.num_rows, n)]
-        )
+        await self._feed_chunks([batch.slice(i, n) for i in range(0, batch.num_rows, n)])
+
+    async def _feed_chunks(self, chunks: list[Any]) -> None:
+        """One element per chunk; with a replay log, numbered and served from it if it can be."""
+        op = self.op
+        replay = self.replay
+        if replay is None:
+            await op.process_elements([RowValue(c) for c in chunks])
+            return
+        assert isinstance(op, AsyncWaitOperator)  # replay never runs pooled
+        row_fn = self.row_fn
+        for chunk in chunks:
+            pos = self.position
+            self.position += 1
+            value = RowValue(chunk, None, pos)
+            stored = replay.get(pos)
+            if stored is not None and stored[0] == row_fn.fingerprint(value):
+                self.metrics.replayed += 1
+                await op.process_completed_element(Record(value), row_fn.replayed(value, stored[1]))
+            else:
+                await op.process_element(Record(value))
 
     async def feed(self, rows: list[dict[str, Any]]) -> None:
         op = self.op
+        n = self.spec.chunk_size
+        if n is not None:  # vectorised: one element per chunk of rows
+            await self._feed_chunks([rows[i : i + n] for i in range(0, len(rows), n)])
+            return
         if self.watermarks is None and self.replay is None:
-            n = self.spec.chunk_size
-            if n is not None:  # vectorised: one element per chunk of rows
-                await op.process_elements(
-                    [RowValue(rows[i : i + n]) for i in range(0, len(rows), n)]
-                )
-                return
             # the common case, kept lean: one RowValue per row, no per-row branches
             await op.process_elements([RowValue(row) for row in rows])
             return
@@ -144,7 +160,7 @@ class Feeder:
             if stored is not None and stored[0] == fingerprint(row):
                 self.metrics.replayed += 1
                 await op.process_completed_element(
-                    Record(value, ts), self.row_fn.merge(value, stored[1])
+                    Record(value, ts), self.row_fn.replayed(value, stored[1])
                 )
             else:
                 await op.process_element(Record(value, ts))

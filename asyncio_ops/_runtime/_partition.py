@@ -206,7 +206,11 @@ def run_partition(
     columnar = spec.chunk_size is not None and is_columnar(user_fn)
     row_fn = _row_function(spec, user_fn, columnar)
     op = _operator(spec, row_fn, sink, columnar, metrics)
-    ckpt = PartitionCheckpoint(spec, task) if spec.checkpoint is not None else None
+    ckpt = (
+        PartitionCheckpoint(spec, task, row_fn.log_type(spec), columnar)
+        if spec.checkpoint is not None
+        else None
+    )
     started = time.perf_counter()
     cache_before = _cache_counters(user_fn)
     watermarks = (

@@ -240,12 +240,14 @@ def _wait(
                 f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
                 f"connectors.postgres.PostgresLookup); {function!r} has neither"
             )
-        options = {"key": key, "event_time": event_time, "checkpoint_location": checkpoint_location}
+        options = {"key": key, "event_time": event_time, "drain_timeout": drain_timeout}
         unsupported = [name for name, value in options.items() if value is not None]
         if unsupported:
             raise ConfigurationError(
-                f"chunk_size cannot be combined with {unsupported}: a chunk is one element, "
-                "with no single key, event time or replay position"
+                f"chunk_size cannot be combined with {unsupported} yet: a chunk is one "
+                "element, with no single key or event time, and chunks are not carried over "
+                "between micro-batches (checkpoint_location works: task retries replay "
+                "completed chunks)"
             )
 
     operator_uid = (

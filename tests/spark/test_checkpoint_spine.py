@@ -268,3 +268,44 @@ def test_a_crafted_checkpoint_file_fails_the_batch_and_never_runs(
     with pytest.raises(Exception, match=r"subtask-00000\.ckpt"):
         query.awaitTermination(120)
     assert not marker.exists()
+
+
+class ArrowKillOnce(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    """Columnar: answers whole chunks; the first attempt's worker dies at row ``kill_at``."""
+
+    def __init__(self, log: str, kill_at: int) -> None:
+        self.log = log
+        self.kill_at = kill_at
+
+    async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        raise AssertionError("chunks only")
+
+    async def async_invoke_arrow(self, batch: Any) -> Any:
+        from tests.cross_process import first_attempt
+
+        ids = batch.column("id").to_pylist()
+        for i in ids:
+            log_request(self.log, i)
+        if self.kill_at in ids and first_attempt():
+            os._exit(29)
+        await asyncio.sleep(0.001)
+        return None, {"v": [i * 3 for i in ids]}
+
+
+@pytest.mark.timeout(240)
+def test_chunks_with_a_checkpoint_replay_what_a_killed_worker_completed(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    log = tmp_path / "requests.txt"
+    chunk, capacity, flush = 50, 4, 2
+    out = unordered_wait(
+        spark.range(0, 4000, numPartitions=2), ArrowKillOnce(str(log), kill_at=3100),
+        timeout=30, capacity=capacity, chunk_size=chunk, output_schema="v long",
+        checkpoint_location=str(tmp_path / "ckpt"), checkpoint_flush_rows=flush,
+    )  # fmt: skip
+    rows = out.collect()
+    assert sorted((r.id, r.v) for r in rows) == [(i, 3 * i) for i in range(4000)]
+    counts = requests(log)
+    repeated = sum(n - 1 for n in counts.values())
+    assert repeated > 0, "the first attempt really died and was retried"
+    assert repeated <= (capacity + flush) * chunk  # not the 1,100 rows the attempt had done
