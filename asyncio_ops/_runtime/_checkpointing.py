@@ -64,6 +64,7 @@ _NUM_PARTITIONS: Final = b"aops.num_partitions"
 _PARTITION: Final = b"aops.partition"
 _MAX_SEEN: Final = b"aops.max_seen"
 _WATERMARK: Final = b"aops.watermark"
+_ELEMENT: Final = b"aops.element"
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,26 @@ def _array(values: list[Any], type_: pa.DataType, what: str) -> pa.Array:
 
 
 # -- in-flight elements <-> Arrow ----------------------------------------------------------------
+ROW: Final = "row"
+ROWS: Final = "rows"
+ARROW: Final = "arrow"
+"""What an element is: a row, a chunk of row dicts, or a chunk as an Arrow batch."""
+
+
+def _value_type(kind: str, schema: pa.Schema) -> pa.DataType:
+    return _struct(schema) if kind == ROW else pa.list_(_struct(schema))
+
+
 def entries_table(
-    entries: Sequence[SnapshotEntry], input_schema: pa.Schema, output_schema: pa.Schema
+    entries: Sequence[SnapshotEntry],
+    input_schema: pa.Schema,
+    output_schema: pa.Schema,
+    kind: str = ROW,
 ) -> pa.Table:
-    """``entries`` (queue order) as a table; watermarks become ``after_watermark``."""
+    """``entries`` (queue order) as a table; watermarks become ``after_watermark``.
+
+    ``row`` holds the element's input: a row, or (chunks) the list of its rows.
+    """
     seq: list[int] = []
     after: list[float] = []
     rows: list[Any] = []
@@ -143,17 +160,21 @@ def entries_table(
         row = value.row
         seq.append(i)
         after.append(last_watermark)
-        rows.append(row)
+        rows.append(row.to_pylist() if kind == ARROW else row)
         stamps.append(element.timestamp)
         late.append(value.late)
-        results.append(list(entry.results) if entry.results is not None else None)
+        done = entry.results
+        if done is not None and kind == ARROW:  # one output batch
+            results.append([r for batch in done for r in batch.to_pylist()])
+        else:
+            results.append(list(done) if done is not None else None)
         attempts.append(entry.attempts)
         deadlines.append(entry.deadline)
-        groups.append(row.get(KEY_GROUP_COLUMN))
+        groups.append(row.get(KEY_GROUP_COLUMN) if kind == ROW else None)
     columns = {
         "seq": pa.array(seq, pa.int64()),
         "after_watermark": pa.array(after, pa.float64()),
-        "row": _array(rows, _struct(input_schema), "carried-over input row"),
+        "row": _array(rows, _value_type(kind, input_schema), "carried-over input"),
         "timestamp": pa.array(stamps, pa.float64()),
         "late": pa.array(late, pa.bool_()),
         "results": _array(results, pa.list_(_struct(output_schema)), "carried-over result of row"),
@@ -161,7 +182,7 @@ def entries_table(
         "deadline": pa.array(deadlines, pa.float64()),
         "key_group": pa.array(groups, pa.int32()),
     }
-    return pa.table(columns)
+    return pa.table(columns).replace_schema_metadata({_ELEMENT: kind.encode()})
 
 
 def _check_entries(table: pa.Table, name: str) -> None:
@@ -180,12 +201,25 @@ class _Stored:
     entry: SnapshotEntry
 
 
-def _stored(table: pa.Table, old_partition: int, name: str) -> list[_Stored]:
+def _stored(
+    table: pa.Table, old_partition: int, name: str, kind: str, output_schema: pa.Schema
+) -> list[_Stored]:
     _check_entries(table, name)
+    written = (table.schema.metadata or {}).get(_ELEMENT, ROW.encode()).decode()
+    if written != kind:
+        raise CheckpointError(
+            f"checkpoint file {name} holds elements of kind {written!r} and the operator now "
+            f"makes {kind!r} (chunk_size or the function changed): use another uid or location"
+        )
+    input_schema = _row_schema(table)
     out = []
     for r in table.to_pylist():
-        value = RowValue(r["row"], r["late"], None)
-        results = r["results"]
+        row, results = r["row"], r["results"]
+        if kind == ARROW:
+            row = pa.RecordBatch.from_pylist(row, schema=input_schema)
+            if results is not None:
+                results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
+        value = RowValue(row, r["late"], None)
         entry = SnapshotEntry(
             Record(value, r["timestamp"]),
             tuple(results) if results is not None else None,
@@ -314,6 +348,7 @@ class PartitionCheckpoint:
         self.version: Version = run_version(spec, task)
         self.partition = task.partition_id
         self.columnar = columnar
+        self.kind = ARROW if columnar else ROWS if spec.chunk_size is not None else ROW
         self.log = ReplayLog(
             self.storage, self.version, self.partition, log_type,
             spec.flush_rows, spec.flush_interval,
@@ -400,10 +435,11 @@ class PartitionCheckpoint:
                     if kg in kg_range:
                         table = storage.read(previous, file)
                         input_schema = input_schema or _row_schema(table)
-                        stored.extend(_stored(table, index, storage.path(previous, file)))
+                        stored.extend(_stored(table, index, storage.path(previous, file),
+                                              self.kind, self.spec.output_schema))  # fmt: skip
             elif index % p_new == self.partition:  # even split of the old partitions' state
                 input_schema = input_schema or _row_schema(manifest)
-                stored.extend(_stored(manifest, index, path))
+                stored.extend(_stored(manifest, index, path, self.kind, self.spec.output_schema))
         event_time = self.spec.event_time is not None
         entries = _in_order(stored, event_time)
         if event_time and entries and current > max(s.after for s in stored):
@@ -433,7 +469,7 @@ class PartitionCheckpoint:
             _WATERMARK: repr(watermarks.current).encode(),
         }
         if keyed:
-            table = entries_table(remaining, schema, out)
+            table = entries_table(remaining, schema, out, self.kind)
             groups: list[int] = []
             files: list[str] = []
             if table.num_rows:
@@ -452,8 +488,8 @@ class PartitionCheckpoint:
                 {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
             )
         else:
-            manifest = entries_table(remaining, schema, out)
-        manifest = manifest.replace_schema_metadata(meta)
+            manifest = entries_table(remaining, schema, out, self.kind)
+        manifest = manifest.replace_schema_metadata({**(manifest.schema.metadata or {}), **meta})
         self.storage.write(self.version, f"subtask-{self.partition:05d}.ckpt", manifest)
         if self.partition == 0 and isinstance(self.version, int):
             old = [
@@ -505,7 +541,10 @@ class PartitionCheckpoint:
 
 
 def _row_schema(table: pa.Table) -> pa.Schema | None:
+    """The input schema of the rows a table of elements holds (a row, or a list of rows)."""
     if "row" not in table.column_names:
         return None
     type_ = table.schema.field("row").type
+    if pa.types.is_list(type_):
+        type_ = type_.value_type
     return pa.schema(list(type_)) if pa.types.is_struct(type_) else None

@@ -299,3 +299,51 @@ def test_a_chunk_whose_input_changed_is_requested_again(tmp_path: Any) -> None:
     assert fn.chunks == [[30, 31, 32, 1000, 34, 35, 36]]  # the only chunk that differs
     got = [r["id"] for b in out for r in b.to_pylist()]
     assert got == [i for i in [*range(30), *ids] if i % 4]
+
+
+class HangsOnceChunks(AsyncFunction[Any, Any]):
+    """A chunk holding a multiple of 40 hangs on its first request; both chunk forms."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    async def async_invoke(self, row: Any) -> Any:
+        raise AssertionError("chunks only")
+
+    async def _hang_once(self, ids: list[int]) -> None:
+        slow = [i for i in ids if i % 40 == 0 and i not in self.seen]
+        self.seen.update(slow)
+        if slow:
+            await asyncio.Event().wait()
+        await asyncio.sleep(0)
+
+    async def async_invoke_chunk(self, rows: Any) -> Any:
+        ids = [r["id"] for r in rows]
+        await self._hang_once(ids)
+        return [[{"label": f"r{i}"}] for i in ids]
+
+
+class HangsOnceArrow(HangsOnceChunks):
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> Any:
+        ids = batch.column(0).to_pylist()
+        await self._hang_once(ids)
+        return None, {"label": [f"r{i}" for i in ids]}
+
+
+@pytest.mark.parametrize("cls", [HangsOnceChunks, HangsOnceArrow], ids=["rows", "arrow"])
+def test_chunks_in_flight_are_carried_to_the_next_micro_batch(
+    tmp_path: Any, cls: type[HangsOnceChunks]
+) -> None:
+    from asyncio_ops._checkpoint import CheckpointStorage
+
+    fn = cls()
+    s = spec(fn, checkpoint=CheckpointStorage(str(tmp_path), "op"), drain_timeout=0.1,
+             mode=OutputMode.UNORDERED, capacity=20)  # fmt: skip
+    first = [r for b in run_partition(s, iter(batches(90)), TaskInfo(batch_id=0))
+             for r in b.to_pylist()]  # fmt: skip
+    hung = {i for c in ([0, 7], [37, 44], [74, 81]) for i in range(*c)}  # chunks of 0, 40, 80
+    assert sorted(r["id"] for r in first) == sorted(set(range(90)) - hung)
+    second = [r for b in run_partition(s, iter(batches(0)), TaskInfo(batch_id=1))
+              for r in b.to_pylist()]  # fmt: skip
+    assert sorted(r["id"] for r in second) == sorted(hung)  # each row once, in its chunk
+    assert all(r["label"] == f"r{r['id']}" for r in first + second)
