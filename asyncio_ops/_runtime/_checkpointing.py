@@ -547,4 +547,5 @@ def _row_schema(table: pa.Table) -> pa.Schema | None:
     type_ = table.schema.field("row").type
     if pa.types.is_list(type_):
         type_ = type_.value_type
-    return pa.schema(list(type_)) if pa.types.is_struct(type_) else None
+    # a partition that saw no input wrote struct<>: it knows no schema
+    return pa.schema(list(type_)) if pa.types.is_struct(type_) and type_.num_fields else None

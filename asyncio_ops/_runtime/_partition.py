@@ -239,9 +239,10 @@ def run_partition(
             runtime.run(op.open(OperatorSnapshot(restored, spec.mode)))
         else:
             runtime.run(op.open())
+        first = True
         for batch in batches:
-            if input_schema is None:
-                input_schema = batch.schema
+            if first:  # the input's own schema wins over one restored from a checkpoint
+                input_schema, first = batch.schema, False
             if columnar:
                 runtime.run(feeder.feed_arrow(batch))
             else:

@@ -4,9 +4,9 @@ Each example runs a stream of micro-batches through the partition runtime with a
 as Spark would: the partition count may change between batches, and any task attempt may die
 after handing out some of its output (its output is then discarded, as Spark discards a failed
 attempt's, and the task runs again). Some lookups hang on their first request, so rows are
-carried over batch boundaries. A last batch without input and without a drain bound ends the
-stream. Every input row must come out exactly once, in key order per key in keyed mode.
-``capacity`` exceeds the rows of a micro-batch: a hung lookup at the head of a full queue
+carried over batch boundaries. Elements are rows (keyed or not) or chunks of three rows (dicts
+or Arrow). A last batch without input and without a drain bound ends the stream. Every input
+row must come out exactly once, in key order per key in keyed mode. ``capacity`` exceeds the rows of a micro-batch: a hung lookup at the head of a full queue
 holds the input back until its timeout (backpressure, as in Flink), not just the drain.
 """
 
@@ -45,6 +45,30 @@ class HangsOnce(AsyncFunction[dict[str, Any], dict[str, Any]]):
         return [{"v": i * 5}]
 
 
+class HangsOnceChunks(HangsOnce):
+    """The same, a chunk at a time: a chunk with a slow row hangs on its first request."""
+
+    async def async_invoke_chunk(self, rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        ids = [r["id"] for r in rows]
+        slow = self.slow & set(ids)
+        if slow:
+            self.slow -= slow
+            await asyncio.Event().wait()
+        await asyncio.sleep(0)
+        return [[{"v": i * 5}] for i in ids]
+
+
+class HangsOnceArrow(HangsOnceChunks):
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> Any:
+        ids = batch.column("id").to_pylist()
+        slow = self.slow & set(ids)
+        if slow:
+            self.slow -= slow
+            await asyncio.Event().wait()
+        await asyncio.sleep(0)
+        return None, {"v": [i * 5 for i in ids]}
+
+
 def _batch(ids: list[int], keyed: bool) -> list[pa.RecordBatch]:
     if not ids:
         return []
@@ -56,7 +80,7 @@ def _batch(ids: list[int], keyed: bool) -> list[pa.RecordBatch]:
 
 
 def _spec(fn: HangsOnce, location: Path, keyed: bool, parts: int, mode: OutputMode,
-          drain: float | None, token: str) -> PartitionSpec:  # fmt: skip
+          drain: float | None, token: str, chunk: int | None) -> PartitionSpec:  # fmt: skip
     fields = [pa.field("id", pa.int64()), pa.field("k", pa.int64())]
     if keyed:
         fields.append(pa.field(KEY_GROUP_COLUMN, pa.int32()))
@@ -66,7 +90,7 @@ def _spec(fn: HangsOnce, location: Path, keyed: bool, parts: int, mode: OutputMo
         output_schema=pa.schema(fields), added_columns=("v",),
         key_columns=("k",) if keyed else (), num_partitions=parts, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(str(location), "op"), drain_timeout=drain,
-        flush_rows=3, batch_size=4,
+        flush_rows=3, batch_size=4, chunk_size=chunk,
     )  # fmt: skip
 
 
@@ -94,20 +118,24 @@ batches_strategy = st.lists(
 )
 @given(
     batches=batches_strategy,
-    keyed=st.booleans(),
+    element=st.sampled_from(["row", "keyed row", "chunk", "arrow chunk"]),
     ordered=st.booleans(),
     slow_every=st.integers(2, 5),
 )
 def test_every_row_exactly_once_through_kills_carry_over_and_rescaling(
     tmp_path_factory: pytest.TempPathFactory,
     batches: list[tuple[int, int, set[int], int]],
-    keyed: bool,
+    element: str,
     ordered: bool,
     slow_every: int,
 ) -> None:
     location = tmp_path_factory.mktemp("ckpt")
     total = sum(n for _, n, _, _ in batches)
-    fn = HangsOnce({i for i in range(total) if i % slow_every == 0})
+    slow = {i for i in range(total) if i % slow_every == 0}
+    keyed = element == "keyed row"
+    chunk = 3 if "chunk" in element else None
+    cls = {"chunk": HangsOnceChunks, "arrow chunk": HangsOnceArrow}.get(element, HangsOnce)
+    fn = cls(slow)
     mode = OutputMode.ORDERED if ordered else OutputMode.UNORDERED
     token = uuid.uuid4().hex
     out: list[dict[str, Any]] = []
@@ -116,7 +144,7 @@ def test_every_row_exactly_once_through_kills_carry_over_and_rescaling(
     schedule = [*batches, (batches[-1][0], 0, set(), 0)]  # a last batch drains everything
     for batch_id, (parts, n, dying, handed) in enumerate(schedule):
         last = batch_id == len(schedule) - 1
-        spec = _spec(fn, location, keyed, parts, mode, None if last else 0.05, token)
+        spec = _spec(fn, location, keyed, parts, mode, None if last else 0.05, token, chunk)
         ids = list(range(next_id, next_id + n))
         next_id += n
         for p in range(parts):

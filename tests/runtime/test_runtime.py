@@ -285,3 +285,15 @@ def test_a_worker_keeps_a_bounded_number_of_functions_open() -> None:
         list(run_partition(spec_for(fn, None), batches([1]), TaskInfo()))
     assert len(runtime.functions) == MAX_OPEN_FUNCTIONS
     assert Tracked.closed == 3  # the least recently used were closed, not leaked
+
+
+def test_a_partition_without_input_then_with_input_carries_whole_rows(tmp_path: Path) -> None:
+    """A micro-batch with no input writes an empty checkpoint that knows no schema; the next
+    one must carry its rows with their own schema, not that empty one."""
+    fn = Lookup()
+    fn.hang = {7}
+    spec = spec_for(fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.1)
+    assert rows_of(list(run_partition(spec, [], TaskInfo(batch_id=0)))) == []
+    assert rows_of(list(run_partition(spec, batches([7]), TaskInfo(batch_id=1)))) == []
+    out = rows_of(list(run_partition(spec, [], TaskInfo(batch_id=2))))
+    assert out == [{"id": 7, "double": 14}]
