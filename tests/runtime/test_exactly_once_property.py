@@ -6,8 +6,9 @@ after handing out some of its output (its output is then discarded, as Spark dis
 attempt's, and the task runs again). Some lookups hang on their first request, so rows are
 carried over batch boundaries. Elements are rows (keyed or not) or chunks of three rows (dicts
 or Arrow). A last batch without input and without a drain bound ends the stream. Every input
-row must come out exactly once, in key order per key in keyed mode. ``capacity`` exceeds the rows of a micro-batch: a hung lookup at the head of a full queue
-holds the input back until its timeout (backpressure, as in Flink), not just the drain.
+row must come out exactly once, in key order per key in keyed mode. ``capacity`` exceeds the
+rows of a micro-batch: a hung lookup at the head of a full queue holds the input back until
+its timeout (backpressure, as in Flink), not just the drain.
 """
 
 from __future__ import annotations
