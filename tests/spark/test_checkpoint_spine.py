@@ -359,6 +359,9 @@ def test_random_worker_kills_and_rescaling_keep_every_row_exactly_once(
     assert len(ids) == len(set(ids))  # nothing twice
     assert all(r.v == 3 * r.id for r in out)
     missing = set(range(225)) - set(ids)
-    # only rows hung in the very last micro-batch may still be carried over
-    assert missing <= {i for i in range(200, 225) if i % 9 == 0}
+    # only rows still carried over by the very last micro-batch may be missing: the ones hung
+    # in it, and later rows of their keys, which leave after them (per-key order)
+    hung = [h for h in range(200, 225) if h % 9 == 0]
+    behind = {i for i in range(200, 225) for h in hung if i >= h and i % 13 == h % 13}
+    assert missing <= behind
     assert {p.name for p in markers.iterdir()} >= {f"kill-{i}" for i in kill}  # they died
