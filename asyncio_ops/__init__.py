@@ -35,13 +35,7 @@ from ._functions import (
     SupportsInvokeArrow,
     SupportsInvokeChunk,
 )
-from ._operator import (
-    AsyncWaitOperator,
-    OperatorSnapshot,
-    OperatorStatistics,
-    OutputMode,
-    SnapshotEntry,
-)
+from ._operator import AsyncWaitOperator, OutputMode
 from ._queues import (
     ElementQueue,
     OrderedElementQueue,
@@ -51,6 +45,8 @@ from ._queues import (
 )
 from ._retry import AsyncRetryStrategy
 from ._runner import run_async_wait
+from ._snapshot import OperatorSnapshot, SnapshotEntry
+from ._statistics import OperatorStatistics
 from ._timers import InternalTimerService, Timer, TimerHeap
 
 __version__ = "0.1.0"

@@ -51,23 +51,18 @@ Semantics:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections.abc
 import enum
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 from ._clock import SYSTEM_CLOCK, Scheduler
 from ._elements import Record, StreamElement, Watermark
 from ._exceptions import (
-    AsyncOperatorError,
-    AsyncTimeoutError,
     ConfigurationError,
-    InvalidResultError,
 )
 from ._functions import (
     AsyncFunction,
@@ -83,11 +78,13 @@ from ._queues import (
     UnorderedElementQueue,
     WatermarkBoundedElementQueue,
 )
+from ._results import bad_results, bad_timeout_results, describe_record, element_failure
 from ._retry import AsyncRetryStrategy
+from ._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
+from ._statistics import LatencyHistogram, OperatorStatistics
 from ._timers import InternalTimerService, Timer
 from .options import non_negative_int, positive_seconds
 
-SNAPSHOT_VERSION: Final = 1
 TIMEOUT_GRANULARITY: Final = 0.01
 """Seconds: timeouts fire at most this late (or 1% of the timeout, if smaller)."""
 
@@ -114,95 +111,6 @@ def make_queue(mode: OutputMode, capacity: int, key_ordered: bool = False) -> El
     if mode is OutputMode.WATERMARK_BOUNDED:
         return WatermarkBoundedElementQueue(capacity, key_ordered)
     raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
-
-
-@dataclass(frozen=True)
-class SnapshotEntry:
-    """One element not yet emitted: the input, and its results if already complete.
-
-    For an element still in flight, ``attempts`` made so far and its absolute
-    ``deadline`` (processing time, seconds; None: a fresh budget on restore).
-    """
-
-    element: StreamElement
-    results: tuple[Any, ...] | None = None
-    key: Any = None
-    attempts: int = 0
-    deadline: float | None = None
-
-
-@dataclass(frozen=True)
-class OperatorSnapshot:
-    """What :meth:`AsyncWaitOperator.snapshot_state` returns (picklable)."""
-
-    entries: tuple[SnapshotEntry, ...]
-    mode: OutputMode
-    version: int = SNAPSHOT_VERSION
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-@dataclass(frozen=True)
-class OperatorStatistics:
-    """Counters of one operator instance (latencies in seconds, first invoke to completion)."""
-
-    received: int
-    emitted: int
-    in_flight: int
-    completed: int
-    timed_out: int
-    retried: int
-    failed: int
-    restored: int
-    latency_p50: float | None
-    latency_p99: float | None
-    latency_max: float | None
-
-
-class LatencyHistogram:
-    """Log-bucketed latencies (5% wide buckets): cheap to add, quantiles within 5%."""
-
-    __slots__ = ("_buckets", "count", "instant", "max")
-    _BASE: Final = math.log(1.05)
-    _FLOOR: Final = 1e-6
-
-    def __init__(self) -> None:
-        self._buckets: dict[int, int] = {}
-        self.count = 0
-        self.max = 0.0
-        self.instant = 0  # completed without suspending: latency 0, counted apart (hot path)
-
-    def add(self, seconds: float, weight: int = 1) -> None:
-        b = int(math.log(max(seconds, self._FLOOR) / self._FLOOR) / self._BASE)
-        self._buckets[b] = self._buckets.get(b, 0) + weight
-        self.count += weight
-        if seconds > self.max:
-            self.max = seconds
-
-    def merge(self, other: LatencyHistogram) -> None:
-        for b, n in other._buckets.items():
-            self._buckets[b] = self._buckets.get(b, 0) + n
-        self.count += other.count
-        self.instant += other.instant
-        self.max = max(self.max, other.max)
-
-    def quantile(self, q: float) -> float | None:
-        total_count = self.count + self.instant
-        if not total_count:
-            return None
-        rank = q * total_count
-        if rank <= self.instant:
-            return 0.0
-        keys = sorted(self._buckets)
-        cumulative = []
-        total = self.instant
-        for k in keys:
-            total += self._buckets[k]
-            cumulative.append(total)
-        i = bisect.bisect_left(cumulative, rank)
-        bucket = keys[min(i, len(keys) - 1)]
-        return min(self._FLOOR * math.exp((bucket + 0.5) * self._BASE), self.max)
 
 
 class _Entry:
@@ -359,72 +267,6 @@ class _RetryTrigger(_TimeoutTrigger):
 
     def on_processing_time(self, timer: Timer) -> None:
         self.op._on_retry_timer(timer.namespace)  # type: ignore[arg-type]
-
-
-def _describe(record: Record[Any]) -> str:
-    text = repr(record.value)
-    if len(text) > 300:
-        text = text[:300] + "..."
-    if record.timestamp is not None:
-        return f"{text} (timestamp {record.timestamp!r})"
-    return text
-
-
-def bad_results(results: Any) -> InvalidResultError | None:
-    """Why ``results`` of an attempt are not a sequence of results, or None if they are."""
-    if (
-        results is None
-        or isinstance(results, str | bytes | dict)
-        or not isinstance(results, Sequence)
-    ):
-        return InvalidResultError(
-            f"async_invoke must return a list of results (empty to emit nothing), "
-            f"got {type(results).__name__}: {results!r:.200}"
-        )
-    return None
-
-
-def bad_timeout_results(results: Any) -> InvalidResultError | None:
-    """Why what ``timeout()`` returned is not a list of results, or None if it is."""
-    if results is None or not isinstance(results, list | tuple):
-        return InvalidResultError(
-            f"timeout() must return a list of results, got {type(results).__name__}"
-        )
-    return None
-
-
-def element_failure(
-    exc: BaseException,
-    value: Any,
-    attempts: int,
-    last: BaseException | None,
-    describe: Callable[[], str],
-) -> AsyncOperatorError:
-    """The error that fails the operator for ``value`` (shared with the pooled operator).
-
-    A timeout that ends a run of retries names the last attempt's error; an
-    operator error about this very element is kept; anything else is wrapped,
-    naming the input (``describe()``) and the attempts, with ``exc`` as cause.
-    """
-    error: AsyncOperatorError
-    if isinstance(exc, AsyncTimeoutError) and last is not None:
-        # the budget ran out between retries: say why the attempts failed
-        error = AsyncTimeoutError(
-            f"{exc}; {attempts} attempt(s) made, the last failed with "
-            f"{type(last).__name__}: {last}",
-            value,
-        )
-        error.__cause__ = last
-    elif isinstance(exc, AsyncOperatorError) and exc.element is value:
-        error = exc
-    else:
-        error = AsyncOperatorError(
-            f"async lookup failed for input {describe()} after "
-            f"{attempts} attempt(s): {type(exc).__name__}: {exc}",
-            value,
-        )
-        error.__cause__ = exc
-    return error
 
 
 class AsyncWaitOperator:
@@ -973,7 +815,7 @@ class AsyncWaitOperator:
     def _describe(self, record: Record[Any]) -> str:
         if self._describe_value is not None:
             return self._describe_value(record.value)
-        return _describe(record)
+        return describe_record(record)
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:
@@ -1054,11 +896,4 @@ class AsyncWaitOperator:
         )
 
 
-__all__ = [
-    "AsyncWaitOperator",
-    "LatencyHistogram",
-    "OperatorSnapshot",
-    "OperatorStatistics",
-    "OutputMode",
-    "SnapshotEntry",
-]
+__all__ = ["AsyncWaitOperator", "OutputMode", "make_queue"]

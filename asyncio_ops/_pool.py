@@ -32,17 +32,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._elements import Record
-from ._operator import (
-    TIMEOUT_GRANULARITY,
-    LatencyHistogram,
-    OperatorStatistics,
-    OutputMode,
-    _describe,
-    bad_results,
-    bad_timeout_results,
-    element_failure,
-)
+from ._operator import TIMEOUT_GRANULARITY, OutputMode
+from ._results import bad_results, bad_timeout_results, describe_record, element_failure
 from ._retry import AsyncRetryStrategy
+from ._statistics import LatencyHistogram, OperatorStatistics
 
 __all__ = ["PooledWaitOperator"]
 
@@ -113,7 +106,7 @@ class PooledWaitOperator:
         self._window = capacity + output_buffer  # ordered: elements between input and emission
         self._retry = retry if retry is not None and retry.enabled else None
         self._on_failure = on_failure
-        self._describe = describe or (lambda value: _describe(Record(value)))
+        self._describe = describe or (lambda value: describe_record(Record(value)))
         self._granularity = min(TIMEOUT_GRANULARITY, timeout / 100)
         self._rng = random.Random()
         self._pending: deque[Any] = deque()

@@ -9,8 +9,9 @@ from typing import Any
 from ._clock import Scheduler
 from ._elements import StreamElement, Watermark
 from ._functions import AsyncFunction
-from ._operator import AsyncWaitOperator, OperatorSnapshot, OutputMode
+from ._operator import AsyncWaitOperator, OutputMode
 from ._retry import AsyncRetryStrategy
+from ._snapshot import OperatorSnapshot
 
 
 async def run_async_wait(

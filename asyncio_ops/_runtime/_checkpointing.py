@@ -52,7 +52,7 @@ from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import CheckpointedFunction
 from .._keygroups import compute_key_group_range_for_operator_index
-from .._operator import SnapshotEntry
+from .._snapshot import SnapshotEntry
 from ._adapters import RowValue
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._operator import LatencyHistogram
+from .._statistics import LatencyHistogram
 
 
 @dataclass

@@ -32,8 +32,9 @@ import pyarrow as pa
 from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import SupportsCacheStatistics
-from .._operator import AsyncWaitOperator, OperatorSnapshot
+from .._operator import AsyncWaitOperator
 from .._pool import PooledWaitOperator
+from .._snapshot import OperatorSnapshot
 from ._adapters import ArrowChunkFunction, ChunkFunction, RowFunction, RowValue, is_columnar
 from ._checkpointing import PartitionCheckpoint, WatermarkState
 from ._feed import BoundedOutOfOrderness, Feeder

@@ -1,0 +1,76 @@
+"""How an element's outcome is judged: results that are not results, and the error that
+fails the operator for an element (shared by both operator implementations)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._elements import Record
+from ._exceptions import AsyncOperatorError, AsyncTimeoutError, InvalidResultError
+
+
+def describe_record(record: Record[Any]) -> str:
+    text = repr(record.value)
+    if len(text) > 300:
+        text = text[:300] + "..."
+    if record.timestamp is not None:
+        return f"{text} (timestamp {record.timestamp!r})"
+    return text
+
+
+def bad_results(results: Any) -> InvalidResultError | None:
+    """Why ``results`` of an attempt are not a sequence of results, or None if they are."""
+    if (
+        results is None
+        or isinstance(results, str | bytes | dict)
+        or not isinstance(results, Sequence)
+    ):
+        return InvalidResultError(
+            f"async_invoke must return a list of results (empty to emit nothing), "
+            f"got {type(results).__name__}: {results!r:.200}"
+        )
+    return None
+
+
+def bad_timeout_results(results: Any) -> InvalidResultError | None:
+    """Why what ``timeout()`` returned is not a list of results, or None if it is."""
+    if results is None or not isinstance(results, list | tuple):
+        return InvalidResultError(
+            f"timeout() must return a list of results, got {type(results).__name__}"
+        )
+    return None
+
+
+def element_failure(
+    exc: BaseException,
+    value: Any,
+    attempts: int,
+    last: BaseException | None,
+    describe: Callable[[], str],
+) -> AsyncOperatorError:
+    """The error that fails the operator for ``value`` (shared with the pooled operator).
+
+    A timeout that ends a run of retries names the last attempt's error; an
+    operator error about this very element is kept; anything else is wrapped,
+    naming the input (``describe()``) and the attempts, with ``exc`` as cause.
+    """
+    error: AsyncOperatorError
+    if isinstance(exc, AsyncTimeoutError) and last is not None:
+        # the budget ran out between retries: say why the attempts failed
+        error = AsyncTimeoutError(
+            f"{exc}; {attempts} attempt(s) made, the last failed with "
+            f"{type(last).__name__}: {last}",
+            value,
+        )
+        error.__cause__ = last
+    elif isinstance(exc, AsyncOperatorError) and exc.element is value:
+        error = exc
+    else:
+        error = AsyncOperatorError(
+            f"async lookup failed for input {describe()} after "
+            f"{attempts} attempt(s): {type(exc).__name__}: {exc}",
+            value,
+        )
+        error.__cause__ = exc
+    return error

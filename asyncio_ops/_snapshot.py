@@ -1,0 +1,45 @@
+"""What :meth:`AsyncWaitOperator.snapshot_state` returns and :meth:`~AsyncWaitOperator.open` takes.
+
+A snapshot holds every element not yet emitted, in queue order; for each
+record its results if it completed, else the attempts made and its absolute
+deadline. Storing it is the runtime's job (typed Arrow, ``asyncio_ops._runtime``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from ._elements import StreamElement
+
+if TYPE_CHECKING:
+    from ._operator import OutputMode
+
+SNAPSHOT_VERSION: Final = 1
+
+
+@dataclass(frozen=True)
+class SnapshotEntry:
+    """One element not yet emitted: the input, and its results if already complete.
+
+    For an element still in flight, ``attempts`` made so far and its absolute
+    ``deadline`` (processing time, seconds; None: a fresh budget on restore).
+    """
+
+    element: StreamElement
+    results: tuple[Any, ...] | None = None
+    key: Any = None
+    attempts: int = 0
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class OperatorSnapshot:
+    """What :meth:`AsyncWaitOperator.snapshot_state` returns (picklable)."""
+
+    entries: tuple[SnapshotEntry, ...]
+    mode: OutputMode
+    version: int = SNAPSHOT_VERSION
+
+    def __len__(self) -> int:
+        return len(self.entries)
