@@ -22,7 +22,7 @@ from .._elements import Record, Watermark
 from .._exceptions import ConfigurationError
 from .._operator import AsyncWaitOperator
 from .._pool import PooledWaitOperator
-from ._adapters import RowFunction, RowValue, describe_row, fingerprint
+from ._adapters import RowFunction, RowValue, describe_row
 from ._metrics import RunMetrics
 from ._spec import PartitionSpec
 
@@ -157,7 +157,7 @@ class Feeder:
                         continue
             value = RowValue(row, late, pos if replay is not None else None)
             stored = replay.get(pos) if replay else None
-            if stored is not None and stored[0] == fingerprint(row):
+            if stored is not None and stored[0] == self.row_fn.fingerprint(value):
                 self.metrics.replayed += 1
                 await op.process_completed_element(
                     Record(value, ts), self.row_fn.replayed(value, stored[1])
