@@ -17,16 +17,26 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Record(Generic[T]):
     """A data element: ``value`` with an optional event ``timestamp``."""
 
     value: T
     timestamp: float | None = None
 
+    def __init__(self, value: T, timestamp: float | None = None) -> None:
+        # one record per input row: the slots are set directly, not through the
+        # frozen dataclass's object.__setattr__ (a third of the cost)
+        _set_value(self, value)
+        _set_timestamp(self, timestamp)
+
     def with_value(self, value: Any) -> Record[Any]:
         """The same timestamp around another value (how results inherit it)."""
         return Record(value, self.timestamp)
+
+
+_set_value = Record.__dict__["value"].__set__
+_set_timestamp = Record.__dict__["timestamp"].__set__
 
 
 @dataclass(frozen=True, slots=True)

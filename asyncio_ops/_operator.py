@@ -51,7 +51,7 @@ Semantics:
 from __future__ import annotations
 
 import asyncio
-import collections.abc
+import collections
 import enum
 import math
 import random
@@ -83,7 +83,7 @@ from ._retry import AsyncRetryStrategy
 from ._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
 from ._statistics import LatencyHistogram, OperatorStatistics
 from ._timers import InternalTimerService, Timer
-from .options import non_negative_int, positive_seconds
+from .options import non_negative_int, positive_int, positive_seconds
 
 TIMEOUT_GRANULARITY: Final = 0.01
 """Seconds: timeouts fire at most this late (or 1% of the timeout, if smaller)."""
@@ -103,57 +103,81 @@ class OutputMode(enum.Enum):
     """Completion order between watermarks; nothing crosses a watermark."""
 
 
-def make_queue(mode: OutputMode, capacity: int, key_ordered: bool = False) -> ElementQueue:
+def make_queue(
+    mode: OutputMode,
+    capacity: int,
+    key_ordered: bool = False,
+    handle_type: type[ResultHandle] = ResultHandle,
+) -> ElementQueue:
     if mode is OutputMode.ORDERED:
-        return OrderedElementQueue(capacity)
+        return OrderedElementQueue(capacity, handle_type)
     if mode is OutputMode.UNORDERED:
-        return UnorderedElementQueue(capacity, key_ordered)
+        return UnorderedElementQueue(capacity, key_ordered, handle_type)
     if mode is OutputMode.WATERMARK_BOUNDED:
-        return WatermarkBoundedElementQueue(capacity, key_ordered)
+        return WatermarkBoundedElementQueue(capacity, key_ordered, handle_type)
     raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
 
 
-class _Entry:
-    """Operator-side state of one in-flight element (a timer namespace by identity)."""
+class _Entry(ResultHandle):
+    """A queue entry with the operator's bookkeeping of its element (a timer namespace
+    by identity): one object per element. The queue creates it; the operator sets
+    these fields when it admits a record (:meth:`AsyncWaitOperator._track`); a
+    watermark's entry never has them."""
 
     __slots__ = (
         "attempts",
         "bucket",
         "deadline",
-        "handle",
-        "key",
         "last_error",
-        "record",
         "retry_at",
         "started",
-        "task",
         "timed_out",
+        "worker",
     )
 
-    def __init__(
-        self, record: Record[Any], handle: ResultHandle, key: Any, started: float, deadline: float
-    ) -> None:
-        self.record = record
-        self.handle = handle
-        self.key = key
-        self.attempts = 0
-        self.started = started
-        self.deadline = deadline
-        self.retry_at: float | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.timed_out = False
-        self.last_error: BaseException | None = None
-        self.bucket: _TimeoutBucket | None = None
+    attempts: int
+    bucket: _TimeoutBucket | None
+    deadline: float
+    last_error: BaseException | None
+    retry_at: float | None
+    started: float
+    timed_out: bool
+    worker: asyncio.Task[None] | None  # the worker running an attempt
+
+    @property
+    def record(self) -> Record[Any]:
+        return self.element  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return f"_Entry({self.record!r}, attempts={self.attempts})"
+        if type(self.element) is Watermark:
+            return f"_Entry({self.element!r})"
+        return f"_Entry({self.element!r}, attempts={self.attempts})"
+
+
+class _Restored:
+    """Input restored from a snapshot: a completed element (``results``) or one in
+    flight (its ``attempts`` and absolute ``deadline``)."""
+
+    __slots__ = ("attempts", "deadline", "record", "results")
+
+    def __init__(
+        self,
+        record: Record[Any],
+        results: Sequence[Any] | None,
+        attempts: int = 0,
+        deadline: float | None = None,
+    ) -> None:
+        self.record = record
+        self.results = results
+        self.attempts = attempts
+        self.deadline = deadline
 
 
 class _TimeoutBucket:
     """Elements whose deadlines fall in one slot of the timeout granularity.
 
     One timer of the ``async-timeouts`` service per slot, not per element: an
-    element joins the bucket of its deadline when it first suspends; the
+    element joins the bucket of its deadline when its first attempt starts; the
     bucket's timer is deleted when its last live element completes, and when
     it fires, the elements still live in it time out. Memory stays bounded:
     every live bucket holds at least one element in flight.
@@ -167,86 +191,10 @@ class _TimeoutBucket:
         self.live = 0
 
 
-class _Attempt(collections.abc.Coroutine[Any, Any, None]):
-    """One attempt of ``async_invoke``, continued as a task after an eager first step.
-
-    ``process_element`` steps the user's coroutine once, synchronously; if it
-    suspends, this object carries it on as the coroutine of an asyncio task.
-    It forwards ``send`` and ``throw`` to the user's coroutine, so that a
-    cancellation reaches the user's code even when it arrives before the task
-    has run its first step (an ``async def`` wrapper would be closed unstarted
-    instead), and it reports the outcome to the operator when the coroutine
-    returns or raises. ``CancelledError`` is reported only if the operator did
-    not cause it, and is always re-raised.
-    """
-
-    __slots__ = ("coro", "entry", "first", "op")
-
-    def __init__(self, op: AsyncWaitOperator, entry: _Entry, coro: Any, first: Any) -> None:
-        self.op = op
-        self.entry = entry
-        self.coro = coro
-        self.first = first
-
-    def send(self, value: Any) -> Any:
-        first = self.first
-        if first is not None:
-            self.first = None
-            return first  # what the user's coroutine is waiting on, for the task
-        return self._step(self.coro.send, value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        exc = typ if val is None and isinstance(typ, BaseException) else val
-        if exc is None:
-            exc = typ()
-        self.first = None
-        return self._step(self.coro.throw, exc)
-
-    def _step(self, method: Callable[[Any], Any], arg: Any) -> Any:
-        try:
-            return method(arg)
-        except StopIteration as stop:
-            self._finished()
-            self.op._on_result(self.entry, stop.value)
-            raise StopIteration from None
-        except asyncio.CancelledError:
-            self._finished()
-            entry = self.entry
-            if not (entry.handle.done or entry.timed_out or self.op._closed):
-                # cancelled by someone else than the operator: a failed attempt
-                self.op._on_error(entry, asyncio.CancelledError("the attempt was cancelled"))
-            raise
-        except Exception as exc:
-            self._finished()
-            self.op._on_error(self.entry, exc)
-            raise StopIteration from None
-
-    def close(self) -> None:
-        self.coro.close()
-
-    def __await__(self) -> Any:
-        return self
-
-    def __iter__(self) -> Any:
-        return self
-
-    def __next__(self) -> Any:
-        # the task's step calls this (not send) for a non-native coroutine
-        first = self.first
-        if first is not None:
-            self.first = None
-            return first
-        return self._step(self.coro.send, None)
-
-    def _finished(self) -> None:
-        entry = self.entry
-        task = entry.task
-        if task is not None:
-            entry.task = None
-            self.op._tasks.discard(task)
-
-    def __repr__(self) -> str:
-        return f"<attempt {self.entry.attempts} of {self.entry.record!r}>"
+def _uncancel(task: asyncio.Task[Any]) -> None:
+    """Drop the timeout's cancel request that the attempt did not let through."""
+    if task.cancelling():
+        task.uncancel()
 
 
 class _TimeoutTrigger:
@@ -297,6 +245,10 @@ class AsyncWaitOperator:
         map_results: ``(value, results) -> results``, applied to an attempt's
             results once the retry strategy accepted them and before they are
             emitted; what it raises fails the element, not retried.
+        emit_results: called once per emitted element with its results (a
+            sequence), instead of ``output`` once per result wrapped in a
+            :class:`Record`; watermarks still go to ``output``. For a caller
+            that does not need the records' timestamps (the Spark runtime).
         describe: ``value -> str`` naming an input in error messages (default:
             its ``repr``, cut to 300 characters).
         output_buffer: completed elements that may wait, beyond ``capacity``,
@@ -323,6 +275,7 @@ class AsyncWaitOperator:
         manage_function: bool = True,
         invoke: Callable[[Any], Any] | None = None,
         map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None,
+        emit_results: Callable[[Sequence[Any]], object] | None = None,
         describe: Callable[[Any], str] | None = None,
         output_buffer: int = 0,
     ) -> None:
@@ -339,9 +292,10 @@ class AsyncWaitOperator:
             fn.fn if type(fn) is CoroutineFunction else fn.async_invoke
         )
         self._map_results = map_results
+        self._emit_results = emit_results
         self._describe_value = describe
         self.mode = mode
-        self.capacity = capacity
+        self.capacity = positive_int(capacity, "capacity")
         self.output_buffer = non_negative_int(output_buffer, "output_buffer")
         # with an output buffer, in-flight elements are bounded apart from the queue
         self._bound_in_flight = output_buffer > 0
@@ -351,7 +305,7 @@ class AsyncWaitOperator:
         self._buckets: dict[int, _TimeoutBucket] = {}
         self._latency_tick = 0
         self._queue = make_queue(
-            mode, capacity + output_buffer, key_ordered=key_selector is not None
+            mode, capacity + output_buffer, key_selector is not None, _Entry
         )
         self._output = output
         self._retry = retry if retry is not None and retry.enabled else None
@@ -362,7 +316,13 @@ class AsyncWaitOperator:
         self._timeouts = InternalTimerService("async-timeouts", _TimeoutTrigger(self), clock=clock)
         self._retries = InternalTimerService("async-retries", _RetryTrigger(self), clock=clock)
         self._clock_now = (clock or SYSTEM_CLOCK).now
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # input not yet in the queue: records (or bare values), watermarks, restored elements
+        self._pending: collections.deque[Any] = collections.deque()
+        # elements in the queue waiting for a worker: restored in flight, retries due
+        self._ready: collections.deque[_Entry] = collections.deque()
+        self._workers: list[asyncio.Task[None]] = []
+        self._idle_workers: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._tasks: set[asyncio.Task[Any]] = set()  # awaiting an async timeout() answer
         self._pending_retries: set[_Entry] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
@@ -400,35 +360,21 @@ class AsyncWaitOperator:
                 f"snapshot format version {restored.version} is newer than this version of "
                 f"asyncio_ops understands ({SNAPSHOT_VERSION})"
             )
+        replay: list[Any] = []
         for entry in restored.entries:
-            self._restored += 1
             element = entry.element
             if type(element) is Watermark:
-                await self.process_watermark(element)
+                if self.mode is OutputMode.UNORDERED:
+                    self._queue.try_put(element)  # raises WatermarkNotSupportedError
+                replay.append(element)
             elif entry.results is not None:
-                await self.process_completed_element(element, entry.results)  # type: ignore[arg-type]
+                replay.append(_Restored(element, tuple(entry.results)))  # type: ignore[arg-type]
             elif entry.deadline is None:
-                await self.process_element(element)
+                replay.append(element)
             else:
-                await self._restore_in_flight(element, entry.attempts, entry.deadline)  # type: ignore[arg-type]
-
-    async def _restore_in_flight(self, record: Record[Any], attempts: int, deadline: float) -> None:
-        """Re-admit a stored element with its attempts and deadline (see the module docstring)."""
-        self._check()
-        queue = self._queue
-        if len(queue) >= queue.capacity or self._bound_in_flight:
-            await self._wait_for_request_slot()
-        self._received += 1
-        key = self._key_selector(record.value) if self._key_selector is not None else None
-        entry = self._new_entry(record, key)
-        entry.attempts = max(0, attempts)
-        entry.deadline = deadline
-        if deadline <= self._clock_now():
-            self._on_timeout(entry)
-        else:
-            self._invoke(entry)
-        if self._failure is not None:
-            raise self._failure
+                replay.append(_Restored(element, None, entry.attempts, entry.deadline))  # type: ignore[arg-type]
+        self._restored += len(replay)
+        await self._enqueue(replay)
 
     async def close(self) -> None:
         """Cancel and await everything in flight, stop timers, close the function."""
@@ -437,7 +383,8 @@ class AsyncWaitOperator:
         self._closed = True
         self._timeouts.close()
         self._retries.close()
-        tasks = list(self._tasks)
+        tasks = [*self._workers, *self._tasks]
+        self._workers = []
         for t in tasks:
             t.cancel()
         if tasks:
@@ -460,20 +407,6 @@ class AsyncWaitOperator:
         if self._closed:
             raise RuntimeError("AsyncWaitOperator is closed")
 
-    async def _wait_for_space(self) -> None:
-        queue = self._queue
-        while len(queue) >= queue.capacity:
-            await self._wait()
-            self._check()
-
-    async def _wait_for_request_slot(self) -> None:
-        """Queue space and, with an output buffer, fewer than ``capacity`` in flight."""
-        await self._wait_for_space()
-        while self._in_flight >= self.capacity:
-            await self._wait()
-            self._check()
-            await self._wait_for_space()
-
     async def _wait(self) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
@@ -491,91 +424,20 @@ class AsyncWaitOperator:
         """Put ``record`` in the queue (awaiting space) and start its first attempt.
 
         A value that is not a :class:`Record` is wrapped as ``Record(value)``.
-        Raises the operator's failure, if it has failed.
+        Returns once the element is in the queue and its first attempt has run
+        up to its first suspension. Raises the operator's failure, if any.
         """
-        if self._failure is not None or self._closed:
-            self._check()
-        if type(record) is not Record:
-            record = Record(record)
-        queue = self._queue
-        if len(queue) >= queue.capacity or self._bound_in_flight:
-            await self._wait_for_request_slot()
-        self._admit(record)
-        if self._failure is not None:
-            raise self._failure
+        await self._enqueue((record,))
 
-    async def process_elements(self, records: Iterable[Record[Any] | Any]) -> None:
-        """``process_element`` for each of ``records``, in order, with less overhead.
+    async def process_elements(self, records: Iterable[Record[Any] | Watermark | Any]) -> None:
+        """``process_element`` for each of ``records`` in order, one await for all.
 
-        Same semantics element by element (backpressure included); it avoids a
-        coroutine per element, which matters when lookups are fast.
+        Watermarks among them are processed as :meth:`process_watermark` would,
+        in their place. Same semantics element by element (backpressure
+        included); it avoids a coroutine and a wake-up per element, which
+        matters when lookups are fast.
         """
-        self._check()
-        queue = self._queue
-        admit = self._admit
-        bounded = self._bound_in_flight
-        capacity = self.capacity
-        for record in records:
-            if type(record) is not Record:
-                record = Record(record)
-            if len(queue) >= queue.capacity or (bounded and self._in_flight >= capacity):
-                await self._wait_for_request_slot()
-            admit(record)
-            if self._failure is not None:
-                raise self._failure
-
-    def _admit(self, record: Record[Any]) -> None:
-        """Start the first attempt of ``record``; the queue has room for it."""
-        self._received += 1
-        key = self._key_selector(record.value) if self._key_selector is not None else None
-        try:
-            coro = self._async_invoke(record.value)
-            first = coro.send(None)
-        except StopIteration as stop:
-            results = stop.value
-            # Fast path: a result ready on arrival, that this mode would emit at
-            # once anyway, needs no queue entry, no timer and no task.
-            if (
-                (type(results) is list or type(results) is tuple)
-                and self._queue.emits_on_arrival(key)
-                and (self._retry is None or not self._retry.should_retry_result(results))
-            ):
-                if self._map_results is not None:
-                    try:
-                        results = self._map_results(record.value, results)
-                    except Exception as exc:
-                        entry = self._new_entry(record, key)
-                        self._on_error(entry, exc, retryable=False)
-                        return
-                self._completed += 1
-                self.latency.instant += 1
-                ts = record.timestamp
-                output = self._output
-                try:
-                    for r in results:
-                        output(Record(r, ts))
-                except Exception as exc:
-                    self._fail(exc)
-                self._emitted += len(results)
-                return
-            entry = self._new_entry(record, key)
-            self._on_result(entry, results)
-            return
-        except Exception as exc:
-            entry = self._new_entry(record, key)
-            self._on_error(entry, exc)
-            return
-        self._suspended(self._new_entry(record, key), coro, first)
-
-    def _new_entry(self, record: Record[Any], key: Any) -> _Entry:
-        handle = self._queue.try_put(record, key)
-        assert handle is not None, "_admit is only called with room in the queue"
-        started = self._clock_now()
-        entry = _Entry(record, handle, key, started, started + self.timeout)
-        entry.attempts = 1
-        handle.attachment = entry
-        self._in_flight += 1
-        return entry
+        await self._enqueue(records)
 
     async def process_watermark(self, watermark: Watermark) -> None:
         """Put a watermark in the queue; it leaves by the mode's rule."""
@@ -584,9 +446,7 @@ class AsyncWaitOperator:
             raise TypeError(f"process_watermark takes a Watermark, got {watermark!r}")
         if self.mode is OutputMode.UNORDERED:
             self._queue.try_put(watermark)  # raises WatermarkNotSupportedError
-        await self._wait_for_space()
-        self._queue.try_put(watermark)
-        self._emit()
+        await self._enqueue((watermark,))
 
     async def process_completed_element(self, record: Record[Any], results: Sequence[Any]) -> None:
         """Put an element whose results are already known (replayed from a log or snapshot).
@@ -594,14 +454,22 @@ class AsyncWaitOperator:
         It takes a queue slot and leaves by the mode's rule like any other, but
         no request is made and no timer is set.
         """
+        await self._enqueue((_Restored(record, tuple(results)),))
+
+    async def _enqueue(self, elements: Iterable[Any]) -> None:
+        """Hand ``elements`` to the workers; return once every one has entered the queue."""
         self._check()
-        self._received += 1
-        await self._wait_for_space()
-        key = self._key_selector(record.value) if self._key_selector is not None else None
-        handle = self._queue.try_put(record, key)
-        assert handle is not None
-        handle.complete(tuple(results))
-        self._emit()
+        pending = self._pending
+        pending.extend(elements)
+        if not pending:
+            return
+        if not self._workers:
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._work()) for _ in range(self.capacity)]
+        self._wake_workers()
+        while pending:
+            await self._wait()
+            self._check()
 
     async def end_input(self) -> None:
         """Fire pending retries at once, then wait until every element is emitted.
@@ -614,93 +482,239 @@ class AsyncWaitOperator:
             self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)  # type: ignore[arg-type]
             self._pending_retries.discard(entry)
             entry.retry_at = None
-            self._invoke(entry)
+            self._ready.append(entry)
+        self._wake_workers()
         self._emit()
-        while not self._queue.is_empty():
+        while self._pending or not self._queue.is_empty():
             self._check()
             await self._wait()
         self._check()
 
-    # -- invocation --------------------------------------------------------------------
-    def _invoke(self, entry: _Entry) -> None:
-        """Start another attempt of an element already in the queue (a retry)."""
-        entry.attempts += 1
+    # -- workers -----------------------------------------------------------------------
+    def _wake_workers(self) -> None:
+        """Wake as many idle workers as there are elements they can take now."""
+        idle = self._idle_workers
+        if not idle:
+            return
+        if self._failure is not None or self._closed:
+            n = len(idle)
+        else:
+            n = len(self._ready)
+            pending = len(self._pending)
+            if pending:
+                queue = self._queue
+                room = queue.capacity - len(queue)
+                if self._bound_in_flight:
+                    room = min(room, self.capacity - self._in_flight)
+                n += min(room, pending)
+        while idle and n > 0:
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                n -= 1
+
+    async def _work(self) -> None:
+        """One of ``capacity`` workers: take the next element, run its attempts, repeat.
+
+        Any error of the operator's own (not of an element) fails the operator.
+        """
         try:
-            coro = self._async_invoke(entry.record.value)
-            first = coro.send(None)
-        except StopIteration as stop:
-            self._on_result(entry, stop.value)
-            return
-        except Exception as exc:
-            self._on_error(entry, exc)
-            return
-        self._suspended(entry, coro, first)
+            await self._work_loop()
+        except Exception as exc:  # a bug: fail the operator with it, never hang
+            self._fail(exc)
+            raise
 
-    def _suspended(self, entry: _Entry, coro: Any, first: Any) -> None:
-        # The coroutine suspended: from here it runs as a task, under the timeout.
-        self._ensure_timeout_timer(entry)
-        task = asyncio.get_running_loop().create_task(_Attempt(self, entry, coro, first))
-        entry.task = task
-        self._tasks.add(task)
+    async def _work_loop(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        pending = self._pending
+        ready = self._ready
+        queue = self._queue
+        bounded = self._bound_in_flight
+        capacity = self.capacity
+        invoke = self._async_invoke
+        idle = self._idle_workers
+        retry = self._retry
+        map_results = self._map_results
+        select = self._key_selector
+        while True:
+            entry: _Entry | None = None
+            if self._failure is not None or self._closed:
+                pass
+            elif ready:
+                entry = ready.popleft()
+                if entry.done or entry.timed_out:
+                    continue
+            elif (
+                pending
+                and len(queue) < queue.capacity
+                and not (bounded and self._in_flight >= capacity)
+            ):
+                element = pending.popleft()
+                if not pending:
+                    self._wake()  # the feeder: everything it gave is in the queue
+                t = type(element)
+                if t is Watermark or t is _Restored:
+                    entry = self._admit_special(element)
+                    if entry is None:
+                        continue
+                else:  # a record, or a bare value
+                    record = element if t is Record else Record(element)
+                    self._received += 1
+                    entry = queue.try_put(record, select(record.value) if select else None)  # type: ignore[assignment]
+                    assert entry is not None, "room was checked"
+                    self._track(entry, 0, self._clock_now() + self.timeout)
+            if entry is None:
+                if self._closed:
+                    return
+                waiter = loop.create_future()
+                idle.append(waiter)
+                await waiter
+                continue
+            # run the element's attempts until it completes, fails or waits for a retry
+            entry.worker = task
+            if entry.bucket is None:
+                self._arm_timeout(entry)
+            value = entry.element.value  # type: ignore[union-attr]
+            while True:
+                entry.attempts += 1
+                try:
+                    results = await invoke(value)
+                except asyncio.CancelledError:
+                    if entry.timed_out and not self._closed:
+                        task.uncancel()  # the timeout's cancellation: the element is done
+                        break
+                    if self._closed or task.cancelling():
+                        raise  # the worker itself is cancelled (close, or loop shutdown)
+                    # raised inside the attempt (a cancelled future it awaited): it failed
+                    cancelled = asyncio.CancelledError("the attempt was cancelled")
+                    again = self._on_error(entry, cancelled)
+                except Exception as exc:
+                    if entry.timed_out:
+                        _uncancel(task)  # the attempt swallowed the timeout's cancellation
+                        break
+                    again = self._on_error(entry, exc)
+                else:
+                    if entry.timed_out:
+                        _uncancel(task)
+                        break  # late: the timeout answered first
+                    if retry is None and (type(results) is list or type(results) is tuple):
+                        # the common case, without a call per judgement
+                        if map_results is not None:
+                            try:
+                                results = map_results(value, results)
+                            except Exception as exc:
+                                self._fail_element(entry, exc)
+                                break
+                        self._complete(entry, results)
+                        break
+                    again = self._on_result(entry, results)
+                if not again:
+                    break
+            entry.worker = None
 
-    def _on_result(self, entry: _Entry, results: Any) -> None:
-        if entry.handle.done or entry.timed_out:
-            return  # late: the element was completed by its timeout
+    def _track(self, entry: _Entry, attempts: int, deadline: float) -> None:
+        """Start the operator's bookkeeping of a record just put in the queue."""
+        entry.attempts = attempts
+        entry.started = self._clock_now()
+        entry.deadline = deadline
+        entry.retry_at = None
+        entry.worker = None
+        entry.timed_out = False
+        entry.last_error = None
+        entry.bucket = None
+        self._in_flight += 1
+
+    def _admit_special(self, element: Watermark | _Restored) -> _Entry | None:
+        """Put a watermark or a restored element in the queue; the entry to run, if any."""
+        if type(element) is Watermark:
+            try:
+                self._queue.try_put(element)
+            except Exception as exc:
+                self._fail(exc)
+                return None
+            self._emit()
+            return None
+        assert type(element) is _Restored
+        record = element.record
+        self._received += 1
+        key = self._key_selector(record.value) if self._key_selector is not None else None
+        entry: _Entry | None = self._queue.try_put(record, key)  # type: ignore[assignment]
+        assert entry is not None, "room was checked"
+        if element.results is not None:
+            entry.complete(element.results)  # no request, no timer
+            self._emit()
+            return None
+        deadline = element.deadline
+        assert deadline is not None
+        self._track(entry, max(0, element.attempts), deadline)
+        if deadline <= self._clock_now():
+            self._on_timeout(entry)  # its budget ran out while it was stored
+            return None
+        return entry
+
+    # -- outcomes ------------------------------------------------------------------------
+    def _on_result(self, entry: _Entry, results: Any) -> bool:
+        """Judge an attempt's results; True to try again at once."""
         if type(results) is not list and type(results) is not tuple:
             error = bad_results(results)
             if error is not None:
-                self._on_error(entry, error, retryable=False)
-                return
+                self._fail_element(entry, error)
+                return False
         retry = self._retry
         if (
             retry is not None
             and retry.should_retry_result(results)
             and retry.can_retry(entry.attempts)
         ):
-            self._schedule_retry(entry)
-            return
+            return self._schedule_retry(entry)
         if self._map_results is not None:
             try:
                 results = self._map_results(entry.record.value, results)
             except Exception as exc:
-                self._on_error(entry, exc, retryable=False)
-                return
+                self._fail_element(entry, exc)
+                return False
         self._complete(entry, results)
+        return False
 
-    def _on_error(self, entry: _Entry, exc: BaseException, retryable: bool = True) -> None:
-        if entry.handle.done or entry.timed_out:
-            return
+    def _on_error(self, entry: _Entry, exc: BaseException) -> bool:
+        """Judge a failed attempt; True to try again at once."""
         retry = self._retry
         if (
-            retryable
-            and retry is not None
+            retry is not None
             and retry.should_retry_exception(exc)
             and retry.can_retry(entry.attempts)
         ):
             entry.last_error = exc
-            self._schedule_retry(entry)
-            return
+            return self._schedule_retry(entry)
         self._fail_element(entry, exc)
+        return False
 
-    def _schedule_retry(self, entry: _Entry) -> None:
+    def _schedule_retry(self, entry: _Entry) -> bool:
+        """True to retry at once; else a timer of ``async-retries`` hands it to a worker."""
         self._retried += 1
         assert self._retry is not None
         delay = 0.0 if self._draining else self._retry.backoff_seconds(entry.attempts, self._rng)
         if delay <= 0.0:
-            self._ensure_timeout_timer(entry)
-            self._invoke(entry)
-            return
-        self._ensure_timeout_timer(entry)
+            return True
         entry.retry_at = self._clock_now() + delay
         self._pending_retries.add(entry)
         self._retries.register_processing_time_timer(entry, entry.retry_at, entry.key)
+        return False
 
-    def _ensure_timeout_timer(self, entry: _Entry) -> None:
-        # Registered lazily: an element that completes without suspending never
-        # pays for a timer. Deadlines are rounded up to the granularity, so a
-        # timeout fires at most one granule late and never early.
-        if entry.bucket is not None:
+    def _on_retry_timer(self, entry: _Entry) -> None:
+        self._pending_retries.discard(entry)
+        if entry.done or entry.timed_out or self._closed:
             return
+        entry.retry_at = None
+        self._ready.append(entry)
+        self._wake_workers()
+
+    # -- timeouts ----------------------------------------------------------------------
+    def _arm_timeout(self, entry: _Entry) -> None:
+        # Deadlines are rounded up to the granularity, so a timeout fires at most
+        # one granule late and never early.
         granularity = self._granularity
         slot = math.ceil(entry.deadline / granularity - 1e-9)
         bucket = self._buckets.get(slot)
@@ -732,15 +746,8 @@ class AsyncWaitOperator:
                 entry.bucket = None
                 self._on_timeout(entry)
 
-    def _on_retry_timer(self, entry: _Entry) -> None:
-        self._pending_retries.discard(entry)
-        if entry.handle.done or entry.timed_out or self._closed:
-            return
-        entry.retry_at = None
-        self._invoke(entry)
-
     def _on_timeout(self, entry: _Entry) -> None:
-        if entry.handle.done or entry.timed_out or self._closed:
+        if entry.done or entry.timed_out or self._closed:
             return
         entry.timed_out = True
         self._timed_out += 1
@@ -748,9 +755,10 @@ class AsyncWaitOperator:
             self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)
             self._pending_retries.discard(entry)
             entry.retry_at = None
-        if entry.task is not None:
-            entry.task.cancel()
-            entry.task = None
+        worker = entry.worker
+        if worker is not None:
+            entry.worker = None
+            worker.cancel()  # the attempt in flight; the worker moves on
         try:
             results = self.function.timeout(entry.record.value)
         except Exception as exc:
@@ -778,26 +786,28 @@ class AsyncWaitOperator:
             return
         self._complete(entry, results)
 
+    # -- completion --------------------------------------------------------------------
     def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
-        handle = entry.handle
-        if not handle.complete(results):
+        if not entry.complete(results):
             return
-        handle.attachment = None  # no cycle handle <-> entry left for the collector
         self._in_flight -= 1
-        if self._bound_in_flight:
-            self._wake()  # a request slot is free even if nothing can be emitted yet
         self._completed += 1
-        self._release_timeout(entry)
+        bucket = entry.bucket
+        if bucket is not None:
+            self._release_timeout(entry)
         self._latency_tick += 1
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)
         self._emit()
+        if self._idle_workers and (self._pending or self._ready):
+            self._wake_workers()  # room for more requests
 
     def _fail_element(self, entry: _Entry, exc: BaseException) -> None:
         self._failed += 1
+        record = entry.record
         if self._on_failure is not None:
             try:
-                results = self._on_failure(entry.record, exc, entry.attempts)
+                results = self._on_failure(record, exc, entry.attempts)
             except Exception as handler_exc:
                 exc = handler_exc
             else:
@@ -805,11 +815,9 @@ class AsyncWaitOperator:
                 return
         self._release_timeout(entry)
         error = element_failure(
-            exc, entry.record.value, entry.attempts, entry.last_error,
-            lambda: self._describe(entry.record),
-        )  # fmt: skip
-        entry.handle.complete_exceptionally(error)
-        entry.handle.attachment = None
+            exc, record.value, entry.attempts, entry.last_error, lambda: self._describe(record)
+        )
+        entry.complete_exceptionally(error)
         self._fail(error)
 
     def _describe(self, record: Record[Any]) -> str:
@@ -821,33 +829,46 @@ class AsyncWaitOperator:
         if self._failure is None:
             self._failure = error
         self._wake()
+        self._wake_workers()  # idle workers see the failure and stop taking input
 
     # -- emission ----------------------------------------------------------------------
     def _emit(self) -> None:
-        queue = self._queue
         if self._failure is not None:
             return
+        handles = self._queue.pop_completed_entries()
+        if not handles:
+            return
         output = self._output
-        popped = False
+        emit_results = self._emit_results
         try:
-            while queue.has_completed():
-                popped = True
-                for element in queue.pop_completed():
-                    if type(element) is Record:
-                        self._emitted += 1
+            for handle in handles:
+                element = handle.element
+                if type(element) is Watermark:
                     output(element)
+                    continue
+                if handle.exception is not None:
+                    raise handle.exception
+                results = handle.results
+                if results:
+                    self._emitted += len(results)
+                    if emit_results is not None:
+                        emit_results(results)
+                    else:
+                        ts = element.timestamp
+                        for r in results:
+                            output(Record(r, ts))
         except Exception as exc:
             self._fail(exc)
             return
-        if popped:
-            self._wake()
+        self._wake()  # room in the queue, or the end of input
 
     # -- snapshot ----------------------------------------------------------------------
     def snapshot_state(self) -> OperatorSnapshot:
-        """Every element not yet emitted, in queue order, with results where complete.
+        """Every element not yet emitted, in input order, with results where complete.
 
         An element that completed exceptionally is stored without results, so a
-        restore tries it again.
+        restore tries it again; input not yet in the queue (given to a
+        ``process_*`` call still waiting for room) follows the queue's elements.
         """
         entries = []
         for handle in self._queue.entries():
@@ -859,11 +880,26 @@ class AsyncWaitOperator:
             if handle.done and handle.exception is None:
                 entries.append(SnapshotEntry(element, tuple(handle.results), key))
                 continue
-            entry: _Entry | None = handle.attachment
-            if entry is None:
+            assert isinstance(handle, _Entry)
+            if handle.exception is not None:  # failed: tried again, with a fresh budget
                 entries.append(SnapshotEntry(element, None, key))
+                continue
+            entries.append(SnapshotEntry(element, None, key, handle.attempts, handle.deadline))
+        select = self._key_selector
+        for item in self._pending:
+            t = type(item)
+            if t is Watermark:
+                entries.append(SnapshotEntry(item))
+                continue
+            if t is _Restored:
+                record = item.record
+                results = item.results
+                attempts, deadline = item.attempts, item.deadline
             else:
-                entries.append(SnapshotEntry(element, None, key, entry.attempts, entry.deadline))
+                record = item if t is Record else Record(item)
+                results, attempts, deadline = None, 0, None
+            key = select(record.value) if select is not None else None
+            entries.append(SnapshotEntry(record, results, key, attempts, deadline))
         return OperatorSnapshot(tuple(entries), self.mode)
 
     # -- introspection -----------------------------------------------------------------
@@ -872,6 +908,7 @@ class AsyncWaitOperator:
         return self._failure
 
     def __len__(self) -> int:
+        """Elements in the queue (in flight, or complete and not yet emitted)."""
         return len(self._queue)
 
     def statistics(self) -> OperatorStatistics:

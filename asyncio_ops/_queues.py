@@ -13,6 +13,12 @@ One contract for three kinds (Flink's StreamElementQueue):
   one :class:`Record` per result, each with the input's timestamp, or
   ``[watermark]`` for a watermark entry. An entry completed exceptionally
   raises its exception from ``pop_completed()`` (after being removed).
+  ``pop_completed_entries()`` removes every entry that can leave now, in
+  order, and returns their handles (the operator emits results without a
+  :class:`Record` per result).
+- A queue makes handles of its ``handle_type``: :class:`ResultHandle` or a
+  subclass whose extra slots carry the owner's bookkeeping of the element (the
+  operator's attempts, deadline and timer), one object per entry.
 - ``values()`` lists the inputs not yet emitted, in arrival order (what a
   snapshot stores); ``entries()`` the same as handles; ``len()``,
   ``is_empty()``.
@@ -50,7 +56,7 @@ _EMPTY: tuple[()] = ()
 class ResultHandle:
     """The promise of one queue entry; completed once, by whoever is first."""
 
-    __slots__ = ("_exception", "_results", "_segment", "attachment", "done", "element", "key")
+    __slots__ = ("_exception", "_results", "_segment", "done", "element", "key")
 
     def __init__(
         self, element: StreamElement, segment: _Segment | None = None, key: Any = None
@@ -58,8 +64,6 @@ class ResultHandle:
         self.element = element
         self.key = key
         self.done = False
-        # the operator's bookkeeping of this element (attempts, deadline), for snapshots
-        self.attachment: Any = None
         self._results: Sequence[Any] = _EMPTY
         self._exception: BaseException | None = None
         self._segment = segment
@@ -119,6 +123,8 @@ class ElementQueue(Protocol):
 
     def pop_completed(self) -> list[StreamElement]: ...
 
+    def pop_completed_entries(self) -> list[ResultHandle]: ...
+
     def values(self) -> list[StreamElement]: ...
 
     def emits_on_arrival(self, key: Any = None) -> bool:
@@ -135,16 +141,17 @@ class ElementQueue(Protocol):
 class OrderedElementQueue:
     """FIFO queue: entries leave in arrival order, each once it is done."""
 
-    __slots__ = ("_queue", "capacity")
+    __slots__ = ("_handle_type", "_queue", "capacity")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, handle_type: type[ResultHandle] = ResultHandle) -> None:
         self.capacity = positive_int(capacity, "capacity")
+        self._handle_type = handle_type
         self._queue: deque[ResultHandle] = deque()
 
     def try_put(self, element: StreamElement, key: Any = None) -> ResultHandle | None:
         if len(self._queue) >= self.capacity:
             return None
-        handle = ResultHandle(element, None, key)
+        handle = self._handle_type(element, None, key)
         if type(element) is Watermark:
             handle.done = True
         self._queue.append(handle)
@@ -162,6 +169,13 @@ class OrderedElementQueue:
         if not q or not q[0].done:
             raise LookupError("pop_completed: the head of the ordered queue is not complete")
         return q.popleft().output()
+
+    def pop_completed_entries(self) -> list[ResultHandle]:
+        q = self._queue
+        out = []
+        while q and q[0].done:
+            out.append(q.popleft())
+        return out
 
     def values(self) -> list[StreamElement]:
         return [h.element for h in self._queue]
@@ -229,10 +243,16 @@ class WatermarkBoundedElementQueue:
     (keyed mode: per-key order, completion order across keys).
     """
 
-    __slots__ = ("_all", "_key_ordered", "_segments", "capacity")
+    __slots__ = ("_all", "_handle_type", "_key_ordered", "_segments", "capacity")
 
-    def __init__(self, capacity: int, key_ordered: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        key_ordered: bool = False,
+        handle_type: type[ResultHandle] = ResultHandle,
+    ) -> None:
         self.capacity = positive_int(capacity, "capacity")
+        self._handle_type = handle_type
         self._key_ordered = key_ordered
         self._segments: deque[_Segment] = deque([_Segment(key_ordered)])
         # Every entry not yet emitted, in arrival order (dicts keep insertion order).
@@ -244,7 +264,7 @@ class WatermarkBoundedElementQueue:
         if type(element) is Watermark:
             return self._put_watermark(element)
         last = self._segments[-1]
-        handle = ResultHandle(element, last, key)
+        handle = self._handle_type(element, last, key)
         if last.by_key is None:
             last.pending += 1
         else:
@@ -258,7 +278,7 @@ class WatermarkBoundedElementQueue:
         if not last.is_empty():
             last = _Segment(self._key_ordered)
             segments.append(last)
-        handle = ResultHandle(element, last)
+        handle = self._handle_type(element, last)
         last.add(handle)
         handle.complete(_EMPTY)
         segments.append(_Segment(self._key_ordered))
@@ -287,6 +307,22 @@ class WatermarkBoundedElementQueue:
         if len(segments) > 1 and first.is_empty():
             segments.popleft()
         return handle.output()
+
+    def pop_completed_entries(self) -> list[ResultHandle]:
+        segments = self._segments
+        everything = self._all
+        out: list[ResultHandle] = []
+        while True:
+            first = segments[0]
+            completed = first.completed
+            while completed:
+                handle = completed.popleft()
+                del everything[handle]
+                out.append(handle)
+            if len(segments) > 1 and first.is_empty():
+                segments.popleft()  # the next segment may emit now
+                continue
+            return out
 
     def values(self) -> list[StreamElement]:
         return [h.element for h in self._all]

@@ -21,7 +21,6 @@ import pyarrow as pa
 from .._elements import Record, Watermark
 from .._exceptions import ConfigurationError
 from .._operator import AsyncWaitOperator
-from .._pool import PooledWaitOperator
 from ._adapters import RowFunction, RowValue, describe_row
 from ._metrics import RunMetrics
 from ._spec import PartitionSpec
@@ -85,7 +84,7 @@ class Feeder:
 
     def __init__(
         self,
-        op: AsyncWaitOperator | PooledWaitOperator,
+        op: AsyncWaitOperator,
         spec: PartitionSpec,
         row_fn: RowFunction,
         watermarks: BoundedOutOfOrderness | None,
@@ -113,18 +112,37 @@ class Feeder:
         if replay is None:
             await op.process_elements([RowValue(c) for c in chunks])
             return
-        assert isinstance(op, AsyncWaitOperator)  # replay never runs pooled
-        row_fn = self.row_fn
+        inputs: list[Any] = []
         for chunk in chunks:
             pos = self.position
             self.position += 1
-            value = RowValue(chunk, None, pos)
-            stored = replay.get(pos)
-            if stored is not None and stored[0] == row_fn.fingerprint(value):
-                self.metrics.replayed += 1
-                await op.process_completed_element(Record(value), row_fn.replayed(value, stored[1]))
-            else:
-                await op.process_element(Record(value))
+            inputs.append(Record(RowValue(chunk, None, pos)))
+        await self._process(inputs)
+
+    async def _process(self, inputs: list[Any]) -> None:
+        """Hand ``inputs`` (records, watermarks) to the operator in one call per run of
+        them; an element with a logged completion goes in on its own, without a request."""
+        op = self.op
+        replay = self.replay
+        if replay is None:
+            await op.process_elements(inputs)
+            return
+        row_fn = self.row_fn
+        start = 0
+        for i, element in enumerate(inputs):
+            if type(element) is not Record:
+                continue
+            value = element.value
+            stored = replay.get(value.position)
+            if stored is None or stored[0] != row_fn.fingerprint(value):
+                continue
+            if start < i:
+                await op.process_elements(inputs[start:i])
+            self.metrics.replayed += 1
+            await op.process_completed_element(element, row_fn.replayed(value, stored[1]))
+            start = i + 1
+        if start < len(inputs):
+            await op.process_elements(inputs[start:] if start else inputs)
 
     async def feed(self, rows: list[dict[str, Any]]) -> None:
         op = self.op
@@ -136,11 +154,11 @@ class Feeder:
             # the common case, kept lean: one RowValue per row, no per-row branches
             await op.process_elements([RowValue(row) for row in rows])
             return
-        assert isinstance(op, AsyncWaitOperator)  # watermarks and replay never run pooled
         column = self.spec.event_time
         drop_late = self.spec.late_records == "drop"
         watermarks = self.watermarks
-        replay = self.replay
+        numbered = self.replay is not None
+        inputs: list[Any] = []
         for row in rows:
             pos = self.position
             self.position += 1
@@ -155,17 +173,10 @@ class Feeder:
                     if drop_late:
                         self.metrics.dropped_late += 1
                         continue
-            value = RowValue(row, late, pos if replay is not None else None)
-            stored = replay.get(pos) if replay else None
-            if stored is not None and stored[0] == self.row_fn.fingerprint(value):
-                self.metrics.replayed += 1
-                await op.process_completed_element(
-                    Record(value, ts), self.row_fn.replayed(value, stored[1])
-                )
-            else:
-                await op.process_element(Record(value, ts))
+            inputs.append(Record(RowValue(row, late, pos if numbered else None), ts))
             if watermarks is not None:
                 assert ts is not None
                 wm = watermarks.observe(ts)
                 if wm is not None:
-                    await op.process_watermark(Watermark(wm))
+                    inputs.append(Watermark(wm))
+        await self._process(inputs)

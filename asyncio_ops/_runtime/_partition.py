@@ -33,7 +33,6 @@ from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import SupportsCacheStatistics
 from .._operator import AsyncWaitOperator
-from .._pool import PooledWaitOperator
 from .._snapshot import OperatorSnapshot
 from ._adapters import ArrowChunkFunction, ChunkFunction, RowFunction, RowValue, is_columnar
 from ._checkpointing import PartitionCheckpoint, WatermarkState
@@ -87,18 +86,6 @@ def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandle
     return handler
 
 
-def _pooled(spec: PartitionSpec) -> bool:
-    """The plain case runs on :class:`PooledWaitOperator` (see ``_pool``)."""
-    return (
-        spec.pool
-        and spec.chunk_size is None
-        and not spec.key_columns
-        and spec.event_time is None
-        and spec.checkpoint is None
-        and spec.mode.value in ("ordered", "unordered")
-    )
-
-
 def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
     cols = spec.key_columns
     if not cols:
@@ -111,24 +98,12 @@ def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
 
 def _operator(
     spec: PartitionSpec, row_fn: RowFunction, sink: ArrowSink, columnar: bool, metrics: RunMetrics
-) -> AsyncWaitOperator | PooledWaitOperator:
-    if _pooled(spec):
-        return PooledWaitOperator(
-            invoke=row_fn.invoke_direct,
-            map_results=row_fn.record,
-            timeout_handler=row_fn.timeout,
-            emit=sink.extend,
-            timeout=spec.timeout,
-            capacity=spec.capacity,
-            mode=spec.mode,
-            retry=spec.retry,
-            on_failure=error_row_handler(spec, metrics),
-            output_buffer=spec.output_buffer,
-            describe=row_fn.describe,
-        )
+) -> AsyncWaitOperator:
     return AsyncWaitOperator(
         row_fn,
-        output=sink.add_batch if columnar else sink,
+        output=sink,
+        # results go to the sink as they are: no Record per output row
+        emit_results=sink.extend_batches if columnar else sink.extend,
         timeout=spec.timeout,
         capacity=spec.capacity,
         mode=spec.mode,
@@ -155,7 +130,7 @@ def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
     return (cache.hits, cache.misses, cache.evictions, cache.expirations)
 
 
-async def _drain(op: AsyncWaitOperator | PooledWaitOperator, drain_timeout: float | None) -> bool:
+async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
     """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
     if drain_timeout is None:
         await op.end_input()
@@ -236,7 +211,6 @@ def run_partition(
             ckpt.restore_function_state(user_fn)
         feeder = Feeder(op, spec, row_fn, watermarks, metrics, replay)
         if restored is not None:
-            assert isinstance(op, AsyncWaitOperator)  # checkpoints never run pooled
             runtime.run(op.open(OperatorSnapshot(restored, spec.mode)))
         else:
             runtime.run(op.open())
@@ -253,7 +227,6 @@ def run_partition(
                 yield from sink.take()
         drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
         if ckpt is not None:
-            assert isinstance(op, AsyncWaitOperator)
             remaining = op.snapshot_state().entries if not drained else ()
             metrics.carried_over = sum(1 for e in remaining if type(e.element) is Record)
             state = (

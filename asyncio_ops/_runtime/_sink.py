@@ -25,10 +25,9 @@ class ArrowSink:
         self.batches: list[pa.RecordBatch] = []
         self.buffered = 0
 
-    def add_batch(self, element: Any) -> None:
-        """The output of the columnar path: each element's value is one Arrow batch."""
-        if type(element) is Record:
-            batch = element.value
+    def extend_batches(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """The output of the columnar path: one element's results, Arrow batches."""
+        for batch in batches:
             self.batches.append(batch)
             self.buffered += batch.num_rows
 
@@ -44,11 +43,12 @@ class ArrowSink:
             yield out
 
     def __call__(self, element: Any) -> None:
+        """The operator's ``output``: only watermarks reach it (results go to :meth:`extend`)."""
         if type(element) is Record:
             self.rows.append(element.value)
 
     def extend(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Output rows without a Record around each (the pooled operator's output)."""
+        """One element's output rows (the operator's ``emit_results``)."""
         self.rows.extend(rows)
 
     def full(self) -> bool:

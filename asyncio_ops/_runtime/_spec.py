@@ -72,8 +72,6 @@ class PartitionSpec:
     flush_rows: int = DEFAULT_FLUSH_ROWS
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     run_token: str = ""
-    # the plain case on PooledWaitOperator (chosen on the driver: ASYNCIO_OPS_POOL=0 turns it off)
-    pool: bool = True
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -326,7 +325,6 @@ def _wait(
         flush_rows=flush_rows,
         flush_interval=flush_interval,
         run_token=uuid.uuid4().hex[:16],
-        pool=os.environ.get("ASYNCIO_OPS_POOL", "1") != "0",
     )
     on_done = metrics._add if metrics is not None else None
 
