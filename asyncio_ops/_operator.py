@@ -14,10 +14,13 @@ Semantics:
 - At most ``capacity`` elements (watermarks included) are in the queue. When it
   is full, ``process_element`` awaits; completions, timers and emission go on
   meanwhile (backpressure).
-- ``async_invoke`` is started synchronously inside ``process_element`` (as in
-  Flink, where ``asyncInvoke`` runs in ``processElement``). A coroutine that
-  finishes without suspending completes at once, with no task; one that
-  suspends continues as a task on the loop.
+- ``capacity`` long-lived worker tasks run the attempts: a worker takes the
+  next input once the queue has room, puts it in the queue and awaits the
+  user's coroutine directly, then takes the next; no task, wrapper or timer
+  is created per element. ``process_element`` (and ``process_elements``,
+  ``process_watermark``) return once everything given is in the queue, its
+  first attempt started (run to its first suspension), in input order. A
+  coroutine that finishes without suspending completes within the same step.
 - ``timeout`` is one budget per element from its first invoke, retries
   included: a processing-time timer of the ``"async-timeouts"`` timer service.
   When it fires for an element not yet complete, the attempt in flight is
@@ -36,7 +39,12 @@ Semantics:
   ``__cause__``, unless ``on_failure`` turns the failure into results.
 - Emission runs on the loop that completes elements (no emitter thread, no
   locks); ``output`` is called once per emitted record or watermark, in the
-  queue's order.
+  queue's order (with ``emit_results``, once per element with its results).
+- Every task the operator starts (workers, awaited ``timeout()`` answers) is
+  cancelled and awaited by :meth:`close`; an error of the operator's own in
+  any of them fails the operator. A worker cancelled from outside (the loop
+  shutting down) ends; a ``CancelledError`` raised inside an attempt is a
+  failed attempt.
 - :meth:`snapshot_state` holds every element not yet emitted, in queue order,
   with the results of those already complete and, for the others, the
   attempts made and the absolute deadline (the element's timeout timer);
@@ -55,11 +63,12 @@ import collections
 import enum
 import math
 import random
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
-from ._clock import SYSTEM_CLOCK, Scheduler
+from ._clock import Scheduler
 from ._elements import Record, StreamElement, Watermark
 from ._exceptions import (
     ConfigurationError,
@@ -300,6 +309,7 @@ class AsyncWaitOperator:
         # with an output buffer, in-flight elements are bounded apart from the queue
         self._bound_in_flight = output_buffer > 0
         self._in_flight = 0
+        self._queued = 0  # len(self._queue), kept here: read once per element
         self.timeout = positive_seconds(timeout, "timeout")
         self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
         self._buckets: dict[int, _TimeoutBucket] = {}
@@ -315,7 +325,8 @@ class AsyncWaitOperator:
         self._key_selector = key_selector
         self._timeouts = InternalTimerService("async-timeouts", _TimeoutTrigger(self), clock=clock)
         self._retries = InternalTimerService("async-retries", _RetryTrigger(self), clock=clock)
-        self._clock_now = (clock or SYSTEM_CLOCK).now
+        # the system clock's now() is time.time: called directly, one frame less per call
+        self._clock_now: Callable[[], float] = time.time if clock is None else clock.now
         # input not yet in the queue: records (or bare values), watermarks, restored elements
         self._pending: collections.deque[Any] = collections.deque()
         # elements in the queue waiting for a worker: restored in flight, retries due
@@ -503,7 +514,7 @@ class AsyncWaitOperator:
             pending = len(self._pending)
             if pending:
                 queue = self._queue
-                room = queue.capacity - len(queue)
+                room = queue.capacity - self._queued
                 if self._bound_in_flight:
                     room = min(room, self.capacity - self._in_flight)
                 n += min(room, pending)
@@ -538,6 +549,9 @@ class AsyncWaitOperator:
         retry = self._retry
         map_results = self._map_results
         select = self._key_selector
+        clock_now = self._clock_now
+        timeout = self.timeout
+        room = queue.capacity
         while True:
             entry: _Entry | None = None
             if self._failure is not None or self._closed:
@@ -548,7 +562,7 @@ class AsyncWaitOperator:
                     continue
             elif (
                 pending
-                and len(queue) < queue.capacity
+                and self._queued < room
                 and not (bounded and self._in_flight >= capacity)
             ):
                 element = pending.popleft()
@@ -559,12 +573,18 @@ class AsyncWaitOperator:
                     entry = self._admit_special(element)
                     if entry is None:
                         continue
-                else:  # a record, or a bare value
+                else:  # a record, or a bare value: _track, inlined
                     record = element if t is Record else Record(element)
                     self._received += 1
+                    self._queued += 1
                     entry = queue.try_put(record, select(record.value) if select else None)  # type: ignore[assignment]
                     assert entry is not None, "room was checked"
-                    self._track(entry, 0, self._clock_now() + self.timeout)
+                    entry.attempts = 0
+                    entry.started = now = clock_now()
+                    entry.deadline = now + timeout
+                    entry.retry_at = entry.worker = entry.last_error = entry.bucket = None
+                    entry.timed_out = False
+                    self._in_flight += 1
             if entry is None:
                 if self._closed:
                     return
@@ -615,7 +635,8 @@ class AsyncWaitOperator:
             entry.worker = None
 
     def _track(self, entry: _Entry, attempts: int, deadline: float) -> None:
-        """Start the operator's bookkeeping of a record just put in the queue."""
+        """Start the operator's bookkeeping of a record just put in the queue (the
+        worker inlines this for new input)."""
         entry.attempts = attempts
         entry.started = self._clock_now()
         entry.deadline = deadline
@@ -634,6 +655,7 @@ class AsyncWaitOperator:
             except Exception as exc:
                 self._fail(exc)
                 return None
+            self._queued += 1
             self._emit()
             return None
         assert type(element) is _Restored
@@ -642,6 +664,7 @@ class AsyncWaitOperator:
         key = self._key_selector(record.value) if self._key_selector is not None else None
         entry: _Entry | None = self._queue.try_put(record, key)  # type: ignore[assignment]
         assert entry is not None, "room was checked"
+        self._queued += 1
         if element.results is not None:
             entry.complete(element.results)  # no request, no timer
             self._emit()
@@ -793,8 +816,14 @@ class AsyncWaitOperator:
         self._in_flight -= 1
         self._completed += 1
         bucket = entry.bucket
-        if bucket is not None:
-            self._release_timeout(entry)
+        if bucket is not None:  # _release_timeout, inlined
+            entry.bucket = None
+            bucket.live -= 1
+            if not bucket.live:
+                del self._buckets[bucket.slot]
+                self._timeouts.delete_processing_time_timer(
+                    bucket.slot, bucket.slot * self._granularity, None
+                )
         self._latency_tick += 1
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)
@@ -838,6 +867,7 @@ class AsyncWaitOperator:
         handles = self._queue.pop_completed_entries()
         if not handles:
             return
+        self._queued -= len(handles)
         output = self._output
         emit_results = self._emit_results
         try:
@@ -860,7 +890,8 @@ class AsyncWaitOperator:
         except Exception as exc:
             self._fail(exc)
             return
-        self._wake()  # room in the queue, or the end of input
+        if self._waiter is not None:
+            self._wake()  # room in the queue, or the end of input
 
     # -- snapshot ----------------------------------------------------------------------
     def snapshot_state(self) -> OperatorSnapshot:

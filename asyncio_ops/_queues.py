@@ -56,7 +56,7 @@ _EMPTY: tuple[()] = ()
 class ResultHandle:
     """The promise of one queue entry; completed once, by whoever is first."""
 
-    __slots__ = ("_exception", "_results", "_segment", "done", "element", "key")
+    __slots__ = ("_segment", "done", "element", "exception", "key", "results")
 
     def __init__(
         self, element: StreamElement, segment: _Segment | None = None, key: Any = None
@@ -64,34 +64,31 @@ class ResultHandle:
         self.element = element
         self.key = key
         self.done = False
-        self._results: Sequence[Any] = _EMPTY
-        self._exception: BaseException | None = None
+        # read-only outside this class: what complete() / complete_exceptionally() got
+        self.results: Sequence[Any] = _EMPTY
+        self.exception: BaseException | None = None
         self._segment = segment
-
-    @property
-    def results(self) -> Sequence[Any]:
-        """The results given to :meth:`complete` (empty until then)."""
-        return self._results
-
-    @property
-    def exception(self) -> BaseException | None:
-        return self._exception
 
     def complete(self, results: Sequence[Any]) -> bool:
         """Complete with ``results``; False (and nothing changes) if already complete."""
         if self.done:
             return False
-        self._results = results
+        self.results = results
         self.done = True
-        if self._segment is not None:
-            self._segment.on_complete(self)
+        segment = self._segment
+        if segment is not None:
+            if segment.by_key is None:  # _Segment.on_complete without key order, inlined
+                segment.pending -= 1
+                segment.completed.append(self)
+            else:
+                segment.on_complete(self)
         return True
 
     def complete_exceptionally(self, exc: BaseException) -> bool:
         """Complete with a failure; False if already complete."""
         if self.done:
             return False
-        self._exception = exc
+        self.exception = exc
         self.done = True
         if self._segment is not None:
             self._segment.on_complete(self)
@@ -99,13 +96,13 @@ class ResultHandle:
 
     def output(self) -> list[StreamElement]:
         """What emitting this entry produces (raises the failure of a failed entry)."""
-        if self._exception is not None:
-            raise self._exception
+        if self.exception is not None:
+            raise self.exception
         element = self.element
         if type(element) is Watermark:
             return [element]
         ts = element.timestamp
-        return [Record(r, ts) for r in self._results]
+        return [Record(r, ts) for r in self.results]
 
     def __repr__(self) -> str:
         state = "done" if self.done else "pending"
@@ -351,6 +348,17 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
     """
 
     __slots__ = ()
+
+    def pop_completed_entries(self) -> list[ResultHandle]:
+        # one segment, always: no watermark ever opens another
+        completed = self._segments[0].completed
+        everything = self._all
+        out = []
+        while completed:
+            handle = completed.popleft()
+            del everything[handle]
+            out.append(handle)
+        return out
 
     def _put_watermark(self, element: Watermark) -> ResultHandle:
         raise WatermarkNotSupportedError(

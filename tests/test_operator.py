@@ -1004,3 +1004,113 @@ def test_invoke_and_map_results_adapt_values(run: Runner[Any]) -> None:
     with pytest.raises(AsyncOperatorError, match="cannot merge") as info:
         run(main([(1, "a"), (2, "bad")]))
     assert isinstance(info.value.__cause__, ValueError)
+
+
+# -- the workers ------------------------------------------------------------------------
+def test_a_timed_out_attempt_frees_its_worker_for_the_next_element(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        fn = Controlled()
+        op, out = make_op(fn, clock=clock, capacity=1, timeout=1.0, mode=OutputMode.UNORDERED)
+        op.function.timeout = lambda value: [f"late {value}"]  # type: ignore[method-assign]
+        await op.open()
+        await op.process_element("slow")
+        second = asyncio.ensure_future(op.process_element("next"))
+        await settle()
+        assert not second.done() and fn.calls == ["slow"]  # one worker, one slot
+        clock.advance(1.0)
+        await settle()
+        # the timeout answered for "slow", cancelled its attempt, and the worker took "next"
+        assert second.done() and fn.cancelled == ["slow"] and fn.calls == ["slow", "next"]
+        fn.complete("next")
+        await op.end_input()
+        await op.close()
+        assert [r.value for r in out] == ["late slow", "next"]  # type: ignore[union-attr]
+
+    run(main())
+
+
+def test_watermarks_among_process_elements_keep_their_place(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, out = make_op(fn, mode=OutputMode.WATERMARK_BOUNDED, capacity=3)
+        await op.open()
+        feed = asyncio.ensure_future(
+            op.process_elements([Record(1, 1), Watermark(1), Record(2, 2), Record(3, 3)])
+        )
+        await settle()
+        assert not feed.done() and fn.calls == [1, 2]  # 1, the watermark, 2: the queue is full
+        fn.complete(2)  # completion order, but not across the watermark
+        await settle()
+        assert out == []
+        fn.complete(1)
+        await settle()
+        assert feed.done() and out == [Record(1, 1), Watermark(1), Record(2, 2)]
+        fn.complete(3)
+        await op.end_input()
+        await op.close()
+        assert out[-1] == Record(3, 3)
+
+    run(main())
+
+
+def test_a_snapshot_holds_input_still_waiting_for_room(run: Runner[Any]) -> None:
+    async def main() -> None:
+        fn = Controlled()
+        op, _ = make_op(fn, capacity=2)
+        await op.open()
+        feed = asyncio.ensure_future(op.process_elements([0, 1, 2, 3]))
+        await settle()
+        assert not feed.done() and fn.calls == [0, 1]
+        snap = op.snapshot_state()
+        # 0 and 1 in flight (attempt 1 each, with deadlines); 2 and 3 not started yet
+        assert [e.element for e in snap.entries] == [Record(i) for i in range(4)]
+        assert [(e.attempts, e.deadline is not None) for e in snap.entries] == [
+            (1, True), (1, True), (0, False), (0, False),
+        ]  # fmt: skip
+        feed.cancel()
+        await op.close()
+
+        fn2 = Controlled()
+        op2, out2 = make_op(fn2, capacity=2)
+        opening = asyncio.ensure_future(op2.open(snap))  # returns once all 4 are in the queue
+        for i in range(4):
+            await settle()
+            fn2.complete(i)
+        await opening
+        await op2.end_input()
+        await op2.close()
+        assert [r.value for r in out2] == [0, 1, 2, 3]  # type: ignore[union-attr]
+
+    run(main())
+
+
+def test_workers_end_when_the_loop_shuts_down_without_close(run: Runner[Any]) -> None:
+    fn = Controlled()
+
+    async def main() -> int:
+        op, _ = make_op(fn, capacity=4)
+        await op.open()
+        await op.process_elements([1, 2, 3])
+        return len(op)  # no end_input, no close: the loop's shutdown cancels the workers
+
+    assert run(main()) == 3  # returns: no worker swallowed its cancellation
+    assert sorted(fn.cancelled) == [1, 2, 3]
+
+
+def test_an_error_in_output_fails_the_operator_from_a_worker(run: Runner[Any]) -> None:
+    async def main() -> None:
+        async def instant(v: int) -> list[int]:
+            return [v]
+
+        def output(element: StreamElement) -> None:
+            raise RuntimeError("sink is gone")
+
+        op = AsyncWaitOperator(instant, output=output, timeout=5.0, capacity=2)
+        await op.open()
+        with pytest.raises(RuntimeError, match="sink is gone"):
+            await op.process_elements(range(10))
+            await op.end_input()
+        await op.close()
+
+    run(main())
