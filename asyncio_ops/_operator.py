@@ -64,7 +64,8 @@ import enum
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+import types
+from collections.abc import Callable, Generator, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -200,6 +201,27 @@ class _TimeoutBucket:
         self.live = 0
 
 
+@types.coroutine
+def _resume(coro: Any, step: Any) -> Generator[Any, Any, Any]:
+    """Await a coroutine that was already stepped once and yielded ``step``.
+
+    The worker steps a first attempt itself (so that one completing at once
+    needs no queue entry); when it suspends instead, the worker awaits this.
+    An exception thrown in before the first resumption (the timeout's
+    cancellation) is delivered to the user's coroutine, as an ``await`` would.
+    """
+    while True:
+        try:
+            yield step
+        except BaseException as exc:
+            try:
+                step = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        return (yield from coro)
+
+
 def _uncancel(task: asyncio.Task[Any]) -> None:
     """Drop the timeout's cancel request that the attempt did not let through."""
     if task.cancelling():
@@ -313,6 +335,7 @@ class AsyncWaitOperator:
         self.timeout = positive_seconds(timeout, "timeout")
         self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
         self._buckets: dict[int, _TimeoutBucket] = {}
+        self._newest_bucket: _TimeoutBucket | None = None  # kept while empty, see _empty_bucket
         self._latency_tick = 0
         self._queue = make_queue(
             mode, capacity + output_buffer, key_selector is not None, _Entry
@@ -554,6 +577,8 @@ class AsyncWaitOperator:
         room = queue.capacity
         while True:
             entry: _Entry | None = None
+            resumed: Any = None  # a first attempt that suspended, to be awaited
+            again = False
             if self._failure is not None or self._closed:
                 pass
             elif ready:
@@ -573,18 +598,37 @@ class AsyncWaitOperator:
                     entry = self._admit_special(element)
                     if entry is None:
                         continue
-                else:  # a record, or a bare value: _track, inlined
-                    record = element if t is Record else Record(element)
+                else:
+                    # A record, or a bare value: its first attempt starts here, stepped
+                    # once before it has a queue entry. One that completes without
+                    # suspending (a cache hit), with results this queue would emit at
+                    # once anyway, needs no entry, timer or bookkeeping at all.
                     self._received += 1
-                    self._queued += 1
-                    entry = queue.try_put(record, select(record.value) if select else None)  # type: ignore[assignment]
-                    assert entry is not None, "room was checked"
-                    entry.attempts = 0
-                    entry.started = now = clock_now()
-                    entry.deadline = now + timeout
-                    entry.retry_at = entry.worker = entry.last_error = entry.bucket = None
-                    entry.timed_out = False
-                    self._in_flight += 1
+                    value = element.value if t is Record else element
+                    key = select(value) if select is not None else None
+                    started = clock_now()
+                    try:
+                        coro = invoke(value)
+                        step = coro.send(None)
+                    except StopIteration as stop:
+                        results = stop.value
+                        if (
+                            retry is None
+                            and (type(results) is list or type(results) is tuple)
+                            and queue.emits_on_arrival(key)
+                        ):
+                            self._emit_at_once(element, value, key, results)
+                            continue
+                        entry = self._put(element, t, key, started, timeout)
+                        again = self._on_result(entry, results)
+                    except Exception as exc:
+                        entry = self._put(element, t, key, started, timeout)
+                        again = self._on_error(entry, exc)
+                    else:  # it suspended: from here on it runs under its timeout
+                        entry = self._put(element, t, key, started, timeout)
+                        resumed = _resume(coro, step)
+                    if resumed is None and not again:
+                        continue  # done (or waiting for a retry) after one step
             if entry is None:
                 if self._closed:
                     return
@@ -598,9 +642,13 @@ class AsyncWaitOperator:
                 self._arm_timeout(entry)
             value = entry.element.value  # type: ignore[union-attr]
             while True:
-                entry.attempts += 1
+                if resumed is None:
+                    entry.attempts += 1
+                    attempt = invoke(value)
+                else:  # the first attempt, already stepped once
+                    attempt, resumed = resumed, None
                 try:
-                    results = await invoke(value)
+                    results = await attempt
                 except asyncio.CancelledError:
                     if entry.timed_out and not self._closed:
                         task.uncancel()  # the timeout's cancellation: the element is done
@@ -633,6 +681,45 @@ class AsyncWaitOperator:
                 if not again:
                     break
             entry.worker = None
+
+    def _put(self, element: Any, t: type, key: Any, started: float, timeout: float) -> _Entry:
+        """Put a record (or a bare value) whose first attempt started in the queue."""
+        record = element if t is Record else Record(element)
+        entry: _Entry = self._queue.try_put(record, key)  # type: ignore[assignment]
+        assert entry is not None, "room was checked"
+        self._queued += 1
+        entry.attempts = 1
+        entry.started = started
+        entry.deadline = started + timeout
+        entry.retry_at = entry.worker = entry.last_error = entry.bucket = None
+        entry.timed_out = False
+        self._in_flight += 1
+        return entry
+
+    def _emit_at_once(self, element: Any, value: Any, key: Any, results: Sequence[Any]) -> None:
+        """Emit the results of a record that completed on its first step (no queue entry)."""
+        if self._map_results is not None:
+            try:
+                results = self._map_results(value, results)
+            except Exception as exc:
+                t = type(element)
+                self._fail_element(self._put(element, t, key, self._clock_now(), 0.0), exc)
+                return
+        self._completed += 1
+        self.latency.instant += 1
+        if not results:
+            return
+        self._emitted += len(results)
+        try:
+            if self._emit_results is not None:
+                self._emit_results(results)
+            else:
+                ts = element.timestamp if type(element) is Record else None
+                output = self._output
+                for r in results:
+                    output(Record(r, ts))
+        except Exception as exc:
+            self._fail(exc)
 
     def _track(self, entry: _Entry, attempts: int, deadline: float) -> None:
         """Start the operator's bookkeeping of a record just put in the queue (the
@@ -744,6 +831,13 @@ class AsyncWaitOperator:
         if bucket is None:
             bucket = self._buckets[slot] = _TimeoutBucket(slot)
             self._timeouts.register_processing_time_timer(slot, slot * granularity, None)
+            newest = self._newest_bucket
+            if newest is not None and slot > newest.slot:
+                self._newest_bucket = bucket
+                if not newest.live:  # no longer the one kept while empty
+                    self._drop_bucket(newest)
+            elif newest is None:
+                self._newest_bucket = bucket
         bucket.entries.append(entry)
         bucket.live += 1
         entry.bucket = bucket
@@ -755,7 +849,19 @@ class AsyncWaitOperator:
         entry.bucket = None
         bucket.live -= 1
         if not bucket.live:
-            del self._buckets[bucket.slot]
+            self._empty_bucket(bucket)
+
+    def _empty_bucket(self, bucket: _TimeoutBucket) -> None:
+        """The bucket's last live element completed: forget its elements (finished rows
+        must not stay referenced until their deadline) and delete its timer, unless it
+        is the newest bucket: elements that complete at once would otherwise create and
+        delete the timer of the same slot for every element."""
+        bucket.entries.clear()
+        if bucket is not self._newest_bucket:
+            self._drop_bucket(bucket)
+
+    def _drop_bucket(self, bucket: _TimeoutBucket) -> None:
+        if self._buckets.pop(bucket.slot, None) is not None:
             self._timeouts.delete_processing_time_timer(
                 bucket.slot, bucket.slot * self._granularity, None
             )
@@ -764,6 +870,8 @@ class AsyncWaitOperator:
         bucket = self._buckets.pop(slot, None)
         if bucket is None:
             return
+        if bucket is self._newest_bucket:
+            self._newest_bucket = None
         for entry in bucket.entries:
             if entry.bucket is bucket:
                 entry.bucket = None
@@ -820,10 +928,7 @@ class AsyncWaitOperator:
             entry.bucket = None
             bucket.live -= 1
             if not bucket.live:
-                del self._buckets[bucket.slot]
-                self._timeouts.delete_processing_time_timer(
-                    bucket.slot, bucket.slot * self._granularity, None
-                )
+                self._empty_bucket(bucket)
         self._latency_tick += 1
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)

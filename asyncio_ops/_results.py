@@ -1,5 +1,5 @@
 """How an element's outcome is judged: results that are not results, and the error that
-fails the operator for an element (shared by both operator implementations)."""
+fails the operator for an element (the operator's messages, in one place)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def element_failure(
     last: BaseException | None,
     describe: Callable[[], str],
 ) -> AsyncOperatorError:
-    """The error that fails the operator for ``value`` (shared with the pooled operator).
+    """The error that fails the operator for ``value``.
 
     A timeout that ends a run of retries names the last attempt's error; an
     operator error about this very element is kept; anything else is wrapped,

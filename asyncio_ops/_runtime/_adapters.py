@@ -28,7 +28,7 @@ from .._functions import (
     SupportsInvokeArrow,
     SupportsInvokeChunk,
 )
-from ._spec import LATE_COLUMN, PartitionSpec
+from ._spec import KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
 if TYPE_CHECKING:
     from ._checkpointing import ReplayLog
@@ -39,20 +39,31 @@ class RowValue:
 
     ``row``: the row dict (for a chunk: the list of rows, or an Arrow batch);
     ``late``: with event time, whether the row was behind the watermark when it
-    arrived (None without event time); ``position``: the row's position in the
+    arrived (for a chunk, one flag per row; None without event time);
+    ``position``: the row's position in the
     partition for the replay log (None without a checkpoint; negative for rows
     carried over from the previous micro-batch).
     """
 
     __slots__ = ("late", "position", "row")
 
-    def __init__(self, row: Any, late: bool | None = None, position: int | None = None) -> None:
+    def __init__(
+        self, row: Any, late: bool | list[bool] | None = None, position: int | None = None
+    ) -> None:
         self.row = row
         self.late = late
         self.position = position
 
     def __repr__(self) -> str:
         return f"RowValue({describe_row(self.row)}, late={self.late}, position={self.position})"
+
+
+def chunk_key_group(value: RowValue) -> int:
+    """The key group of a keyed chunk: every row of it has the same (the feeder's rule)."""
+    rows = value.row
+    if isinstance(rows, pa.RecordBatch):
+        return int(rows.column(KEY_GROUP_COLUMN)[0].as_py())
+    return int(rows[0][KEY_GROUP_COLUMN])
 
 
 def describe_row(row: Any) -> str:
@@ -185,8 +196,13 @@ class ChunkFunction(RowFunction):
             )
         out: list[dict[str, Any]] = []
         merge = self.merge
-        for row, row_results in zip(rows, results, strict=True):
-            out.extend(merge(RowValue(row), row_results))
+        late = value.late
+        if late is None:
+            for row, row_results in zip(rows, results, strict=True):
+                out.extend(merge(RowValue(row), row_results))
+        else:
+            for row, row_late, row_results in zip(rows, late, results, strict=True):
+                out.extend(merge(RowValue(row, row_late), row_results))
         return out
 
     async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
@@ -261,9 +277,13 @@ class ArrowChunkFunction(ChunkFunction):
                     taken = batch.take(index)
         arrays: list[pa.Array] = []
         inputs = batch.schema.names
+        late = value.late
         for f in self.schema:
             name = f.name
-            if name in columns:
+            if name == LATE_COLUMN and late is not None:  # each row's lateness, as it arrived
+                flags = pa.array(late, pa.bool_())
+                arrays.append(flags if index is None else flags.take(index))
+            elif name in columns:
                 arrays.append(_column(name, f.type, columns[name], n_out))
             elif self.keep and name in inputs:
                 arrays.append(taken.column(name))

@@ -20,13 +20,15 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
   event time seen, current watermark) and either the elements still in
   flight (unkeyed: operator state, split evenly over the new partitions on
   restore) or the names of the key-group files (keyed).
-- ``kg-<kg>`` (streaming, keyed): the in-flight elements of one key group;
-  they follow their key group to whichever partition owns it next.
+- ``kg-<kg>`` (streaming, keyed): the in-flight elements of one key group
+  (a row, or a chunk: every row of a keyed chunk is of one key group); they
+  follow their key group to whichever partition owns it next.
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
 
 An in-flight element is stored as: its position in its old partition's queue
 (``seq``), the last watermark before it in that queue (``after_watermark``),
-the row (typed by the input schema), its event time and lateness, its
+the row (typed by the input schema), its event time and lateness (a chunk:
+its rows, its latest event time and one lateness flag per row), its
 results if it completed but was not yet emitted (typed by the output schema),
 the attempts made, its absolute deadline (the timeout timer) and its key
 group. Restore orders elements by (``after_watermark``, old partition,
@@ -144,7 +146,7 @@ def entries_table(
     after: list[float] = []
     rows: list[Any] = []
     stamps: list[float | None] = []
-    late: list[bool | None] = []
+    late: list[bool | list[bool] | None] = []
     results: list[Any] = []
     attempts: list[int] = []
     deadlines: list[float | None] = []
@@ -170,19 +172,32 @@ def entries_table(
             results.append(list(done) if done is not None else None)
         attempts.append(entry.attempts)
         deadlines.append(entry.deadline)
-        groups.append(row.get(KEY_GROUP_COLUMN) if kind == ROW else None)
+        groups.append(_key_group(row, kind))
     columns = {
         "seq": pa.array(seq, pa.int64()),
         "after_watermark": pa.array(after, pa.float64()),
         "row": _array(rows, _value_type(kind, input_schema), "carried-over input"),
         "timestamp": pa.array(stamps, pa.float64()),
-        "late": pa.array(late, pa.bool_()),
+        "late": pa.array(late, pa.bool_() if kind == ROW else pa.list_(pa.bool_())),
         "results": _array(results, pa.list_(_struct(output_schema)), "carried-over result of row"),
         "attempts": pa.array(attempts, pa.int32()),
         "deadline": pa.array(deadlines, pa.float64()),
         "key_group": pa.array(groups, pa.int32()),
     }
     return pa.table(columns).replace_schema_metadata({_ELEMENT: kind.encode()})
+
+
+def _key_group(row: Any, kind: str) -> int | None:
+    """The element's key group (keyed: a chunk's rows share one), or None (unkeyed)."""
+    if kind == ROW:
+        kg = row.get(KEY_GROUP_COLUMN)
+        return None if kg is None else int(kg)
+    if kind == ARROW:
+        if KEY_GROUP_COLUMN not in row.schema.names or not row.num_rows:
+            return None
+        return int(row.column(KEY_GROUP_COLUMN)[0].as_py())
+    kg = row[0].get(KEY_GROUP_COLUMN) if row else None
+    return None if kg is None else int(kg)
 
 
 def _check_entries(table: pa.Table, name: str) -> None:

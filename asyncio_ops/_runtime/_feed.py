@@ -13,6 +13,7 @@ of requesting them again (same position and same row fingerprint only).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._exceptions import ConfigurationError
 from .._operator import AsyncWaitOperator
 from ._adapters import RowFunction, RowValue, describe_row
 from ._metrics import RunMetrics
-from ._spec import PartitionSpec
+from ._spec import KEY_GROUP_COLUMN, PartitionSpec
 
 Replay = dict[int, tuple[bytes, Any]]
 """Logged completions by element position (a row, or a chunk): (fingerprint, results)."""
@@ -100,24 +101,132 @@ class Feeder:
         self.position = 0
 
     async def feed_arrow(self, batch: pa.RecordBatch) -> None:
-        """Columnar: one element per zero-copy slice of ``chunk_size`` rows."""
-        n = self.spec.chunk_size
-        assert n is not None
-        await self._feed_chunks([batch.slice(i, n) for i in range(0, batch.num_rows, n)])
-
-    async def _feed_chunks(self, chunks: list[Any]) -> None:
-        """One element per chunk; with a replay log, numbered and served from it if it can be."""
-        op = self.op
-        replay = self.replay
-        if replay is None:
-            await op.process_elements([RowValue(c) for c in chunks])
-            return
+        """Columnar: one element per chunk, a slice (or a take) of ``batch``."""
+        plan = self._plan_chunks(batch.num_rows, batch, None)
         inputs: list[Any] = []
-        for chunk in chunks:
-            pos = self.position
-            self.position += 1
-            inputs.append(Record(RowValue(chunk, None, pos)))
+        for item in plan:
+            if type(item) is Watermark:
+                inputs.append(item)
+                continue
+            rows, late, ts = item
+            if type(rows) is range:  # consecutive rows: a zero-copy slice
+                chunk = batch.slice(rows.start, len(rows))
+            else:
+                chunk = batch.take(pa.array(rows, pa.int64()))
+            inputs.append(self._chunk_record(chunk, late, ts))
         await self._process(inputs)
+
+    async def _feed_row_chunks(self, rows: list[dict[str, Any]]) -> None:
+        plan = self._plan_chunks(len(rows), None, rows)
+        inputs: list[Any] = []
+        for item in plan:
+            if type(item) is Watermark:
+                inputs.append(item)
+                continue
+            indices, late, ts = item
+            if type(indices) is range:
+                chunk = rows[indices.start : indices.stop]
+            else:
+                chunk = [rows[i] for i in indices]
+            inputs.append(self._chunk_record(chunk, late, ts))
+        await self._process(inputs)
+
+    def _chunk_record(self, chunk: Any, late: list[bool] | None, ts: float | None) -> Any:
+        """A chunk element, numbered with a replay log; a bare value in the plain case."""
+        if self.replay is None and ts is None and late is None:
+            return RowValue(chunk)
+        pos = self.position
+        self.position += 1
+        return Record(RowValue(chunk, late, pos if self.replay is not None else None), ts)
+
+    def _plan_chunks(
+        self, n: int, batch: pa.RecordBatch | None, rows: list[dict[str, Any]] | None
+    ) -> list[Any]:
+        """Cut ``n`` input rows into chunks, in input order, with watermarks between them.
+
+        Each item is a :class:`Watermark` or ``(row indices, lateness per row or
+        None, event time of the chunk or None)``; indices are a ``range`` when
+        the rows are consecutive. Rules: a chunk has at most ``chunk_size``
+        rows; with event time, no chunk spans a watermark (rows are marked
+        late, or dropped, as in row mode, and the watermark advances every
+        ``watermark_interval`` rows kept), and a chunk's event time is the
+        latest of its rows; with a key, every row of a chunk is of one key
+        group (rows are grouped by key group within the stretch between two
+        watermarks, each group keeping its order), so a chunk has one key.
+        """
+        size = self.spec.chunk_size
+        assert size is not None
+        groups: list[int] | None = None
+        if self.spec.key_columns:
+            if batch is not None:
+                groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
+            else:
+                assert rows is not None
+                groups = [row[KEY_GROUP_COLUMN] for row in rows]
+        watermarks = self.watermarks
+        out: list[Any] = []
+        if watermarks is None:
+            self._cut(range(n), None, None, groups, size, out)
+            return out
+        column = self.spec.event_time
+        assert column is not None
+        values = batch.column(column).to_pylist() if batch is not None else None
+        drop_late = self.spec.late_records == "drop"
+        kept: list[int] = []
+        flags: list[bool] = []
+        stamps: list[float] = []
+        metrics = self.metrics
+        for i in range(n):
+            row = rows[i] if rows is not None else None
+            value = values[i] if values is not None else row[column]  # type: ignore[index]
+            ts = event_time_seconds(value, column, row if row is not None else {column: value})
+            late = ts < watermarks.current
+            if late:
+                metrics.late += 1
+                if drop_late:
+                    metrics.dropped_late += 1
+                    continue
+            kept.append(i)
+            flags.append(late)
+            stamps.append(ts)
+            wm = watermarks.observe(ts)
+            if wm is not None:
+                self._cut(kept, flags, stamps, groups, size, out)
+                kept, flags, stamps = [], [], []
+                out.append(Watermark(wm))
+        self._cut(kept, flags, stamps, groups, size, out)
+        return out
+
+    @staticmethod
+    def _cut(
+        indices: Sequence[int],
+        flags: list[bool] | None,
+        stamps: list[float] | None,
+        groups: list[int] | None,
+        size: int,
+        out: list[Any],
+    ) -> None:
+        """Chunks of ``indices`` (one stretch between watermarks) onto ``out``."""
+        if not indices:
+            return
+        runs: list[list[int]]  # positions within ``indices``
+        if groups is None:
+            runs = [list(range(len(indices)))]
+        else:
+            by_group: dict[int, list[int]] = {}
+            for j, i in enumerate(indices):
+                by_group.setdefault(groups[i], []).append(j)
+            runs = list(by_group.values())
+        for run in runs:
+            for start in range(0, len(run), size):
+                part = run[start : start + size]
+                if type(indices) is range and groups is None:
+                    chosen: Sequence[int] = indices[part[0] : part[-1] + 1]  # still a range
+                else:
+                    chosen = [indices[j] for j in part]
+                late = [flags[j] for j in part] if flags is not None else None
+                ts = max(stamps[j] for j in part) if stamps is not None else None
+                out.append((chosen, late, ts))
 
     async def _process(self, inputs: list[Any]) -> None:
         """Hand ``inputs`` (records, watermarks) to the operator in one call per run of
@@ -146,9 +255,8 @@ class Feeder:
 
     async def feed(self, rows: list[dict[str, Any]]) -> None:
         op = self.op
-        n = self.spec.chunk_size
-        if n is not None:  # vectorised: one element per chunk of rows
-            await self._feed_chunks([rows[i : i + n] for i in range(0, len(rows), n)])
+        if self.spec.chunk_size is not None:  # vectorised: one element per chunk of rows
+            await self._feed_row_chunks(rows)
             return
         if self.watermarks is None and self.replay is None:
             # the common case, kept lean: one RowValue per row, no per-row branches

@@ -34,7 +34,14 @@ from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import SupportsCacheStatistics
 from .._operator import AsyncWaitOperator
 from .._snapshot import OperatorSnapshot
-from ._adapters import ArrowChunkFunction, ChunkFunction, RowFunction, RowValue, is_columnar
+from ._adapters import (
+    ArrowChunkFunction,
+    ChunkFunction,
+    RowFunction,
+    RowValue,
+    chunk_key_group,
+    is_columnar,
+)
 from ._checkpointing import PartitionCheckpoint, WatermarkState
 from ._feed import BoundedOutOfOrderness, Feeder
 from ._metrics import RunMetrics
@@ -63,12 +70,19 @@ def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandle
         if isinstance(exc, OutputSchemaError | CheckpointError):
             raise exc
         value: RowValue = record.value
-        if columnar:  # a failed Arrow chunk: one batch with an error row per row of it
-            inputs = value.row.to_pylist()
-            rows = [r for row in inputs for r in one(RowValue(row), exc, attempts)]
-            return [pa.RecordBatch.from_pylist(rows, schema=spec.output_schema)]
-        if chunked:  # a failed chunk: every row of it is an error row
-            return [r for row in value.row for r in one(RowValue(row), exc, attempts)]
+        if chunked:  # a failed chunk: every row of it is an error row (with its lateness)
+            inputs = value.row.to_pylist() if columnar else value.row
+            late: list[bool | None] = (
+                list(value.late) if isinstance(value.late, list) else [None] * len(inputs)
+            )
+            rows = [
+                r
+                for row, row_late in zip(inputs, late, strict=True)
+                for r in one(RowValue(row, row_late), exc, attempts)
+            ]
+            if columnar:  # one batch with an error row per row of the chunk
+                return [pa.RecordBatch.from_pylist(rows, schema=spec.output_schema)]
+            return rows
         return one(value, exc, attempts)
 
     def one(value: RowValue, exc: BaseException, attempts: int) -> list[dict[str, Any]]:
@@ -87,9 +101,13 @@ def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandle
 
 
 def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
+    """The operator's key of an element: the key columns of a row; for a chunk (all
+    its rows of one key group, see the feeder) the key group that the JVM computed."""
     cols = spec.key_columns
     if not cols:
         return None
+    if spec.chunk_size is not None:
+        return chunk_key_group
     if len(cols) == 1:
         (col,) = cols
         return lambda value: value.row[col]

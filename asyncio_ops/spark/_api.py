@@ -239,14 +239,6 @@ def _wait(
                 f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
                 f"connectors.postgres.PostgresLookup); {function!r} has neither"
             )
-        options = {"key": key, "event_time": event_time}
-        unsupported = [name for name, value in options.items() if value is not None]
-        if unsupported:
-            raise ConfigurationError(
-                f"chunk_size cannot be combined with {unsupported} yet: a chunk is one "
-                "element, with no single key or event time (checkpoint_location works: "
-                "task retries replay completed chunks, micro-batches carry chunks over)"
-            )
 
     operator_uid = (
         path_segment(uid, "uid")

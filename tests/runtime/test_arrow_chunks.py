@@ -20,7 +20,16 @@ from asyncio_ops import (
     OutputMode,
     OutputSchemaError,
 )
-from asyncio_ops._runtime import ERROR_COLUMN, ERROR_TYPE, PartitionSpec, TaskInfo, run_partition
+from asyncio_ops._keygroups import assign_to_key_group
+from asyncio_ops._runtime import (
+    ERROR_COLUMN,
+    ERROR_TYPE,
+    KEY_GROUP_COLUMN,
+    LATE_COLUMN,
+    PartitionSpec,
+    TaskInfo,
+    run_partition,
+)
 from asyncio_ops.async_retry_predicates import has_exception_predicate
 
 
@@ -347,3 +356,140 @@ def test_chunks_in_flight_are_carried_to_the_next_micro_batch(
               for r in b.to_pylist()]  # fmt: skip
     assert sorted(r["id"] for r in second) == sorted(hung)  # each row once, in its chunk
     assert all(r["label"] == f"r{r['id']}" for r in first + second)
+
+
+# -- chunks with a key and with event time ----------------------------------------------------
+MAXP = 8
+
+
+class Tagged(AsyncFunction[Any, Any]):
+    """Answers chunks (rows or Arrow) after a random pause; records each chunk's ids."""
+
+    def __init__(self, seed: int = 3) -> None:
+        self.rng = random.Random(seed)
+        self.chunks: list[list[int]] = []
+        self.groups: list[set[int]] = []
+
+    async def async_invoke(self, row: Any) -> Any:
+        await asyncio.sleep(self.rng.random() / 500)
+        return [{"label": f"x{row['id']}"}]
+
+    async def async_invoke_chunk(self, rows: Any) -> Any:
+        self.chunks.append([r["id"] for r in rows])
+        self.groups.append({r.get(KEY_GROUP_COLUMN) for r in rows})
+        await asyncio.sleep(self.rng.random() / 500)
+        return [[{"label": f"x{r['id']}"}] for r in rows]
+
+
+class TaggedArrow(Tagged):
+    async def async_invoke_chunk(self, rows: Any) -> Any:
+        raise AssertionError("async_invoke_arrow is preferred")
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> Any:
+        ids = batch.column("id").to_pylist()
+        self.chunks.append(ids)
+        if KEY_GROUP_COLUMN in batch.schema.names:
+            self.groups.append(set(batch.column(KEY_GROUP_COLUMN).to_pylist()))
+        await asyncio.sleep(self.rng.random() / 500)
+        return None, {"label": [f"x{i}" for i in ids]}
+
+
+def keyed_spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
+    fields = [pa.field("id", pa.int64()), pa.field("k", pa.int64()), pa.field("ts", pa.float64())]
+    if kw.get("key_columns"):
+        fields.append(pa.field(KEY_GROUP_COLUMN, pa.int32()))
+    fields.append(pa.field("label", pa.string()))
+    if kw.get("event_time"):
+        fields.append(pa.field(LATE_COLUMN, pa.bool_()))
+    defaults: dict[str, Any] = {
+        "function": fn,
+        "function_token": uuid.uuid4().hex,
+        "mode": OutputMode.UNORDERED,
+        "timeout": 30.0,
+        "capacity": 6,
+        "retry": None,
+        "output_schema": pa.schema(fields),
+        "added_columns": ("label",),
+        "chunk_size": 5,
+        "batch_size": 40,
+        "max_parallelism": MAXP,
+    }
+    defaults.update(kw)
+    return PartitionSpec(**defaults)
+
+
+def keyed_batches(n: int, keyed: bool, size: int = 37) -> list[pa.RecordBatch]:
+    """Rows ``id``, key ``k`` (7 keys), an event time ``ts`` running ahead with some late rows."""
+    rng = random.Random(5)
+    out = []
+    for s in range(0, n, size):
+        ids = list(range(s, min(n, s + size)))
+        cols: dict[str, Any] = {
+            "id": pa.array(ids, pa.int64()),
+            "k": pa.array([i % 7 for i in ids], pa.int64()),
+            # mostly increasing, every 9th row 30 s behind: late once the watermark passed it
+            "ts": pa.array([float(i) - (30 if i % 9 == 0 else rng.random()) for i in ids]),
+        }
+        if keyed:
+            cols[KEY_GROUP_COLUMN] = pa.array(
+                [assign_to_key_group(i % 7, MAXP) for i in ids], pa.int32()
+            )
+        out.append(pa.RecordBatch.from_pydict(cols))
+    return out
+
+
+def run_keyed(s: PartitionSpec, n: int) -> list[dict[str, Any]]:
+    out = list(run_partition(s, iter(keyed_batches(n, bool(s.key_columns))), TaskInfo()))
+    return [r for b in out for r in b.to_pylist()]
+
+
+@pytest.mark.parametrize("cls", [Tagged, TaggedArrow])
+def test_keyed_chunks_hold_one_key_group_and_keep_each_keys_order(cls: type[Tagged]) -> None:
+    fn = cls()
+    rows = run_keyed(keyed_spec(fn, key_columns=("k",)), 200)
+    assert sorted(r["id"] for r in rows) == list(range(200))  # every row once
+    assert all(r["label"] == f"x{r['id']}" for r in rows)
+    assert all(len(g) == 1 for g in fn.groups) and len(fn.groups) == len(fn.chunks)
+    assert all(1 <= len(c) <= 5 for c in fn.chunks)
+    # unordered across keys, but each key's rows leave in input order
+    for k in range(7):
+        ids = [r["id"] for r in rows if r["k"] == k]
+        assert ids == sorted(ids), k
+
+
+@pytest.mark.parametrize("cls", [Tagged, TaggedArrow])
+@pytest.mark.parametrize("late_records", ["keep", "drop"])
+@pytest.mark.parametrize("keyed", [False, True])
+def test_event_time_chunks_mark_late_rows_as_row_mode_does(
+    cls: type[Tagged], late_records: str, keyed: bool
+) -> None:
+    kw: dict[str, Any] = {
+        "event_time": "ts", "watermark_delay": 2.0, "watermark_interval": 10,
+        "late_records": late_records, "mode": OutputMode.WATERMARK_BOUNDED,
+    }  # fmt: skip
+    if keyed:
+        kw["key_columns"] = ("k",)
+    chunked = run_keyed(keyed_spec(cls(), **kw), 300)
+    per_row = run_keyed(keyed_spec(Tagged(), chunk_size=None, **kw), 300)
+    # the same rows, each with the lateness it had on arrival, as the row path decides it
+    assert sorted((r["id"], r[LATE_COLUMN]) for r in chunked) == sorted(
+        (r["id"], r[LATE_COLUMN]) for r in per_row
+    )
+    late = {r["id"] for r in per_row if r[LATE_COLUMN]}
+    if late_records == "drop":
+        assert not late and len(chunked) < 300  # the late rows are gone in both
+    else:
+        assert late and len(chunked) == 300
+
+
+@pytest.mark.parametrize("cls", [Tagged, TaggedArrow])
+def test_event_time_chunks_never_span_a_watermark(cls: type[Tagged]) -> None:
+    fn = cls()
+    s = keyed_spec(fn, event_time="ts", watermark_interval=10, mode=OutputMode.WATERMARK_BOUNDED)
+    run_keyed(s, 120)
+    # a watermark follows every 10th row kept (none dropped here): no chunk crosses one
+    kept = 0
+    for chunk in fn.chunks:
+        assert kept // 10 == (kept + len(chunk) - 1) // 10, (kept, chunk)
+        kept += len(chunk)
+    assert kept == 120
