@@ -85,6 +85,34 @@ def test_a_failed_chunk_gives_an_error_row_per_row(
     assert all(r._error is not None and "nope" in r._error.message for r in rows)
 
 
+@pytest.mark.parametrize("late_records", ["keep", "drop"])
+def test_keyed_event_time_chunks_equal_per_row_results(
+    spark: SparkSession, pg_tables: PgTables, late_records: str
+) -> None:
+    # an event time running with the id, every 13th row 100 s behind: late by then
+    orders = _orders(spark, 2000).withColumn(
+        "ts",
+        F.timestamp_seconds(
+            F.col("id") - F.when(F.col("id") % 13 == 0, F.lit(100)).otherwise(F.lit(0))
+        ),
+    )
+    opts: dict[str, Any] = {
+        "timeout": 10, "output_schema": "name string, tier string", "key": "customer_id",
+        "event_time": "ts", "watermark_delay": "5 seconds", "watermark_interval": 20,
+        "late_records": late_records,
+    }  # fmt: skip
+    per_row = unordered_wait(orders, _lookup(pg_tables), **opts).collect()
+    metrics = AsyncMetrics(spark)
+    chunked = unordered_wait(
+        orders, _lookup(pg_tables), chunk_size=50, metrics=metrics, **opts
+    ).collect()
+    # the same rows and lateness (per row, as each arrived), in chunks of one key group
+    assert sorted(tuple(r) for r in chunked) == sorted(tuple(r) for r in per_row)
+    assert metrics.summary()["received"] < len(chunked)
+    late = [r for r in per_row if r._late]
+    assert (not late) if late_records == "drop" else late
+
+
 def test_chunk_size_is_validated_on_the_driver(spark: SparkSession, pg_tables: PgTables) -> None:
     async def per_row_only(row: dict[str, Any]) -> list[dict[str, Any]]:
         return []
@@ -95,8 +123,6 @@ def test_chunk_size_is_validated_on_the_driver(spark: SparkSession, pg_tables: P
         ordered_wait(orders, _lookup(pg_tables), chunk_size=0, **opts)
     with pytest.raises(ConfigurationError, match=r"async_invoke_arrow.*async_invoke_chunk"):
         ordered_wait(orders, per_row_only, chunk_size=10, **opts)
-    with pytest.raises(ConfigurationError, match=r"cannot be combined with \['key'\]"):
-        unordered_wait(orders, _lookup(pg_tables), chunk_size=10, key="customer_id", **opts)
 
 
 @pytest.mark.asyncio
