@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import logging
 import math
 import random
 import time
@@ -97,6 +98,10 @@ from .options import non_negative_int, positive_int, positive_seconds
 
 TIMEOUT_GRANULARITY: Final = 0.01
 """Seconds: timeouts fire at most this late (or 1% of the timeout, if smaller)."""
+CLOSE_GRACE: Final = 5.0
+"""Seconds ``close()`` waits for cancelled tasks before abandoning them (logged)."""
+
+log = logging.getLogger("asyncio_ops.operator")
 
 OutputFn = Callable[[StreamElement], object]
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
@@ -282,6 +287,9 @@ class AsyncWaitOperator:
             that does not need the records' timestamps (the Spark runtime).
         describe: ``value -> str`` naming an input in error messages (default:
             its ``repr``, cut to 300 characters).
+        close_grace: seconds :meth:`close` waits for cancelled tasks (an attempt
+            that swallows ``CancelledError``) before abandoning them, logged with
+            their rows (default 5).
         output_buffer: completed elements that may wait, beyond ``capacity``,
             behind an earlier element still in flight (default 0: Flink's
             meaning, ``capacity`` bounds the whole queue). With ``N > 0`` the
@@ -309,6 +317,7 @@ class AsyncWaitOperator:
         emit_results: Callable[[Sequence[Any]], object] | None = None,
         describe: Callable[[Any], str] | None = None,
         output_buffer: int = 0,
+        close_grace: float = CLOSE_GRACE,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -324,6 +333,7 @@ class AsyncWaitOperator:
         )
         self._map_results = map_results
         self._emit_results = emit_results
+        self.close_grace = positive_seconds(close_grace, "close_grace")
         self._describe_value = describe
         self.mode = mode
         self.capacity = positive_int(capacity, "capacity")
@@ -357,6 +367,8 @@ class AsyncWaitOperator:
         self._workers: list[asyncio.Task[None]] = []
         self._idle_workers: collections.deque[asyncio.Future[None]] = collections.deque()
         self._tasks: set[asyncio.Task[Any]] = set()  # awaiting an async timeout() answer
+        # workers whose attempt the timeout cancelled, until they let it go (see close)
+        self._cancelled: dict[asyncio.Task[None], _Entry] = {}
         self._pending_retries: set[_Entry] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
@@ -422,10 +434,33 @@ class AsyncWaitOperator:
         for t in tasks:
             t.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            done, stuck = await asyncio.wait(tasks, timeout=self.close_grace)
+            for t in done:
+                if not t.cancelled():
+                    t.exception()  # retrieved: the operator's failure already holds it
+            if stuck:
+                self._abandon(stuck)
         self._wake()
         if self._opened and self._manage_function:
             await maybe_await(self.function.close())
+
+    def _abandon(self, stuck: set[asyncio.Task[Any]]) -> None:
+        """Tasks that ignored their cancellation for ``close_grace`` seconds: left to
+        the loop, logged with the rows they were running, never waited for."""
+        running = [t for t in stuck if t in self._cancelled]
+        rows = [self._describe(self._cancelled[t].record) for t in running]
+        rows += [
+            self._describe(entry.record)
+            for entry in self._queue.entries()
+            if isinstance(entry, _Entry)
+            and type(entry.element) is Record
+            and entry.worker in stuck
+        ]
+        log.warning(
+            "%d task(s) of the async operator ignored cancellation for %.1f s and were "
+            "abandoned (a lookup that swallows CancelledError); rows: %s",
+            len(stuck), self.close_grace, rows or "unknown",
+        )  # fmt: skip
 
     async def __aenter__(self) -> AsyncWaitOperator:
         await self.open()
@@ -497,9 +532,6 @@ class AsyncWaitOperator:
         pending.extend(elements)
         if not pending:
             return
-        if not self._workers:
-            loop = asyncio.get_running_loop()
-            self._workers = [loop.create_task(self._work()) for _ in range(self.capacity)]
         self._wake_workers()
         while pending:
             await self._wait()
@@ -526,10 +558,10 @@ class AsyncWaitOperator:
 
     # -- workers -----------------------------------------------------------------------
     def _wake_workers(self) -> None:
-        """Wake as many idle workers as there are elements they can take now."""
+        """Wake as many idle workers as there are elements they can take now, and start
+        more while too few are idle: workers grow with the work in flight, up to
+        ``capacity``, never ahead of it."""
         idle = self._idle_workers
-        if not idle:
-            return
         if self._failure is not None or self._closed:
             n = len(idle)
         else:
@@ -546,6 +578,12 @@ class AsyncWaitOperator:
             if not waiter.done():
                 waiter.set_result(None)
                 n -= 1
+        if n > 0 and self._failure is None and not self._closed:
+            workers = self._workers
+            more = min(n, self.capacity - len(workers))
+            if more > 0:
+                loop = asyncio.get_running_loop()
+                workers.extend(loop.create_task(self._work()) for _ in range(more))
 
     async def _work(self) -> None:
         """One of ``capacity`` workers: take the next element, run its attempts, repeat.
@@ -624,6 +662,10 @@ class AsyncWaitOperator:
                     except Exception as exc:
                         entry = self._put(element, t, key, started, timeout)
                         again = self._on_error(entry, exc)
+                    except (KeyboardInterrupt, SystemExit) as exc:
+                        entry = self._put(element, t, key, started, timeout)
+                        self._fail_element(entry, exc, fatal=True)
+                        continue
                     else:  # it suspended: from here on it runs under its timeout
                         entry = self._put(element, t, key, started, timeout)
                         resumed = _resume(coro, step)
@@ -652,6 +694,7 @@ class AsyncWaitOperator:
                 except asyncio.CancelledError:
                     if entry.timed_out and not self._closed:
                         task.uncancel()  # the timeout's cancellation: the element is done
+                        self._cancelled.pop(task, None)
                         break
                     if self._closed or task.cancelling():
                         raise  # the worker itself is cancelled (close, or loop shutdown)
@@ -661,11 +704,16 @@ class AsyncWaitOperator:
                 except Exception as exc:
                     if entry.timed_out:
                         _uncancel(task)  # the attempt swallowed the timeout's cancellation
+                        self._cancelled.pop(task, None)
                         break
                     again = self._on_error(entry, exc)
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    self._fail_element(entry, exc, fatal=True)  # naming the row
+                    break
                 else:
                     if entry.timed_out:
                         _uncancel(task)
+                        self._cancelled.pop(task, None)
                         break  # late: the timeout answered first
                     if retry is None and (type(results) is list or type(results) is tuple):
                         # the common case, without a call per judgement
@@ -825,6 +873,8 @@ class AsyncWaitOperator:
     def _arm_timeout(self, entry: _Entry) -> None:
         # Deadlines are rounded up to the granularity, so a timeout fires at most
         # one granule late and never early.
+        if entry.deadline == math.inf:
+            return  # timeout=inf: no deadline
         granularity = self._granularity
         slot = math.ceil(entry.deadline / granularity - 1e-9)
         bucket = self._buckets.get(slot)
@@ -889,6 +939,7 @@ class AsyncWaitOperator:
         worker = entry.worker
         if worker is not None:
             entry.worker = None
+            self._cancelled[worker] = entry  # until the worker has let the attempt go
             worker.cancel()  # the attempt in flight; the worker moves on
         try:
             results = self.function.timeout(entry.record.value)
@@ -932,14 +983,19 @@ class AsyncWaitOperator:
         self._latency_tick += 1
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)
-        self._emit()
-        if self._idle_workers and (self._pending or self._ready):
-            self._wake_workers()  # room for more requests
+        popped = self._emit()
+        if (self._pending or self._ready) and (popped > 1 or entry.worker is None):
+            # room for more requests than the worker that ran this element (if any)
+            # takes by itself when it goes back for the next
+            self._wake_workers()
 
-    def _fail_element(self, entry: _Entry, exc: BaseException) -> None:
+    def _fail_element(self, entry: _Entry, exc: BaseException, fatal: bool = False) -> None:
+        """The element failed: results from ``on_failure``, or the operator fails. A
+        ``fatal`` failure (KeyboardInterrupt, SystemExit raised by the attempt) always
+        fails the operator, naming the row, with the exception as cause."""
         self._failed += 1
         record = entry.record
-        if self._on_failure is not None:
+        if self._on_failure is not None and not fatal:
             try:
                 results = self._on_failure(record, exc, entry.attempts)
             except Exception as handler_exc:
@@ -966,12 +1022,13 @@ class AsyncWaitOperator:
         self._wake_workers()  # idle workers see the failure and stop taking input
 
     # -- emission ----------------------------------------------------------------------
-    def _emit(self) -> None:
+    def _emit(self) -> int:
+        """Emit every entry that can leave now; how many left the queue."""
         if self._failure is not None:
-            return
+            return 0
         handles = self._queue.pop_completed_entries()
         if not handles:
-            return
+            return 0
         self._queued -= len(handles)
         output = self._output
         emit_results = self._emit_results
@@ -994,9 +1051,10 @@ class AsyncWaitOperator:
                             output(Record(r, ts))
         except Exception as exc:
             self._fail(exc)
-            return
+            return len(handles)
         if self._waiter is not None:
             self._wake()  # room in the queue, or the end of input
+        return len(handles)
 
     # -- snapshot ----------------------------------------------------------------------
     def snapshot_state(self) -> OperatorSnapshot:

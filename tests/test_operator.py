@@ -1114,3 +1114,95 @@ def test_an_error_in_output_fails_the_operator_from_a_worker(run: Runner[Any]) -
         await op.close()
 
     run(main())
+
+
+def test_workers_grow_with_the_work_not_with_capacity(run: Runner[Any]) -> None:
+    async def main() -> int:
+        fn = Controlled()
+        op, _ = make_op(fn, capacity=10_000_000)
+        await op.open()
+        await op.process_elements(range(100))
+        tasks = len(asyncio.all_tasks())
+        for i in range(100):
+            fn.complete(i)
+        await op.end_input()
+        await op.close()
+        return tasks
+
+    assert run(main()) <= 100 + 1  # a worker per element in flight, and main itself
+
+
+def test_an_infinite_timeout_never_times_out(run: Runner[Any]) -> None:
+    async def main() -> list[Any]:
+        clock = ManualClock()
+        fn = Controlled()
+        op, out = make_op(fn, clock=clock, timeout=float("inf"))
+        await op.open()
+        await op.process_elements([1, 2])
+        clock.advance(10**9)
+        await settle()
+        fn.complete(2)
+        fn.complete(1)
+        await op.end_input()
+        await op.close()
+        return [r.value for r in out]  # type: ignore[union-attr]
+
+    assert run(main()) == [1, 2]
+
+
+def test_a_lookup_that_swallows_its_cancellation_does_not_hold_the_end(
+    run: Runner[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    class Stubborn(AsyncFunction[int, int]):
+        released = False
+
+        async def async_invoke(self, value: int) -> list[int]:
+            while True:  # ignores every cancellation until the test releases it
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    if self.released:
+                        raise
+
+        def timeout(self, value: int) -> list[int]:
+            return [-value]
+
+    async def main() -> list[Any]:
+        clock = ManualClock()
+        fn = Stubborn()
+        op, out = make_op(fn, clock=clock, timeout=1.0, close_grace=0.05)
+        await op.open()
+        await op.process_elements([7])
+        clock.advance(1.0)
+        await op.end_input()  # the timeout decided the row: output proceeds
+        await op.close()  # the stubborn attempt is abandoned after the grace period
+        fn.released = True  # let the loop's shutdown end the abandoned task
+        return [r.value for r in out]  # type: ignore[union-attr]
+
+    with caplog.at_level("WARNING", logger="asyncio_ops.operator"):
+        assert run(main()) == [-7]
+    assert "ignored cancellation" in caplog.text and "7" in caplog.text
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+def test_keyboard_interrupt_in_a_lookup_fails_naming_the_row(
+    run: Runner[Any], exc_type: type[BaseException]
+) -> None:
+    async def bad(value: int) -> list[int]:
+        if value == 3:
+            raise exc_type("stop")
+        await asyncio.sleep(0)
+        return [value]
+
+    async def main() -> None:
+        op, _ = make_op(bad, on_failure=lambda record, exc, attempts: [])
+        await op.open()
+        try:
+            with pytest.raises(AsyncOperatorError, match="for input 3 after 1 attempt") as info:
+                await op.process_elements(range(5))
+                await op.end_input()
+            assert isinstance(info.value.__cause__, exc_type)  # not an error row
+        finally:
+            await op.close()
+
+    run(main())
