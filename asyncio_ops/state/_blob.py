@@ -3,24 +3,28 @@
 Every snapshot blob (keyed state, keyed operator, operator state) is::
 
     magic  b"AOSB"               4 bytes
-    format version               1 byte   (1 unsigned, 2 signed)
+    format version               1 byte   (3 unsigned, 4 signed)
     blob kind                    1 byte   (KEYED_STATE, KEYED_OPERATOR, OPERATOR_STATE)
     key group                    2 bytes  big-endian (0 for operator state)
     payload length               4 bytes  big-endian
     CRC-32 of the payload        4 bytes  big-endian
-    payload                      pickle protocol 5 of plain tuples, lists and bytes
-    HMAC-SHA256                  32 bytes, version 2 only: of everything before it
+    payload                      one Arrow IPC table, typed per kind (see ``_payloads``)
+    HMAC-SHA256                  32 bytes, version 4 only: of everything before it
 
 :func:`unseal` checks all of it and raises :class:`CorruptStateError` naming
 the key group (and what is wrong) for a blob that is truncated, altered, of
-another kind or version, or filed under another key group.
+another kind or version, filed under another key group, or whose payload is
+not the typed table of its kind.
 
-Trust boundary: the payload is a pickle, and loading a pickle can run code.
-Checkpoint data is trusted input by default (as in Spark and Flink): the
-payload is unpickled once the checksum matches. With a signing key in the
-environment (:data:`SIGNING_KEY_ENV`), every blob written is signed, and only
-blobs whose signature verifies are unpickled: an unsigned blob, a blob signed
-with another key, or an altered one is refused before its payload is read.
+Loading a blob runs no code: the payload is parsed as Arrow and validated,
+never unpickled. Versions 1 and 2 (pickle payloads, asyncio_ops 0.1) are
+refused by name. User values inside are the bytes of their state
+descriptor's serializer; the default serializer is pickle, so a restored
+state's values are loaded by pickle when the state reads them: that is the
+trust boundary (docs/state.md). With a signing key in the environment
+(:data:`SIGNING_KEY_ENV`), every blob written is signed, and only blobs whose
+signature verifies are read at all: an unsigned blob, a blob signed with
+another key, or an altered one is refused before its payload is parsed.
 """
 
 from __future__ import annotations
@@ -28,12 +32,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import pickle
 import struct
 import zlib
 from typing import Any, Final
 
 from .._exceptions import CorruptStateError
+from . import _payloads
 
 __all__ = [
     "FORMAT_VERSION",
@@ -47,8 +51,9 @@ __all__ = [
 ]
 
 MAGIC: Final = b"AOSB"
-FORMAT_VERSION: Final = 1
-SIGNED_FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
+SIGNED_FORMAT_VERSION: Final = 4
+_PICKLE_VERSIONS: Final = (1, 2)
 SIGNING_KEY_ENV: Final = "ASYNCIO_OPS_STATE_SIGNING_KEY"
 """The environment variable holding the key that signs and verifies state blobs."""
 _MAC_SIZE: Final = hashlib.sha256().digest_size
@@ -75,8 +80,9 @@ def _mac(key: bytes, data: bytes | memoryview) -> bytes:
 
 
 def seal(kind: int, key_group: int, payload: Any) -> bytes:
-    """Pickle ``payload`` and wrap it in a verified header (signed if a key is set)."""
-    body = pickle.dumps(payload, protocol=5)
+    """Encode ``payload`` (typed, see ``_payloads``) in a verified header (signed if a
+    key is set)."""
+    body = _payloads.encode(_KIND_NAMES[kind], payload)
     key = _signing_key()
     version = FORMAT_VERSION if key is None else SIGNED_FORMAT_VERSION
     blob = _HEADER.pack(MAGIC, version, kind, key_group, len(body), zlib.crc32(body)) + body
@@ -96,6 +102,11 @@ def unseal(kind: int, key_group: int, blob: object, *, what: str = "key group") 
     magic, version, blob_kind, blob_kg, length, crc = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise CorruptStateError(f"{where}: not an asyncio_ops snapshot blob (magic {magic!r})")
+    if version in _PICKLE_VERSIONS:
+        raise CorruptStateError(
+            f"{where}: snapshot format version {version} holds a pickle (asyncio_ops 0.1) "
+            "and is not loaded: loading it could run code; restore from a newer snapshot"
+        )
     if version not in (FORMAT_VERSION, SIGNED_FORMAT_VERSION):
         raise CorruptStateError(
             f"{where}: snapshot format version {version} is not supported "
@@ -134,7 +145,4 @@ def unseal(kind: int, key_group: int, blob: object, *, what: str = "key group") 
         )
     if zlib.crc32(body) != crc:
         raise CorruptStateError(f"{where}: snapshot blob checksum mismatch (corrupt)")
-    try:
-        return pickle.loads(body)
-    except Exception as exc:  # a checksum collision or a writer bug; never silently ignore
-        raise CorruptStateError(f"{where}: snapshot payload does not decode: {exc}") from exc
+    return _payloads.decode(_KIND_NAMES[kind], body, where)

@@ -1,4 +1,5 @@
-"""State blobs signed with a key from the environment: the pickle trust boundary, guarded."""
+"""State blobs: typed Arrow payloads that loading never unpickles, and signing with a key
+from the environment (for the user values that a pickle serializer wrote)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ from asyncio_ops.state._blob import (
 )
 
 from .conftest import BackendFactory
+
+# one value state, one list state: (state, kind, has_ttl, [(key, namespace, data)])
+PAYLOAD = [
+    ("count", "value", False, [(b"i\x01", b"n", (None, b"v1"))]),
+    ("seen", "list", True, [(b"i\x02", b"n", [(1.5, b"a"), (None, b"b")])]),
+]
 
 
 class _Payload:
@@ -55,7 +62,7 @@ def test_a_signed_blob_needs_the_same_key(
     monkeypatch: pytest.MonkeyPatch, reader_key: str | None
 ) -> None:
     monkeypatch.setenv(SIGNING_KEY_ENV, "k1")
-    blob = seal(KEYED_STATE, 5, [("x", 1)])
+    blob = seal(KEYED_STATE, 5, PAYLOAD)
     if reader_key is None:
         monkeypatch.delenv(SIGNING_KEY_ENV)
         expected = rf"key group 5: the blob is signed; set {SIGNING_KEY_ENV}"
@@ -66,13 +73,13 @@ def test_a_signed_blob_needs_the_same_key(
         unseal(KEYED_STATE, 5, blob)
 
 
-def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_unpickled(
+def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_read(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     marker = tmp_path / "pwned"
     body = pickle.dumps(_Payload(marker))
     header = struct.Struct(">4sBBHII")
-    unsigned = header.pack(MAGIC, 1, KEYED_STATE, 3, len(body), zlib.crc32(body)) + body
+    unsigned = header.pack(MAGIC, 3, KEYED_STATE, 3, len(body), zlib.crc32(body)) + body
     forged = (
         header.pack(MAGIC, SIGNED_FORMAT_VERSION, KEYED_STATE, 3, len(body), zlib.crc32(body))
         + body
@@ -88,7 +95,43 @@ def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_unpickled(
 
 def test_an_altered_signed_blob_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SIGNING_KEY_ENV, "k1")
-    blob = bytearray(seal(KEYED_STATE, 9, [("x", b"payload")]))
+    blob = bytearray(seal(KEYED_STATE, 9, PAYLOAD))
     blob[HEADER_SIZE + 2] ^= 0x01
     with pytest.raises(CorruptStateError, match="signature does not verify"):
         unseal(KEYED_STATE, 9, bytes(blob))
+
+
+def test_a_payload_round_trips_as_typed_arrow() -> None:
+    blob = seal(KEYED_STATE, 4, PAYLOAD)
+    assert pickle.dumps(None)[:1] not in blob[HEADER_SIZE : HEADER_SIZE + 1]  # not a pickle
+    assert blob[HEADER_SIZE : HEADER_SIZE + 8] != b""  # an Arrow IPC stream
+    assert unseal(KEYED_STATE, 4, blob) == PAYLOAD
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_pickle_blob_of_an_older_format_is_refused_unread(tmp_path: Path, version: int) -> None:
+    marker = tmp_path / "pwned"
+    body = pickle.dumps(_Payload(marker))
+    header = struct.Struct(">4sBBHII")
+    blob = header.pack(MAGIC, version, KEYED_STATE, 3, len(body), zlib.crc32(body)) + body
+    with pytest.raises(CorruptStateError, match=f"format version {version} holds a pickle"):
+        unseal(KEYED_STATE, 3, blob)
+    assert not marker.exists()
+
+
+def test_a_valid_frame_around_a_foreign_table_names_the_key_group() -> None:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    table = pa.table({"x": [1, 2]})
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    header = struct.Struct(">4sBBHII")
+    blob = header.pack(MAGIC, 3, KEYED_STATE, 6, len(body), zlib.crc32(body)) + body
+    with pytest.raises(CorruptStateError, match=r"key group 6: .* has the columns \['x'\]"):
+        unseal(KEYED_STATE, 6, blob)
+    garbage = b"not arrow at all"
+    blob = header.pack(MAGIC, 3, KEYED_STATE, 6, len(garbage), zlib.crc32(garbage)) + garbage
+    with pytest.raises(CorruptStateError, match=r"key group 6: .* not a valid Arrow table"):
+        unseal(KEYED_STATE, 6, blob)
