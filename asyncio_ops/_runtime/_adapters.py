@@ -325,7 +325,12 @@ def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
         if isinstance(values, pa.Array):
-            array = values if values.type == type_ else values.cast(type_)
+            array = values if values.type == type_ else values.cast(type_)  # safe: no truncation
+        elif pa.types.is_integer(type_):
+            # inferred first, then a safe cast: pa.array(values, type=int) would truncate 1.7
+            array = pa.array(values)
+            if array.type != type_:
+                array = array.cast(type_)
         else:
             array = pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -376,7 +381,10 @@ def _first_unfit(values: Any, type_: pa.DataType) -> str:
     """The first value of ``values`` that ``type_`` cannot hold, for an error message."""
     items = values.to_pylist() if isinstance(values, pa.Array) else values
     try:
+        whole = pa.types.is_integer(type_)
         for i, v in enumerate(items):
+            if whole and type(v) is float and not v.is_integer():
+                return f"{v!r} (float, not a whole number) at output row {i}"
             try:
                 pa.array([v], type=type_)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):

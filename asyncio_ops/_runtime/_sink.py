@@ -18,6 +18,12 @@ class ArrowSink:
 
     def __init__(self, spec: PartitionSpec) -> None:
         self.schema = spec.output_schema
+        # integer columns the function fills: Arrow would truncate a float put in one
+        # (1.7 -> 1) without a word, so their values are checked (see _no_truncation)
+        added = set(spec.added_columns)
+        self.int_columns = [
+            f for f in self.schema if f.name in added and pa.types.is_integer(f.type)
+        ]
         self.batch_size = spec.batch_size
         self.rows: list[dict[str, Any]] = []
         self.emitted = 0
@@ -66,9 +72,24 @@ class ArrowSink:
 
     def _to_batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
         try:
-            return pa.RecordBatch.from_pylist(rows, schema=self.schema)
+            batch = pa.RecordBatch.from_pylist(rows, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise self._explain(rows, exc) from exc
+        for f in self.int_columns:
+            self._no_truncation(rows, f)
+        return batch
+
+    def _no_truncation(self, rows: list[dict[str, Any]], f: pa.Field) -> None:
+        """Refuse a float that is not a whole number in an integer column (Arrow would
+        truncate it); whole floats (2.0) are taken, as Arrow's safe cast takes them."""
+        name = f.name
+        for row in rows:
+            value = row.get(name)
+            if type(value) is float and not value.is_integer():
+                raise OutputSchemaError(
+                    f"output column {name!r} ({f.type}) cannot hold {value!r} (float) without "
+                    f"truncating it, in output row {describe_row(row)}"
+                )
 
     def _explain(self, rows: list[dict[str, Any]], exc: Exception) -> OutputSchemaError:
         """Find the first row and column that do not fit, for a message a user can act on."""

@@ -297,3 +297,32 @@ def test_a_partition_without_input_then_with_input_carries_whole_rows(tmp_path: 
     assert rows_of(list(run_partition(spec, batches([7]), TaskInfo(batch_id=1)))) == []
     out = rows_of(list(run_partition(spec, [], TaskInfo(batch_id=2))))
     assert out == [{"id": 7, "double": 14}]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_float_in_an_integer_column_is_refused_not_truncated(chunked: bool) -> None:
+    class Fractional(AsyncFunction[dict[str, Any], dict[str, Any]]):
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            return [{"double": 1.7 if row["id"] == 3 else float(row["id"] * 2)}]
+
+        async def async_invoke_chunk(self, rows: list[dict[str, Any]]) -> list[Any]:
+            return [await self.async_invoke(r) for r in rows]
+
+    kw: dict[str, Any] = {"chunk_size": 4} if chunked else {}
+    s = spec_for(Fractional(), None, **kw)  # type: ignore[arg-type]
+    with pytest.raises(OutputSchemaError, match=r"'double' \(int64\) cannot hold 1\.7") as info:
+        list(run_partition(s, iter(batches(list(range(8)))), TaskInfo()))
+    assert "'id': 3" in str(info.value)
+    # whole floats fit, as in Arrow's safe cast
+    ok = spec_for(Fractional(), None, **kw)  # type: ignore[arg-type]
+    rows = rows_of(list(run_partition(ok, iter(batches([0, 1, 2])), TaskInfo())))
+    assert [r["double"] for r in rows] == [0, 2, 4]
+
+
+def test_a_float_in_an_integer_arrow_column_is_refused_not_truncated() -> None:
+    from asyncio_ops._runtime._adapters import _column
+
+    unfit = r"cannot hold 1\.7 \(float, not a whole number\) at output row 1"
+    with pytest.raises(OutputSchemaError, match=unfit):
+        _column("n", pa.int64(), [1, 1.7, 3], 3)
+    assert _column("n", pa.int64(), [1, 2.0, None], 3).to_pylist() == [1, 2, None]
