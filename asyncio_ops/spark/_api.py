@@ -197,12 +197,36 @@ def _wait(
     positive_int(watermark_interval, "watermark_interval")
 
     added = _as_struct(output_schema, "output_schema")
+    if not added.fields:
+        raise ConfigurationError(
+            f"output_schema declares no columns ({output_schema!r}): name the columns the "
+            "function adds, e.g. 'name string, tier string'"
+        )
+    # Spark resolves names case-insensitively unless spark.sql.caseSensitive is set
+    case_sensitive = (
+        str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+    )
+
+    def fold(name: str) -> str:
+        return name if case_sensitive else name.lower()
+
+    seen: dict[str, str] = {}
+    for f in added.fields:
+        if fold(f.name) in seen:
+            raise ConfigurationError(
+                f"output_schema declares the column {f.name!r} twice"
+                + ("" if f.name == seen[fold(f.name)] else f" (as {seen[fold(f.name)]!r})")
+                + " in "
+                + repr(output_schema)
+            )
+        seen[fold(f.name)] = f.name
     reserved = {ERROR_COLUMN, LATE_COLUMN, KEY_GROUP_COLUMN}
     clash = [f.name for f in added.fields if f.name in reserved]
     if clash:
         raise ConfigurationError(f"output_schema uses reserved column name(s) {clash}")
     if keep_input_columns:
-        clash = [f.name for f in added.fields if f.name in df.columns]
+        inputs = {fold(c) for c in df.columns}
+        clash = [f.name for f in added.fields if fold(f.name) in inputs]
         if clash:
             raise ConfigurationError(
                 f"output_schema column(s) {clash} already exist in the input DataFrame; "

@@ -65,7 +65,12 @@ def test_rows_without_the_field_the_function_expects(spark: SparkSession) -> Non
     [({"capacity": 0}, "capacity"), ({"capacity": -4}, "capacity"),
      ({"timeout": 0}, "timeout"), ({"timeout": -0.5}, "timeout"),
      ({"on_error": "skip"}, "on_error"), ({"batch_size": 0}, "batch_size"),
-     ({"drain_timeout": 1}, "checkpoint_location")],
+     ({"drain_timeout": 1}, "checkpoint_location"),
+     ({"output_schema": "v long, v long"}, r"declares the column 'v' twice"),
+     ({"output_schema": "v long, V string"}, r"declares the column 'V' twice \(as 'v'\)"),
+     ({"output_schema": ""}, "output_schema declares no columns"),
+     ({"output_schema": "ID long"}, r"\['ID'\] already exist in the input"),
+     ({"event_time": "id", "watermark_delay": float("nan")}, "watermark_delay must be")],
 )  # fmt: skip
 def test_bad_options_are_named_before_any_job(
     spark: SparkSession, kwargs: dict[str, Any], match: str

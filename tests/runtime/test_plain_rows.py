@@ -111,6 +111,7 @@ def test_rows_and_counters_with_random_latencies(mode: OutputMode) -> None:
         assert all(r["out"] == 2 * r["id"] for r in rows)
     assert counters(m) == (300, 300, 300, 0, 0, 0, 0)
     assert 1 < fn.peak <= 8 and m.latency.count > 0
+    assert 0 < m.max_in_flight <= 8  # the queue after each input batch, bounded by capacity
 
 
 def test_ordered_capacity_bounds_what_waits_behind_a_slow_head() -> None:
