@@ -14,10 +14,10 @@ every variant sees the same latency for the same row. The lookup is
 ``await asyncio.sleep(row["latency"])`` returning one output column.
 
 - (a) median 20 ms, sigma 0.5, capacity 256: ``unordered_wait``, ``ordered_wait``
-  (Flink's capacity: at most 256 rows between input and emission),
-  ``ordered_wait+buffer`` (``output_buffer=4 x capacity``: 256 requests in flight,
-  finished rows may wait behind a slower one in 1,024 more slots) and the
-  hand-written version, against the ceiling
+  with its defaults (``output_buffer`` of 4 x capacity: 256 requests in
+  flight, finished rows may wait behind a slower one in 1,024 more slots),
+  ``ordered_wait output_buffer=0`` (Flink's capacity: at most 256 rows between
+  input and emission) and the hand-written version, against the ceiling
   ``capacity x partitions / mean latency`` (mean = median * exp(sigma^2 / 2)).
 - (b) the same at median 1 ms: per-element overhead decides.
 - (c) a plain Python UDF (``pyspark.sql.functions.udf``, not Arrow) that calls
@@ -170,10 +170,9 @@ class Result:
         return self.rows / self.seconds
 
 
-# ordered_wait with an output buffer of this many times the capacity (finished rows
-# waiting behind a slower one no longer hold request slots)
-OUTPUT_BUFFER_FACTOR = 4
-BUFFERED = "ordered_wait+buffer"
+# ordered_wait with Flink's meaning of capacity (output_buffer=0: finished rows waiting
+# behind a slower one hold their slots); "ordered_wait" is the defaults (a buffer of 4x)
+FLINK = "ordered_wait output_buffer=0"
 # unordered_wait with a checkpoint location: the replay log flushed by its defaults
 # (every 1,000 lookups or 1 s), and flushed only at the end (the cost of flushing apart)
 CHECKPOINTED = "unordered_wait+checkpoint"
@@ -193,18 +192,19 @@ def run_variant(
     df = source(spark, n, median_s)
     note = ""
     metrics: AsyncMetrics | None = None
-    if variant in ("unordered_wait", "ordered_wait", BUFFERED, CHECKPOINTED, CHECKPOINTED_AT_END):
-        wait = ordered_wait if variant in ("ordered_wait", BUFFERED) else unordered_wait
+    if variant in ("unordered_wait", "ordered_wait", FLINK, CHECKPOINTED, CHECKPOINTED_AT_END):
+        wait = ordered_wait if variant in ("ordered_wait", FLINK) else unordered_wait
         metrics = AsyncMetrics(spark)
-        buffer = OUTPUT_BUFFER_FACTOR * capacity if variant == BUFFERED else 0
         checkpoint: dict[str, Any] = {}
+        if variant == FLINK:
+            checkpoint["output_buffer"] = 0
         if variant in (CHECKPOINTED, CHECKPOINTED_AT_END):
             checkpoint["checkpoint_location"] = CHECKPOINT_DIR
         if variant == CHECKPOINTED_AT_END:
             checkpoint.update(checkpoint_flush_rows=1 << 40, checkpoint_flush_interval=86_400)
         out = wait(
             df, lookup, timeout=60.0, capacity=capacity, output_schema=OUTPUT_SCHEMA,
-            metrics=metrics, output_buffer=buffer, **checkpoint,
+            metrics=metrics, **checkpoint,
         )  # fmt: skip
     elif variant == "hand-written":
         out = handwritten_df(df, capacity)
@@ -313,7 +313,7 @@ def main() -> None:
         f"loadavg={os.getloadavg()[0]:.1f}"
     )
     # warm-up: JVM code paths, Python workers, imports, for every variant
-    for variant in ("unordered_wait", "ordered_wait", BUFFERED, "hand-written", "python udf",
+    for variant in ("unordered_wait", "ordered_wait", FLINK, "hand-written", "python udf",
                     CHECKPOINTED):
         run_variant(spark, variant, 4_000 if variant != "python udf" else 20, 0.001, cap)
 
@@ -321,7 +321,7 @@ def main() -> None:
     # round: other processes on the machine slow whichever run they overlap.
     jobs: list[tuple[str, str, int, float, int]] = []
     for label, median, n in (("20ms", 0.020, args.rows_20ms), ("1ms", 0.001, args.rows_1ms)):
-        for variant in ("unordered_wait", "ordered_wait", BUFFERED, "hand-written"):
+        for variant in ("unordered_wait", "ordered_wait", FLINK, "hand-written"):
             jobs.append((f"{label} {variant}", variant, n, median, cap))
     jobs.append(("20ms python udf", "python udf", args.rows_udf, 0.020, cap))
     if not args.skip_extra:  # context for the figures above; no target
@@ -365,7 +365,7 @@ def main() -> None:
 
     ceiling = cap * PARTITIONS / mean_latency(0.020)
     checks: list[tuple[str, bool, str]] = []
-    for mode in ("unordered_wait", "ordered_wait", BUFFERED):
+    for mode in ("unordered_wait", "ordered_wait"):
         got = results[f"20ms {mode}"].rate
         hand = results["20ms hand-written"].rate
         checks.append(
@@ -374,11 +374,11 @@ def main() -> None:
         )  # fmt: skip
         checks.append((f"(a) 20ms {mode} >= 0.95x hand-written", got >= 0.95 * hand,
                        f"{got / hand:.2f}x"))  # fmt: skip
-    for mode in ("unordered_wait", "ordered_wait", BUFFERED):
+    for mode in ("unordered_wait", "ordered_wait"):
         got, hand = results[f"1ms {mode}"].rate, results["1ms hand-written"].rate
         checks.append((f"(b) 1ms {mode} >= 1.5x hand-written", got >= 1.5 * hand,
                        f"{got / hand:.2f}x"))  # fmt: skip
-    for mode in ("unordered_wait", "ordered_wait", BUFFERED):
+    for mode in ("unordered_wait", "ordered_wait"):
         got, udf_rate = results[f"20ms {mode}"].rate, results["20ms python udf"].rate
         checks.append((f"(c) 20ms {mode} >= 100x python udf", got >= 100 * udf_rate,
                        f"{got / udf_rate:.0f}x"))  # fmt: skip

@@ -116,6 +116,9 @@ class AsyncMetrics:
         self._acc.add(metrics)
 
 
+DEFAULT_OUTPUT_BUFFER_FACTOR: Final = 4
+"""``output_buffer`` defaults to this many times ``capacity`` (0 is Flink's meaning)."""
+
 def _as_struct(schema: str | StructType, what: str) -> StructType:
     if isinstance(schema, StructType):
         return schema
@@ -170,7 +173,7 @@ def _wait(
     drain_timeout: float | timedelta | str | None,
     retain_versions: int,
     chunk_size: int | None,
-    output_buffer: int,
+    output_buffer: int | None,
     checkpoint_flush_rows: int,
     checkpoint_flush_interval: float | timedelta | str,
 ) -> DataFrame:
@@ -179,6 +182,10 @@ def _wait(
     function = as_async_function(fn)
     timeout_s = positive_seconds(timeout, "timeout")
     positive_int(capacity, "capacity")
+    if output_buffer is None:
+        # finished rows may wait behind a slower one beyond capacity, which then bounds
+        # the lookups in flight: ordered mode at capacity / latency, memory still bounded
+        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * capacity if isinstance(capacity, int) else 0
     non_negative_int(output_buffer, "output_buffer")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
@@ -458,7 +465,7 @@ def ordered_wait(
     drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
-    output_buffer: int = 0,
+    output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
 ) -> DataFrame:
@@ -509,7 +516,7 @@ def unordered_wait(
     drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
     chunk_size: int | None = None,
-    output_buffer: int = 0,
+    output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
 ) -> DataFrame:

@@ -39,8 +39,51 @@ def test_ordered_output_equals_input_order(spark: SparkSession) -> None:
     summary = metrics.summary()
     assert summary["received"] == 3000 and summary["emitted"] == 3000
     assert summary["partitions"] == 3 and summary["failed"] == 0
-    assert 0 < summary["max_in_flight"] <= 50
+    assert 0 < summary["max_in_flight"] <= 50 + 4 * 50  # capacity + the default output_buffer
     assert summary["latency_p99_ms"] is not None
+
+
+async def flaky_jittery(row: dict[str, Any]) -> list[dict[str, Any]]:
+    await asyncio.sleep(random.random() * 0.004)
+    if row["id"] % 97 == 5:
+        raise LookupError(f"no customer {row['id']}")
+    return [{"name": f"customer-{row['id']}", "tier": int(row["id"] % 3)}]
+
+
+@pytest.mark.parametrize(
+    "config",
+    ["ordered", "unordered", "keyed", "event_time", "checkpointed", "error_rows"],
+)
+def test_the_default_output_buffer_gives_the_output_of_flinks_capacity(
+    spark: SparkSession, config: str, tmp_path: Any
+) -> None:
+    df = spark.range(0, 1500, numPartitions=2).withColumn(
+        "ts", F.timestamp_seconds(F.col("id") - (F.col("id") % 7) * 3)
+    )
+    wait = unordered_wait if config in ("unordered", "keyed") else ordered_wait
+    opts: dict[str, Any] = {"timeout": 10, "capacity": 16, "output_schema": "name string, tier int"}
+    fn: Any = jittery
+    if config == "keyed":
+        opts["key"] = "tier_key"
+        df = df.withColumn("tier_key", F.col("id") % 11)
+    elif config == "event_time":
+        opts.update(event_time="ts", watermark_interval=50)
+    elif config == "error_rows":
+        fn = flaky_jittery
+        opts["on_error"] = "error_column"
+
+    def run(**extra: Any) -> list[Any]:
+        more = dict(opts, **extra)
+        if config == "checkpointed":
+            more["checkpoint_location"] = str(tmp_path / ("flink" if extra else "default"))
+        return [tuple(r) for r in wait(df, fn, **more).collect()]
+
+    defaults, flinks = run(), run(output_buffer=0)
+    if wait is ordered_wait:
+        assert defaults == flinks  # the same rows in the same order
+    else:
+        assert sorted(defaults) == sorted(flinks)
+    assert len(defaults) == 1500
 
 
 def test_ordered_with_an_output_buffer_keeps_input_order(spark: SparkSession) -> None:
