@@ -75,7 +75,8 @@ def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def _read(data: memoryview, schema: pa.Schema, where: str) -> dict[str, list[Any]]:
@@ -91,7 +92,8 @@ def _read(data: memoryview, schema: pa.Schema, where: str) -> dict[str, list[Any
             f"{where}: snapshot payload has the columns {table.schema.names} "
             f"({table.schema.types}), expected {schema.names}"
         )
-    return table.to_pydict()
+    columns: dict[str, list[Any]] = table.to_pydict()
+    return columns
 
 
 # -- keyed state ---------------------------------------------------------------------------
