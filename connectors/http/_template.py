@@ -10,7 +10,10 @@ Escaping (the value is the row's; the template text is trusted):
 
 - URL: each value is percent-encoded with nothing left safe (``/``, ``?``,
   ``#``, ``&``, ``%`` and spaces all encoded), so a value stays inside the path
-  segment or query value it was put in. The resulting URL is sent as-is.
+  segment or query value it was put in. A value that is exactly ``.`` or ``..``
+  is refused (``LookupKeyError`` naming the field): percent-encoding leaves
+  dots alone, and a normalising proxy would read it as a dot segment. The
+  resulting URL is sent as-is.
 - Query parameters and JSON body: values are handed to aiohttp / ``json``,
   which encode them. A string that is exactly one placeholder (``"{id}"``)
   takes the field's value with its type (a JSON number stays a number);
@@ -122,6 +125,14 @@ class Template:
             out.append(literal)
             if name is not None:
                 text = text_of(_value(row, name), spec)
+                if url and (text == "." or text == ".."):
+                    # quote() leaves dots as they are, and a normalising proxy or server
+                    # would read the segment as "this" or "up one level" of the path
+                    raise LookupKeyError(
+                        f"field {name!r} is {text!r}, which cannot be put in a request URL "
+                        "(a dot segment would move the path); filter such rows, or pass the "
+                        "value as a query parameter"
+                    )
                 # ASCII letters and digits never need encoding (the common key).
                 out.append(quote(text, safe="") if url and not _plain(text) else text)
         return "".join(out)

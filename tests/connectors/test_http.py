@@ -22,6 +22,7 @@ from connectors import (
     LookupCache,
     LookupConnectionError,
     LookupDecodeError,
+    LookupKeyError,
     LookupResponseError,
     LookupTimeout,
     is_retryable,
@@ -465,3 +466,15 @@ def test_url_template_encodes_its_text_once_and_every_unsafe_value() -> None:
         )
     # Without url=True nothing is encoded: the text as written, values as text.
     assert template.render({"x": "a/b", "y": 1}) == "http://h/a b/a/b/%41?q=1"
+
+
+@pytest.mark.parametrize("value", [".", ".."])
+def test_a_dot_segment_value_is_refused_in_a_url_naming_the_field(value: str) -> None:
+    from connectors.http._template import Template
+
+    template = Template("http://h/customers/{cid}/orders", option="url")
+    with pytest.raises(LookupKeyError, match=rf"field 'cid' is '{value}'"):
+        template.render({"cid": value}, url=True)
+    # dots inside a value stay (they do not make a dot segment), and outside URLs too
+    assert template.render({"cid": "a..b"}, url=True) == "http://h/customers/a..b/orders"
+    assert template.render({"cid": value}) == f"http://h/customers/{value}/orders"
