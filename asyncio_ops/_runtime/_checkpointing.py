@@ -200,12 +200,39 @@ def _key_group(row: Any, kind: str) -> int | None:
     return None if kg is None else int(kg)
 
 
+def _column(table: pa.Table, column: str, name: str) -> list[Any]:
+    """A column of a checkpoint file as Python values; CheckpointError naming the file."""
+    if column not in table.column_names:
+        raise CheckpointError(f"checkpoint file {name} lacks the column {column!r}")
+    return table.column(column).to_pylist()  # type: ignore[no-any-return]
+
+
 def _check_entries(table: pa.Table, name: str) -> None:
     wanted = {"seq", "after_watermark", "row", "timestamp", "late", "results", "attempts",
               "deadline", "key_group"}  # fmt: skip
     missing = sorted(wanted - set(table.column_names))
     if missing:
         raise CheckpointError(f"checkpoint file {name} lacks the column(s) {missing}")
+    types = table.schema
+    for column, check in _ENTRY_TYPES.items():
+        if not check(types.field(column).type):
+            raise CheckpointError(
+                f"checkpoint file {name}: column {column!r} is {types.field(column).type}, "
+                "not what an in-flight element is written as"
+            )
+
+
+_ENTRY_TYPES: Final = {
+    "seq": pa.types.is_integer,
+    "after_watermark": pa.types.is_floating,
+    "timestamp": pa.types.is_floating,
+    "attempts": pa.types.is_integer,
+    "deadline": pa.types.is_floating,
+    "key_group": pa.types.is_integer,
+    "late": lambda t: pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_list(t),
+    "row": lambda t: pa.types.is_struct(t) or pa.types.is_list(t),
+    "results": pa.types.is_list,
+}
 
 
 @dataclass(frozen=True)
@@ -227,6 +254,21 @@ def _stored(
             f"makes {kind!r} (chunk_size or the function changed): use another uid or location"
         )
     input_schema = _row_schema(table)
+    try:
+        return _stored_rows(table, old_partition, kind, output_schema, input_schema)
+    except (TypeError, ValueError, KeyError, pa.ArrowException) as exc:
+        raise CheckpointError(
+            f"checkpoint file {name} holds in-flight elements that do not read back: {exc}"
+        ) from exc
+
+
+def _stored_rows(
+    table: pa.Table,
+    old_partition: int,
+    kind: str,
+    output_schema: pa.Schema,
+    input_schema: pa.Schema | None,
+) -> list[_Stored]:
     out = []
     for r in table.to_pylist():
         row, results = r["row"], r["results"]
@@ -444,8 +486,8 @@ class PartitionCheckpoint:
             max_seen = max(max_seen, _float(m, _MAX_SEEN, path))
             current = max(current, _float(m, _WATERMARK, path))
             if keyed:
-                groups = manifest.column("key_group").to_pylist()
-                files = manifest.column("file").to_pylist()
+                groups = _column(manifest, "key_group", path)
+                files = _column(manifest, "file", path)
                 for kg, file in zip(groups, files, strict=True):
                     if kg in kg_range:
                         table = storage.read(previous, file)
