@@ -346,7 +346,7 @@ class AsyncWaitOperator:
         self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
         self._buckets: dict[int, _TimeoutBucket] = {}
         self._newest_bucket: _TimeoutBucket | None = None  # kept while empty, see _empty_bucket
-        self._latency_tick = 0
+        self._latency_tick = 3  # the 1-in-4 latency sample takes the first completion
         self._queue = make_queue(
             mode, capacity + output_buffer, key_selector is not None, _Entry
         )

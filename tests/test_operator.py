@@ -1206,3 +1206,20 @@ def test_keyboard_interrupt_in_a_lookup_fails_naming_the_row(
             await op.close()
 
     run(main())
+
+
+def test_one_element_is_enough_for_a_latency(run: Runner[Any]) -> None:
+    async def main() -> Any:
+        clock = ManualClock()
+        fn = Controlled()
+        op, _ = make_op(fn, clock=clock)
+        await op.open()
+        await op.process_element(1)
+        clock.advance(0.25)
+        fn.complete(1)
+        await op.end_input()
+        await op.close()
+        return op.statistics()
+
+    stats = run(main())
+    assert stats.latency_p50 is not None and abs(stats.latency_p50 - 0.25) <= 0.25 * 0.05
