@@ -28,14 +28,19 @@ def add_batch_options(
     """The options every batch example shares: sizes, Spark master, capacity, output."""
     p.add_argument("--orders", type=int, default=orders, help="orders to generate")
     p.add_argument("--customers", type=int, default=100_000, help="customer ids 1..N")
-    p.add_argument("--master", default="local[*]")
+    p.add_argument(
+        "--master", default=None,
+        help="Spark master (default: spark-submit's, SPARK_MASTER/MASTER, else local[*])",
+    )  # fmt: skip
     p.add_argument("--partitions", type=int, default=None, help="default: Spark's parallelism")
     p.add_argument("--capacity", type=int, default=capacity, help=capacity_help)
     p.add_argument("--sample", type=int, default=5, help="rows to print")
     p.add_argument("--json", action="store_true", help="print one RESULT {...} line")
 
 
-def spark_session(master: str, app_name: str, partitions: int | None = None) -> SparkSession:
+def spark_session(
+    master: str | None, app_name: str, partitions: int | None = None
+) -> SparkSession:
     """A local (or given) SparkSession with quiet logs and UTC time."""
     conf = {"spark.sql.session.timeZone": "UTC"}
     if partitions:

@@ -8,9 +8,35 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+DEFAULT_MASTER = "local[*]"
+
+
+def resolve_master(
+    master: str | None,
+    conf: dict[str, Any] | None,
+    environ: dict[str, str] | os._Environ[str],
+    active: bool,
+) -> str | None:
+    """The master ``session()`` sets, or None to leave it to Spark.
+
+    A master chosen elsewhere wins; ``session()`` only fills in what is missing:
+
+    1. ``master=`` given to ``session()``, or ``spark.master`` in its ``conf``;
+    2. a session already active in this process (``getOrCreate`` returns it);
+    3. ``spark-submit --master`` (the driver was launched by spark-submit: the
+       JVM it connects to, ``PYSPARK_GATEWAY_PORT``, holds the master);
+    4. ``SPARK_MASTER`` or ``MASTER`` in the environment;
+    5. otherwise ``local[*]``.
+    """
+    if master is not None:
+        return master
+    if (conf and "spark.master" in conf) or active or environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    return environ.get("SPARK_MASTER") or environ.get("MASTER") or DEFAULT_MASTER
+
 
 def session(
-    master: str = "local[*]",
+    master: str | None = None,
     app_name: str = "asyncio_ops",
     conf: dict[str, Any] | None = None,
 ) -> SparkSession:
@@ -18,20 +44,27 @@ def session(
 
     Workers must import asyncio_ops and the user's function: they run
     ``sys.executable`` (``PYSPARK_PYTHON`` and ``spark.pyspark.python``) unless
-    the caller's ``conf`` says otherwise. The UI is off and shuffle partitions
-    are few on a local master, as suits a laptop or CI.
+    the caller's ``conf`` says otherwise. The master is the one given, else the
+    one spark-submit, an active session or the environment chose, else
+    ``local[*]`` (:func:`resolve_master`). The UI is off, and shuffle
+    partitions are few on a local master, as suits a laptop or CI.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    chosen = resolve_master(
+        master, conf, os.environ, SparkSession.getActiveSession() is not None
+    )
+    builder = SparkSession.builder.appName(app_name)
+    if chosen is not None:
+        builder = builder.master(chosen)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    if master.startswith("local"):
+    effective = chosen or str((conf or {}).get("spark.master", ""))
+    if effective.startswith("local"):
         builder = builder.config("spark.sql.shuffle.partitions", "4")
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
