@@ -344,7 +344,7 @@ async def test_pg_outage_beyond_the_timeout_budget_fails_in_time(
             run_async_wait(lookup, [{"id": 7}], timeout=budget, retry=retry_connector_errors(1000)),
         )
     elapsed = time.monotonic() - started
-    assert budget <= elapsed < budget + 3
+    assert budget <= elapsed < budget + 8  # the budget, then a give-up (margin: loaded CPUs)
     assert "{'id': 7}" in str(caught.value)
 
 
@@ -430,7 +430,7 @@ async def test_pg_stalled_connection_times_out_with_the_operator_budget(
     with pytest.raises(AsyncTimeoutError):
         await within(budget + 15, run_async_wait(lookup, rows(), timeout=budget, capacity=10))
     elapsed = time.monotonic() - started
-    assert elapsed < budget + query_timeout + 2, f"took {elapsed:.1f} s to give up"
+    assert elapsed < budget + query_timeout + 8, f"took {elapsed:.1f} s to give up"
     assert len(lookup.sent) >= 2
 
 
@@ -449,7 +449,7 @@ async def test_pg_stalled_query_is_a_lookup_timeout_at_query_timeout(
         started = time.monotonic()
         with pytest.raises(LookupTimeout) as caught:
             await within(10, lookup.async_invoke({"customer_id": 4}))
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 8  # query_timeout 0.5 s, not the 10 s stall
     assert is_retryable(caught.value)
     assert isinstance(caught.value, TimeoutError)
     assert f"127.0.0.1:{pg_proxy.port}" in str(caught.value)
@@ -761,7 +761,7 @@ async def test_http_server_that_never_answers_is_a_lookup_timeout(
     async with lookup:
         with pytest.raises(LookupTimeout) as caught:
             await within(10, lookup.async_invoke({"customer_id": 1}))
-    assert time.monotonic() - started < 3  # 2 attempts x 0.5 s, plus the backoff
+    assert time.monotonic() - started < 8  # 2 attempts x 0.5 s and the backoff, not 10 s
     assert server.connections == 2
     _assert_names_url_without_secret(caught.value, server.port)
 

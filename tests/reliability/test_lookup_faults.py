@@ -71,15 +71,17 @@ def test_transient_failures_with_retry_emit_every_row_exactly_once(mode: OutputM
 def test_permanent_failure_without_retry_fails_fast_naming_the_input() -> None:
     class Permanent(Faulty):
         async def async_invoke(self, value: Any) -> list[Any]:
+            self.attempts[value] += 1
             await asyncio.sleep(0.001)
             if value == 137:
                 raise PermissionError("denied for customer 137")
             return [value]
 
-    started = time.monotonic()
+    fn = Permanent()
     with pytest.raises(AsyncOperatorError) as info:
-        asyncio.run(run_async_wait(Permanent(), range(10_000), timeout=10, capacity=32))
-    assert time.monotonic() - started < 5  # fails at row 137, not after the input
+        asyncio.run(run_async_wait(fn, range(10_000), timeout=10, capacity=32))
+    # fails at row 137, not after the input: at most capacity requests beyond it were made
+    assert sum(fn.attempts.values()) <= 137 + 1 + 32
     assert "137" in str(info.value) and isinstance(info.value.__cause__, PermissionError)
 
 
@@ -103,7 +105,7 @@ def test_a_hanging_lookup_ends_within_its_timeout() -> None:
     started = time.monotonic()
     with pytest.raises(AsyncTimeoutError, match="5"):
         asyncio.run(run_async_wait(hangs, range(10), timeout=0.5))
-    assert time.monotonic() - started < 0.5 + 1.0
+    assert time.monotonic() - started < 0.5 + 10  # its timeout, not a hang (loaded-machine margin)
 
 
 def test_a_result_after_the_timeout_is_dropped_not_duplicated() -> None:
@@ -150,7 +152,7 @@ def test_error_column_keeps_every_failed_row_with_its_error(spark: SparkSession)
     metrics = AsyncMetrics(spark)
     started = time.monotonic()
     rows = unordered_wait(
-        spark.range(0, 200, numPartitions=2), MixedFaults(), timeout=0.5, capacity=100,
+        spark.range(0, 200, numPartitions=2), MixedFaults(), timeout=2.0, capacity=100,
         output_schema="v long", on_error="error_column", metrics=metrics,
     ).collect()  # fmt: skip
     assert time.monotonic() - started < 30

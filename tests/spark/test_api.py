@@ -164,7 +164,7 @@ def test_error_column_keeps_failed_and_timed_out_rows(spark: SparkSession) -> No
             return [{"name": f"c{row['id']}"}]
 
     out = unordered_wait(
-        spark.range(0, 40, numPartitions=2), Flaky(), timeout=0.3, capacity=50,
+        spark.range(0, 40, numPartitions=2), Flaky(), timeout=2.0, capacity=50,
         output_schema="name string", on_error="error_column",
     )  # fmt: skip
     rows = {r.id: r for r in out.collect()}
