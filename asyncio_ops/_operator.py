@@ -736,12 +736,7 @@ class AsyncWaitOperator:
         entry: _Entry = self._queue.try_put(record, key)  # type: ignore[assignment]
         assert entry is not None, "room was checked"
         self._queued += 1
-        entry.attempts = 1
-        entry.started = started
-        entry.deadline = started + timeout
-        entry.retry_at = entry.worker = entry.last_error = entry.bucket = None
-        entry.timed_out = False
-        self._in_flight += 1
+        self._track(entry, 1, started, started + timeout)
         return entry
 
     def _emit_at_once(self, element: Any, value: Any, key: Any, results: Sequence[Any]) -> None:
@@ -769,17 +764,13 @@ class AsyncWaitOperator:
         except Exception as exc:
             self._fail(exc)
 
-    def _track(self, entry: _Entry, attempts: int, deadline: float) -> None:
-        """Start the operator's bookkeeping of a record just put in the queue (the
-        worker inlines this for new input)."""
+    def _track(self, entry: _Entry, attempts: int, started: float, deadline: float) -> None:
+        """Start the operator's bookkeeping of a record just put in the queue."""
         entry.attempts = attempts
-        entry.started = self._clock_now()
+        entry.started = started
         entry.deadline = deadline
-        entry.retry_at = None
-        entry.worker = None
+        entry.retry_at = entry.worker = entry.last_error = entry.bucket = None
         entry.timed_out = False
-        entry.last_error = None
-        entry.bucket = None
         self._in_flight += 1
 
     def _admit_special(self, element: Watermark | _Restored) -> _Entry | None:
@@ -806,7 +797,7 @@ class AsyncWaitOperator:
             return None
         deadline = element.deadline
         assert deadline is not None
-        self._track(entry, max(0, element.attempts), deadline)
+        self._track(entry, max(0, element.attempts), self._clock_now(), deadline)
         if deadline <= self._clock_now():
             self._on_timeout(entry)  # its budget ran out while it was stored
             return None

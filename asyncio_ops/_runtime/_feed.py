@@ -13,7 +13,7 @@ of requesting them again (same position and same row fingerprint only).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -102,33 +102,38 @@ class Feeder:
 
     async def feed_arrow(self, batch: pa.RecordBatch) -> None:
         """Columnar: one element per chunk, a slice (or a take) of ``batch``."""
-        plan = self._plan_chunks(batch.num_rows, batch, None)
-        inputs: list[Any] = []
-        for item in plan:
-            if type(item) is Watermark:
-                inputs.append(item)
-                continue
-            rows, late, ts = item
-            if type(rows) is range:  # consecutive rows: a zero-copy slice
-                chunk = batch.slice(rows.start, len(rows))
-            else:
-                chunk = batch.take(pa.array(rows, pa.int64()))
-            inputs.append(self._chunk_record(chunk, late, ts))
-        await self._process(inputs)
+
+        def take(indices: Sequence[int]) -> pa.RecordBatch:
+            if type(indices) is range:  # consecutive rows: a zero-copy slice
+                return batch.slice(indices.start, len(indices))
+            return batch.take(pa.array(indices, pa.int64()))
+
+        await self._feed_chunks(batch.num_rows, batch, None, take)
 
     async def _feed_row_chunks(self, rows: list[dict[str, Any]]) -> None:
-        plan = self._plan_chunks(len(rows), None, rows)
+        def take(indices: Sequence[int]) -> list[dict[str, Any]]:
+            if type(indices) is range:
+                return rows[indices.start : indices.stop]
+            return [rows[i] for i in indices]
+
+        await self._feed_chunks(len(rows), None, rows, take)
+
+    async def _feed_chunks(
+        self,
+        n: int,
+        batch: pa.RecordBatch | None,
+        rows: list[dict[str, Any]] | None,
+        take: Callable[[Sequence[int]], Any],
+    ) -> None:
+        """The chunks :meth:`_plan_chunks` cuts, as elements (``take`` makes each one's
+        input from its row indices), with the watermarks between them."""
         inputs: list[Any] = []
-        for item in plan:
+        for item in self._plan_chunks(n, batch, rows):
             if type(item) is Watermark:
                 inputs.append(item)
                 continue
             indices, late, ts = item
-            if type(indices) is range:
-                chunk = rows[indices.start : indices.stop]
-            else:
-                chunk = [rows[i] for i in indices]
-            inputs.append(self._chunk_record(chunk, late, ts))
+            inputs.append(self._chunk_record(take(indices), late, ts))
         await self._process(inputs)
 
     def _chunk_record(self, chunk: Any, late: list[bool] | None, ts: float | None) -> Any:
