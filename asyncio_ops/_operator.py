@@ -14,10 +14,12 @@ Semantics:
 - At most ``capacity`` elements (watermarks included) are in the queue. When it
   is full, ``process_element`` awaits; completions, timers and emission go on
   meanwhile (backpressure).
-- ``capacity`` long-lived worker tasks run the attempts: a worker takes the
-  next input once the queue has room, puts it in the queue and awaits the
-  user's coroutine directly, then takes the next; no task, wrapper or timer
-  is created per element. ``process_element`` (and ``process_elements``,
+- Up to ``capacity`` long-lived worker tasks run the attempts (started as
+  work arrives, never ahead of it): a worker takes the next input once the
+  queue has room, steps its coroutine once, puts it in the queue if it did
+  not complete at once (one that did, with results the queue would emit
+  anyway, needs no entry), awaits it directly, then takes the next; no task,
+  wrapper or timer is created per element. ``process_element`` (and ``process_elements``,
   ``process_watermark``) return once everything given is in the queue, its
   first attempt started (run to its first suspension), in input order. A
   coroutine that finishes without suspending completes within the same step.
@@ -41,8 +43,9 @@ Semantics:
   locks); ``output`` is called once per emitted record or watermark, in the
   queue's order (with ``emit_results``, once per element with its results).
 - Every task the operator starts (workers, awaited ``timeout()`` answers) is
-  cancelled and awaited by :meth:`close`; an error of the operator's own in
-  any of them fails the operator. A worker cancelled from outside (the loop
+  cancelled by :meth:`close` and awaited up to ``close_grace`` seconds; one
+  that ignores its cancellation is abandoned and logged with its row. An
+  error of the operator's own in any of them fails the operator. A worker cancelled from outside (the loop
   shutting down) ends; a ``CancelledError`` raised inside an attempt is a
   failed attempt.
 - :meth:`snapshot_state` holds every element not yet emitted, in queue order,
