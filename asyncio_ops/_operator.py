@@ -45,9 +45,9 @@ Semantics:
 - Every task the operator starts (workers, awaited ``timeout()`` answers) is
   cancelled by :meth:`close` and awaited up to ``close_grace`` seconds; one
   that ignores its cancellation is abandoned and logged with its row. An
-  error of the operator's own in any of them fails the operator. A worker cancelled from outside (the loop
-  shutting down) ends; a ``CancelledError`` raised inside an attempt is a
-  failed attempt.
+  error of the operator's own in any of them fails the operator. A worker
+  cancelled from outside (the loop shutting down) ends; a ``CancelledError``
+  raised inside an attempt is a failed attempt.
 - :meth:`snapshot_state` holds every element not yet emitted, in queue order,
   with the results of those already complete and, for the others, the
   attempts made and the absolute deadline (the element's timeout timer);
