@@ -65,7 +65,6 @@ import asyncio
 import collections
 import enum
 import logging
-import math
 import random
 import time
 import types
@@ -96,11 +95,10 @@ from ._results import bad_results, bad_timeout_results, describe_record, element
 from ._retry import AsyncRetryStrategy
 from ._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
 from ._statistics import LatencyHistogram, OperatorStatistics
+from ._timeout_slots import Slot, TimeoutSlots
 from ._timers import InternalTimerService, Timer
 from .options import non_negative_int, positive_int, positive_seconds
 
-TIMEOUT_GRANULARITY: Final = 0.01
-"""Seconds: timeouts fire at most this late (or 1% of the timeout, if smaller)."""
 CLOSE_GRACE: Final = 5.0
 """Seconds ``close()`` waits for cancelled tasks before abandoning them (logged)."""
 
@@ -154,7 +152,7 @@ class _Entry(ResultHandle):
     )
 
     attempts: int
-    bucket: _TimeoutBucket | None
+    bucket: Slot | None  # its timeout slot while armed
     deadline: float
     last_error: BaseException | None
     retry_at: float | None
@@ -191,24 +189,6 @@ class _Restored:
         self.deadline = deadline
 
 
-class _TimeoutBucket:
-    """Elements whose deadlines fall in one slot of the timeout granularity.
-
-    One timer of the ``async-timeouts`` service per slot, not per element: an
-    element joins the bucket of its deadline when its first attempt starts; the
-    bucket's timer is deleted when its last live element completes, and when
-    it fires, the elements still live in it time out. Memory stays bounded:
-    every live bucket holds at least one element in flight.
-    """
-
-    __slots__ = ("entries", "live", "slot")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.entries: list[_Entry] = []
-        self.live = 0
-
-
 @types.coroutine
 def _resume(coro: Any, step: Any) -> Generator[Any, Any, Any]:
     """Await a coroutine that was already stepped once and yielded ``step``.
@@ -236,24 +216,17 @@ def _uncancel(task: asyncio.Task[Any]) -> None:
         task.uncancel()
 
 
-class _TimeoutTrigger:
+class _RetryTrigger:
     __slots__ = ("op",)
 
     def __init__(self, op: AsyncWaitOperator) -> None:
         self.op = op
 
     def on_processing_time(self, timer: Timer) -> None:
-        self.op._on_timeout_slot(timer.namespace)  # type: ignore[arg-type]
+        self.op._on_retry_timer(timer.namespace)  # type: ignore[arg-type]
 
     def on_event_time(self, timer: Timer) -> None:  # pragma: no cover - never registered
-        raise AssertionError("async-timeouts has no event-time timers")
-
-
-class _RetryTrigger(_TimeoutTrigger):
-    __slots__ = ()
-
-    def on_processing_time(self, timer: Timer) -> None:
-        self.op._on_retry_timer(timer.namespace)  # type: ignore[arg-type]
+        raise AssertionError("async-retries has no event-time timers")
 
 
 class AsyncWaitOperator:
@@ -346,9 +319,6 @@ class AsyncWaitOperator:
         self._in_flight = 0
         self._queued = 0  # len(self._queue), kept here: read once per element
         self.timeout = positive_seconds(timeout, "timeout")
-        self._granularity = min(TIMEOUT_GRANULARITY, self.timeout / 100)
-        self._buckets: dict[int, _TimeoutBucket] = {}
-        self._newest_bucket: _TimeoutBucket | None = None  # kept while empty, see _empty_bucket
         self._latency_tick = 3  # the 1-in-4 latency sample takes the first completion
         self._queue = make_queue(
             mode, capacity + output_buffer, key_selector is not None, _Entry
@@ -359,7 +329,7 @@ class AsyncWaitOperator:
         self._runtime_context = runtime_context or RuntimeContext()
         self._on_failure = on_failure
         self._key_selector = key_selector
-        self._timeouts = InternalTimerService("async-timeouts", _TimeoutTrigger(self), clock=clock)
+        self._timeouts = TimeoutSlots(self.timeout, self._on_timeout, clock=clock)
         self._retries = InternalTimerService("async-retries", _RetryTrigger(self), clock=clock)
         # the system clock's now() is time.time: called directly, one frame less per call
         self._clock_now: Callable[[], float] = time.time if clock is None else clock.now
@@ -684,7 +654,7 @@ class AsyncWaitOperator:
             # run the element's attempts until it completes, fails or waits for a retry
             entry.worker = task
             if entry.bucket is None:
-                self._arm_timeout(entry)
+                self._timeouts.arm(entry)
             value = entry.element.value  # type: ignore[union-attr]
             while True:
                 if resumed is None:
@@ -753,19 +723,11 @@ class AsyncWaitOperator:
                 return
         self._completed += 1
         self.latency.instant += 1
-        if not results:
-            return
-        self._emitted += len(results)
-        try:
-            if self._emit_results is not None:
-                self._emit_results(results)
-            else:
-                ts = element.timestamp if type(element) is Record else None
-                output = self._output
-                for r in results:
-                    output(Record(r, ts))
-        except Exception as exc:
-            self._fail(exc)
+        if results:
+            try:
+                self._send(results, element.timestamp if type(element) is Record else None)
+            except Exception as exc:
+                self._fail(exc)
 
     def _track(self, entry: _Entry, attempts: int, started: float, deadline: float) -> None:
         """Start the operator's bookkeeping of a record just put in the queue."""
@@ -864,63 +826,6 @@ class AsyncWaitOperator:
         self._wake_workers()
 
     # -- timeouts ----------------------------------------------------------------------
-    def _arm_timeout(self, entry: _Entry) -> None:
-        # Deadlines are rounded up to the granularity, so a timeout fires at most
-        # one granule late and never early.
-        if entry.deadline == math.inf:
-            return  # timeout=inf: no deadline
-        granularity = self._granularity
-        slot = math.ceil(entry.deadline / granularity - 1e-9)
-        bucket = self._buckets.get(slot)
-        if bucket is None:
-            bucket = self._buckets[slot] = _TimeoutBucket(slot)
-            self._timeouts.register_processing_time_timer(slot, slot * granularity, None)
-            newest = self._newest_bucket
-            if newest is not None and slot > newest.slot:
-                self._newest_bucket = bucket
-                if not newest.live:  # no longer the one kept while empty
-                    self._drop_bucket(newest)
-            elif newest is None:
-                self._newest_bucket = bucket
-        bucket.entries.append(entry)
-        bucket.live += 1
-        entry.bucket = bucket
-
-    def _release_timeout(self, entry: _Entry) -> None:
-        bucket = entry.bucket
-        if bucket is None:
-            return
-        entry.bucket = None
-        bucket.live -= 1
-        if not bucket.live:
-            self._empty_bucket(bucket)
-
-    def _empty_bucket(self, bucket: _TimeoutBucket) -> None:
-        """The bucket's last live element completed: forget its elements (finished rows
-        must not stay referenced until their deadline) and delete its timer, unless it
-        is the newest bucket: elements that complete at once would otherwise create and
-        delete the timer of the same slot for every element."""
-        bucket.entries.clear()
-        if bucket is not self._newest_bucket:
-            self._drop_bucket(bucket)
-
-    def _drop_bucket(self, bucket: _TimeoutBucket) -> None:
-        if self._buckets.pop(bucket.slot, None) is not None:
-            self._timeouts.delete_processing_time_timer(
-                bucket.slot, bucket.slot * self._granularity, None
-            )
-
-    def _on_timeout_slot(self, slot: int) -> None:
-        bucket = self._buckets.pop(slot, None)
-        if bucket is None:
-            return
-        if bucket is self._newest_bucket:
-            self._newest_bucket = None
-        for entry in bucket.entries:
-            if entry.bucket is bucket:
-                entry.bucket = None
-                self._on_timeout(entry)
-
     def _on_timeout(self, entry: _Entry) -> None:
         if entry.done or entry.timed_out or self._closed:
             return
@@ -968,12 +873,8 @@ class AsyncWaitOperator:
             return
         self._in_flight -= 1
         self._completed += 1
-        bucket = entry.bucket
-        if bucket is not None:  # _release_timeout, inlined
-            entry.bucket = None
-            bucket.live -= 1
-            if not bucket.live:
-                self._empty_bucket(bucket)
+        if entry.bucket is not None:
+            self._timeouts.release(entry)
         self._latency_tick += 1
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)
@@ -997,7 +898,7 @@ class AsyncWaitOperator:
             else:
                 self._complete(entry, results)
                 return
-        self._release_timeout(entry)
+        self._timeouts.release(entry)
         error = element_failure(
             exc, record.value, entry.attempts, entry.last_error, lambda: self._describe(record)
         )
@@ -1024,31 +925,34 @@ class AsyncWaitOperator:
         if not handles:
             return 0
         self._queued -= len(handles)
-        output = self._output
-        emit_results = self._emit_results
+        send = self._send
         try:
             for handle in handles:
                 element = handle.element
                 if type(element) is Watermark:
-                    output(element)
+                    self._output(element)
                     continue
                 if handle.exception is not None:
                     raise handle.exception
-                results = handle.results
-                if results:
-                    self._emitted += len(results)
-                    if emit_results is not None:
-                        emit_results(results)
-                    else:
-                        ts = element.timestamp
-                        for r in results:
-                            output(Record(r, ts))
+                if handle.results:
+                    send(handle.results, element.timestamp)
         except Exception as exc:
             self._fail(exc)
             return len(handles)
         if self._waiter is not None:
             self._wake()  # room in the queue, or the end of input
         return len(handles)
+
+    def _send(self, results: Sequence[Any], ts: float | None) -> None:
+        """One element's (non-empty) results out: to ``emit_results`` as they are, or to
+        ``output`` one :class:`Record` each, with the input's timestamp."""
+        self._emitted += len(results)
+        if self._emit_results is not None:
+            self._emit_results(results)
+            return
+        output = self._output
+        for r in results:
+            output(Record(r, ts))
 
     # -- snapshot ----------------------------------------------------------------------
     def snapshot_state(self) -> OperatorSnapshot:

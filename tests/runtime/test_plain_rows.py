@@ -269,8 +269,8 @@ def test_finished_rows_are_not_kept_until_their_deadline() -> None:
         for start in range(0, 5000, 500):
             await op.process_elements(list(range(start, start + 500)))
         await op.end_input()
-        held = sum(len(b.entries) for b in op._buckets.values())
-        buckets = len(op._buckets)
+        held = sum(len(s.elements) for s in op._timeouts.slots.values())
+        buckets = len(op._timeouts.slots)
         await op.close()
         return held, buckets
 
