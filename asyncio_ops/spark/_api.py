@@ -185,7 +185,7 @@ def _wait(
     if output_buffer is None:
         # finished rows may wait behind a slower one beyond capacity, which then bounds
         # the lookups in flight: ordered mode at capacity / latency, memory still bounded
-        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * capacity if isinstance(capacity, int) else 0
+        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * capacity
     non_negative_int(output_buffer, "output_buffer")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
