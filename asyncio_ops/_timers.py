@@ -19,7 +19,15 @@ Contract (Flink's InternalTimerService):
   ``key_context`` (the keyed state backend), if one is given.
 - :meth:`InternalTimerService.snapshot` returns the live timers grouped by key
   group, and :meth:`InternalTimerService.restore` takes back the groups inside
-  the service's key-group range, so timers move with their keys on rescale.
+  the service's key-group range, so timers move with their keys on rescale. A
+  timer's key group is the one its key's state is filed under (the key
+  context's :meth:`KeyContext.key_group_of`: the engine's group when the
+  engine assigned one), and a restored timer's key keeps the group it was
+  snapshotted under.
+- ``armed=False`` holds timers without scheduling anything on the clock: they
+  fire only from :meth:`InternalTimerService.fire_processing_time` and
+  :meth:`InternalTimerService.advance_watermark`. A runtime that fires
+  deadlines its own way keeps them there to snapshot and restore them.
 
 Several named services can live in one operator (``"async-timeouts"``,
 ``"async-retries"``, ``"user-timers"``); each has its own heaps.
@@ -80,6 +88,10 @@ class KeyContext(Protocol):
     def set_current_key(self, key: Any) -> None: ...
 
     def get_current_key(self) -> Any: ...
+
+    def key_group_of(self, key: Any) -> int: ...
+
+    def assign_key_group(self, key: Any, key_group: int) -> None: ...
 
 
 class TimerHeap:
@@ -175,8 +187,10 @@ class InternalTimerService:
         key_context: KeyContext | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         key_group_range: KeyGroupRange | None = None,
+        armed: bool = True,
     ) -> None:
         self.name = name
+        self._armed_mode = armed
         self._triggerable = triggerable
         self._clock: Scheduler = clock if clock is not None else SYSTEM_CLOCK
         self._key_context = key_context
@@ -248,7 +262,7 @@ class InternalTimerService:
 
     # -- firing ----------------------------------------------------------------------
     def _arm(self, when: float) -> None:
-        if self._closed:
+        if self._closed or not self._armed_mode:
             return
         if self._armed is not None:
             self._armed.cancel()
@@ -314,9 +328,11 @@ class InternalTimerService:
         """Live timers by key group: ``{kg: [(domain, key, namespace, timestamp), ...]}``."""
         out: TimerSnapshot = {}
         maxp = self._max_parallelism
+        ctx = self._key_context
+        group_of = ctx.key_group_of if ctx is not None else lambda k: assign_to_key_group(k, maxp)
         for domain, heap in ((PROCESSING_TIME, self._processing), (EVENT_TIME, self._event)):
             for t in heap:
-                kg = assign_to_key_group(t.key, maxp)
+                kg = group_of(t.key)
                 out.setdefault(kg, []).append((domain, t.key, t.namespace, t.timestamp))
         return out
 
@@ -326,10 +342,13 @@ class InternalTimerService:
         May be called several times (once per old operator instance on rescale).
         """
         n = 0
+        ctx = self._key_context
         for kg, timers in snapshot.items():
             if kg not in self._key_group_range:
                 continue
             for domain, key, namespace, ts in timers:
+                if ctx is not None:
+                    ctx.assign_key_group(key, kg)
                 if domain == PROCESSING_TIME:
                     self.register_processing_time_timer(namespace, ts, key)
                 elif domain == EVENT_TIME:

@@ -7,15 +7,21 @@ from typing import Any
 import pytest
 
 from asyncio_ops import InternalTimerService, Timer, TimerHeap
-from asyncio_ops._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
+from asyncio_ops._keygroups import (
+    KeyGroupRange,
+    assign_to_key_group,
+    compute_key_group_range_for_operator_index,
+)
 from asyncio_ops.testing import ManualClock
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, max_parallelism: int = 128) -> None:
+        self.max_parallelism = max_parallelism
         self.fired: list[tuple[str, Any, Any, float]] = []
         self.current_key: Any = None
         self.keys_seen: list[Any] = []
+        self.pinned: dict[Any, int] = {}
 
     def on_processing_time(self, timer: Timer) -> None:
         self.fired.append(("p", timer.key, timer.namespace, timer.timestamp))
@@ -32,9 +38,15 @@ class Recorder:
     def get_current_key(self) -> Any:
         return self.current_key
 
+    def key_group_of(self, key: Any) -> int:
+        return self.pinned.get(key, assign_to_key_group(key, self.max_parallelism))
+
+    def assign_key_group(self, key: Any, key_group: int) -> None:
+        self.pinned[key] = key_group
+
 
 def make(clock: ManualClock | None = None, **kw: Any) -> tuple[InternalTimerService, Recorder]:
-    rec = Recorder()
+    rec = Recorder(kw.get("max_parallelism", 128))
     svc = InternalTimerService("t", rec, clock=clock or ManualClock(), key_context=rec, **kw)
     return svc, rec
 
@@ -186,3 +198,29 @@ def test_restore_rejects_an_unknown_domain() -> None:
     svc, _ = make(max_parallelism=4, key_group_range=KeyGroupRange(0, 3))
     with pytest.raises(ValueError, match="unknown time domain"):
         svc.restore({0: [("sideways", None, "n", 1.0)]})
+
+
+def test_timers_snapshot_under_the_key_group_their_key_is_filed_under() -> None:
+    """A key the engine filed under its own key group (Spark's hash) keeps that group in
+    the snapshot, and a restored timer's key is filed under it again."""
+    svc, rec = make()
+    core = assign_to_key_group(2)
+    spark = (core + 5) % 128
+    rec.pinned[2] = spark
+    svc.register_processing_time_timer("ns", 10.0, key=2)
+    snap = svc.snapshot()
+    assert list(snap) == [spark]
+    other, rec2 = make(key_group_range=KeyGroupRange(spark, spark))
+    assert other.restore(snap) == 1
+    assert rec2.pinned == {2: spark}
+    assert [(t.key, t.timestamp) for t in other.processing_time_timers()] == [(2, 10.0)]
+
+
+def test_an_unarmed_service_schedules_nothing_and_fires_when_asked() -> None:
+    clock = ManualClock()
+    svc, rec = make(clock, armed=False)
+    svc.register_processing_time_timer("ns", 5.0, key="k")
+    clock.advance(10)
+    assert rec.fired == []
+    assert svc.fire_processing_time(clock.now()) == 1
+    assert rec.fired == [("p", "k", "ns", 5.0)]

@@ -61,6 +61,7 @@ from ._keyed_process import (
     TimeDomain,
     TimerService,
 )
+from ._keyed_snapshot import restore_key_groups, snapshot_key_groups
 from ._operator_state import OperatorStateBackend
 from ._rocksdb import RocksDBKeyedStateBackend, RocksDBSnapshot
 from ._serializers import PICKLE_SERIALIZER, PickleSerializer, Serializer
@@ -123,4 +124,6 @@ __all__ = [
     "compute_key_group_range_for_operator_index",
     "compute_operator_index_for_key_group",
     "decode_canonical",
+    "restore_key_groups",
+    "snapshot_key_groups",
 ]

@@ -5,6 +5,8 @@ Call order, per operator instance::
     backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=r, clock=c)
     backend.restore(blobs)             0..n times (once per old instance on rescale)
     state = backend.get_state(desc)    any time; restored data of that name is loaded
+    backend.assign_key_group(key, kg)  optional: file ``key`` under the key group the engine
+                                       computed (Spark's hash in the JVM), before its first use
     backend.set_current_key(key)       per record / per timer (the timer service does it)
     state.value(); state.update(v)     read and write the current key's entry
     backend.advance_watermark(w)       per watermark (event-time TTL)
@@ -17,6 +19,14 @@ holding for every state of that group its name, kind and entries in a
 backend-independent form (canonical key and namespace bytes, values encoded
 with the descriptor's serializer, TTL timestamps). A heap snapshot restores
 into RocksDB and back.
+
+Key groups. A key is filed under ``assign_to_key_group(key)`` (the core's
+Murmur3 of its canonical bytes) unless :meth:`KeyedStateBackend.assign_key_group`
+pinned it to another group: an engine that partitions by its own hash (Spark
+computes ``pmod(hash(key columns), max_parallelism)`` in the JVM) hands that
+group over with the key, and it is never recomputed in Python. A pinned key
+keeps its group for the backend's life (state, snapshots, timers); restoring a
+snapshot pins every key to the group it was filed under.
 
 ``restore(blobs)`` takes the blobs of the key groups inside this backend's
 range and ignores the others, so it can be given the whole snapshot of every
@@ -190,6 +200,8 @@ class KeyedStateBackend(ABC):
         self._key: Any = NO_KEY
         self._kprefix: bytes | None = None
         self._key_cache: dict[Any, tuple[int, bytes]] = {}
+        # Keys filed under a key group other than the core hash's (assign_key_group).
+        self._assigned: dict[Any, int] = {}
         self._watermark = _NEG_INF
         self._first_watermark = _NEG_INF
         self._tables: dict[str, TableBase] = {}
@@ -223,7 +235,9 @@ class KeyedStateBackend(ABC):
 
     def _new_key_entry(self, key: Any) -> tuple[int, bytes]:
         enc = canonical_bytes(key)
-        kg = encoded_key_group(enc, self.max_parallelism)
+        kg = self._assigned.get(key)
+        if kg is None:
+            kg = encoded_key_group(enc, self.max_parallelism)
         if kg not in self.key_group_range:
             r = self.key_group_range
             raise KeyGroupError(
@@ -239,6 +253,40 @@ class KeyedStateBackend(ABC):
         cache[key] = entry
         return entry
 
+    def assign_key_group(self, key: Any, key_group: int) -> None:
+        """File ``key`` under ``key_group`` (computed by the engine) instead of the core hash.
+
+        Call before the key's first use. :class:`KeyGroupError` if ``key_group`` is
+        outside this backend's range, or if ``key`` is already pinned to another
+        group; :class:`UnsupportedKeyError` for a key with no canonical encoding.
+        """
+        enc = canonical_bytes(key)
+        if type(key_group) is not int or key_group not in self.key_group_range:
+            r = self.key_group_range
+            raise KeyGroupError(
+                f"key {key!r}: key group {key_group!r} is outside this backend's key-group "
+                f"range {r.start}..{r.end} (max_parallelism {self.max_parallelism})"
+            )
+        pinned = self._assigned.get(key)
+        if pinned == key_group:
+            return
+        if pinned is not None:
+            raise KeyGroupError(
+                f"key {key!r} is filed under key group {pinned}; it cannot move to {key_group}"
+            )
+        if encoded_key_group(enc, self.max_parallelism) == key_group:
+            return  # the core hash agrees: nothing to remember
+        self._assigned[key] = key_group
+        if self._key_cache.pop(key, None) is not None and self._key == key:
+            self._key = key  # the current key: refresh its cached group
+
+    def key_group_of(self, key: Any) -> int:
+        """The key group ``key``'s state is filed under (KeyGroupError outside the range)."""
+        entry = self._key_cache.get(key)
+        if entry is None:
+            entry = self._new_key_entry(key)
+        return entry[0] + self._kg_start
+
     def get_current_key(self) -> Any:
         """The current key (None before the first ``set_current_key``)."""
         key = self._key
@@ -249,10 +297,7 @@ class KeyedStateBackend(ABC):
         key = self._key
         if key is NO_KEY:
             return None
-        entry = self._key_cache.get(key)
-        if entry is None:  # evicted from the bounded cache meanwhile
-            entry = self._new_key_entry(key)
-        return entry[0] + self._kg_start
+        return self.key_group_of(key)
 
     # -- time -------------------------------------------------------------------------
     def advance_watermark(self, watermark: float) -> None:
@@ -406,6 +451,12 @@ class KeyedStateBackend(ABC):
             if not isinstance(payload, list):
                 raise CorruptStateError(f"key group {kg}: snapshot payload is not a list")
             decoded.append((kg, payload))
+        maxp = self.max_parallelism
+        for kg, dumps in decoded:
+            for dump in dumps:  # every key keeps the group it was filed under
+                for entry in dump[3] if isinstance(dump, tuple) and len(dump) == 4 else ():
+                    if encoded_key_group(entry[0], maxp) != kg:
+                        self._assigned.setdefault(decode_canonical(entry[0]), kg)
         for kg, dumps in decoded:
             for dump in dumps:
                 try:
@@ -442,6 +493,7 @@ class KeyedStateBackend(ABC):
         self._tables.clear()
         self._pending.clear()
         self._per_record.clear()
+        self._assigned.clear()
 
     @property
     def closed(self) -> bool:

@@ -41,12 +41,12 @@ from typing import Any, Final, Generic, TypeVar
 
 from .._clock import Scheduler
 from .._elements import Record, StreamElement, Watermark
-from .._exceptions import ConfigurationError, CorruptStateError, StateError
+from .._exceptions import ConfigurationError, StateError
 from .._functions import RuntimeContext
 from .._timers import InternalTimerService, Timer
 from ._backend import KeyedStateBackend
-from ._blob import KEYED_OPERATOR, seal, unseal
 from ._descriptors import StateDescriptor
+from ._keyed_snapshot import restore_key_groups, snapshot_key_groups
 
 __all__ = [
     "Collector",
@@ -302,12 +302,7 @@ class KeyedProcessOperator:
     # -- snapshot ---------------------------------------------------------------------
     def snapshot(self) -> dict[int, bytes]:
         """``{key_group: blob}``: each blob holds the group's state blob and its timers."""
-        state = self.backend.snapshot()
-        timers = self.timer_service.snapshot()
-        return {
-            kg: seal(KEYED_OPERATOR, kg, (state.get(kg), timers.get(kg, [])))
-            for kg in sorted(state.keys() | timers.keys())
-        }
+        return snapshot_key_groups(self.backend, self.timer_service)
 
     def restore(self, snapshot: Mapping[int, bytes]) -> int:
         """Take the key groups of ``snapshot`` inside the backend's range; returns how many.
@@ -317,25 +312,7 @@ class KeyedProcessOperator:
         """
         if self._opened:
             raise StateError("KeyedProcessOperator.restore must come before open")
-        kgr = self.backend.key_group_range
-        states: dict[int, bytes] = {}
-        timers: dict[int, list[tuple[str, Any, Any, float]]] = {}
-        taken = 0
-        for kg, blob in snapshot.items():
-            if not isinstance(kg, int) or kg not in kgr:
-                continue
-            payload = unseal(KEYED_OPERATOR, kg, blob)
-            try:
-                state_blob, kg_timers = payload
-            except (TypeError, ValueError) as exc:
-                raise CorruptStateError(f"key group {kg}: malformed operator snapshot") from exc
-            if state_blob is not None:
-                states[kg] = state_blob
-            timers[kg] = kg_timers
-            taken += 1
-        self.backend.restore(states)
-        self.timer_service.restore(timers)
-        return taken
+        return restore_key_groups(self.backend, self.timer_service, snapshot)
 
     def __repr__(self) -> str:
         return (
