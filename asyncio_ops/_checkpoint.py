@@ -2,9 +2,12 @@
 
 Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://)::
 
-    <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i: watermark state, and its
-                                        in-flight elements (unkeyed) or key-group files (keyed)
-    <uid>/v<version>/kg-<kg>.ckpt       in-flight elements of one key group (keyed mode)
+    <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: its key-group
+                                        files, element kind and input schema
+    <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (sealed blob): watermark
+                                        state, and its in-flight elements (unkeyed)
+    <uid>/v<version>/kg-<kg>.ckpt       keyed state and timeout timers of one key group's
+                                        in-flight elements (sealed blob, keyed mode)
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)

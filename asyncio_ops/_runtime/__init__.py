@@ -11,6 +11,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_feed``: rows into operator elements, event time and watermarks, replay;
 - ``_sink``: output rows and batches into Arrow batches of the output schema;
 - ``_checkpointing``: what a partition writes and restores (typed Arrow);
+- ``_inflight``: what a micro-batch carries over, as keyed and operator state;
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`.
 """
@@ -26,6 +27,7 @@ from ._spec import (
     ERROR_TYPE,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
+    STATE_BACKENDS,
     PartitionSpec,
     TaskInfo,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "KEY_GROUP_COLUMN",
     "LATE_COLUMN",
     "MAX_OPEN_FUNCTIONS",
+    "STATE_BACKENDS",
     "PartitionSpec",
     "RunMetrics",
     "TaskInfo",

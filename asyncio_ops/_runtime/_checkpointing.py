@@ -16,30 +16,20 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
   columns). Written every ``flush_rows`` lookups or ``flush_interval``
   seconds, so a retried attempt re-requests at most the elements in flight
   plus the lookups of one unflushed stretch.
-- ``subtask-<i>`` (streaming): the manifest: the watermark state (highest
-  event time seen, current watermark) and either the elements still in
-  flight (unkeyed: operator state, split evenly over the new partitions on
-  restore) or the names of the key-group files (keyed).
-- ``kg-<kg>`` (streaming, keyed): the in-flight elements of one key group
-  (a row, or a chunk: every row of a keyed chunk is of one key group); they
-  follow their key group to whichever partition owns it next.
+- ``kg-<kg>`` (streaming, keyed): the sealed state blob of one key group: the
+  keyed list state of its in-flight elements and their timeout timers
+  (``asyncio_ops._runtime._inflight``); it follows its key group to whichever
+  partition owns it next.
+- ``ops-<i>`` (streaming): partition i's sealed operator-state blob: the
+  watermark state (union) and, unkeyed, its in-flight elements (even split).
+- ``subtask-<i>`` (streaming): the manifest, written last: the key-group
+  files partition i wrote, and the number of partitions.
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
-
-An in-flight element is stored as: its position in its old partition's queue
-(``seq``), the last watermark before it in that queue (``after_watermark``),
-the row (typed by the input schema), its event time and lateness (a chunk:
-its rows, its latest event time and one lateness flag per row), its
-results if it completed but was not yet emitted (typed by the output schema),
-the attempts made, its absolute deadline (the timeout timer) and its key
-group. Restore orders elements by (``after_watermark``, old partition,
-``seq``) and puts a watermark before each group, so no row crosses a
-watermark across a micro-batch boundary and each key keeps its order.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -47,15 +37,23 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .._checkpoint import CheckpointStorage, Version
-from .._elements import Record, Watermark
+from .._elements import Watermark
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import CheckpointedFunction
 from .._keygroups import compute_key_group_range_for_operator_index
 from .._snapshot import SnapshotEntry
-from ._adapters import RowValue
+from ._inflight import (
+    ARROW,
+    ROW,
+    ROWS,
+    CarryOver,
+    ElementSerializer,
+    WatermarkState,
+    in_order,
+    to_stored,
+)
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -64,17 +62,9 @@ _KIND: Final = b"aops.kind"
 _KEYED: Final = b"aops.keyed"
 _NUM_PARTITIONS: Final = b"aops.num_partitions"
 _PARTITION: Final = b"aops.partition"
-_MAX_SEEN: Final = b"aops.max_seen"
-_WATERMARK: Final = b"aops.watermark"
 _ELEMENT: Final = b"aops.element"
-
-
-@dataclass(frozen=True)
-class WatermarkState:
-    """Highest event time seen and the current watermark (-inf: none yet)."""
-
-    max_seen: float = -math.inf
-    current: float = -math.inf
+_INPUT_SCHEMA: Final = b"aops.input_schema"
+_BLOB: Final = "blob"
 
 
 @dataclass(frozen=True)
@@ -84,17 +74,6 @@ class Restored:
     entries: tuple[SnapshotEntry, ...]
     watermarks: WatermarkState
     input_schema: pa.Schema | None
-
-
-def _struct(schema: pa.Schema) -> pa.StructType:
-    return pa.struct(list(schema))
-
-
-def _float(meta: dict[bytes, bytes], key: bytes, name: str) -> float:
-    try:
-        return float(meta[key])
-    except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint file {name} lacks a valid {key.decode()}") from exc
 
 
 def _int(meta: dict[bytes, bytes], key: bytes, name: str) -> int:
@@ -121,85 +100,6 @@ def _array(values: list[Any], type_: pa.DataType, what: str) -> pa.Array:
         raise _explain(values, type_, what, exc) from exc
 
 
-# -- in-flight elements <-> Arrow ----------------------------------------------------------------
-ROW: Final = "row"
-ROWS: Final = "rows"
-ARROW: Final = "arrow"
-"""What an element is: a row, a chunk of row dicts, or a chunk as an Arrow batch."""
-
-
-def _value_type(kind: str, schema: pa.Schema) -> pa.DataType:
-    return _struct(schema) if kind == ROW else pa.list_(_struct(schema))
-
-
-def entries_table(
-    entries: Sequence[SnapshotEntry],
-    input_schema: pa.Schema,
-    output_schema: pa.Schema,
-    kind: str = ROW,
-) -> pa.Table:
-    """``entries`` (queue order) as a table; watermarks become ``after_watermark``.
-
-    ``row`` holds the element's input: a row, or (chunks) the list of its rows.
-    """
-    seq: list[int] = []
-    after: list[float] = []
-    rows: list[Any] = []
-    stamps: list[float | None] = []
-    late: list[bool | list[bool] | None] = []
-    results: list[Any] = []
-    attempts: list[int] = []
-    deadlines: list[float | None] = []
-    groups: list[int | None] = []
-    last_watermark = -math.inf
-    for i, entry in enumerate(entries):
-        element = entry.element
-        if type(element) is Watermark:
-            last_watermark = element.timestamp
-            continue
-        assert type(element) is Record
-        value: RowValue = element.value
-        row = value.row
-        seq.append(i)
-        after.append(last_watermark)
-        rows.append(row.to_pylist() if kind == ARROW else row)
-        stamps.append(element.timestamp)
-        late.append(value.late)
-        done = entry.results
-        if done is not None and kind == ARROW:  # one output batch
-            results.append([r for batch in done for r in batch.to_pylist()])
-        else:
-            results.append(list(done) if done is not None else None)
-        attempts.append(entry.attempts)
-        deadlines.append(entry.deadline)
-        groups.append(_key_group(row, kind))
-    columns = {
-        "seq": pa.array(seq, pa.int64()),
-        "after_watermark": pa.array(after, pa.float64()),
-        "row": _array(rows, _value_type(kind, input_schema), "carried-over input"),
-        "timestamp": pa.array(stamps, pa.float64()),
-        "late": pa.array(late, pa.bool_() if kind == ROW else pa.list_(pa.bool_())),
-        "results": _array(results, pa.list_(_struct(output_schema)), "carried-over result of row"),
-        "attempts": pa.array(attempts, pa.int32()),
-        "deadline": pa.array(deadlines, pa.float64()),
-        "key_group": pa.array(groups, pa.int32()),
-    }
-    return pa.table(columns).replace_schema_metadata({_ELEMENT: kind.encode()})
-
-
-def _key_group(row: Any, kind: str) -> int | None:
-    """The element's key group (keyed: a chunk's rows share one), or None (unkeyed)."""
-    if kind == ROW:
-        kg = row.get(KEY_GROUP_COLUMN)
-        return None if kg is None else int(kg)
-    if kind == ARROW:
-        if KEY_GROUP_COLUMN not in row.schema.names or not row.num_rows:
-            return None
-        return int(row.column(KEY_GROUP_COLUMN)[0].as_py())
-    kg = row[0].get(KEY_GROUP_COLUMN) if row else None
-    return None if kg is None else int(kg)
-
-
 def _column(table: pa.Table, column: str, name: str) -> list[Any]:
     """A column of a checkpoint file as Python values; CheckpointError naming the file."""
     if column not in table.column_names:
@@ -207,104 +107,15 @@ def _column(table: pa.Table, column: str, name: str) -> list[Any]:
     return table.column(column).to_pylist()  # type: ignore[no-any-return]
 
 
-def _check_entries(table: pa.Table, name: str) -> None:
-    wanted = {"seq", "after_watermark", "row", "timestamp", "late", "results", "attempts",
-              "deadline", "key_group"}  # fmt: skip
-    missing = sorted(wanted - set(table.column_names))
-    if missing:
-        raise CheckpointError(f"checkpoint file {name} lacks the column(s) {missing}")
-    types = table.schema
-    for column, check in _ENTRY_TYPES.items():
-        if not check(types.field(column).type):
-            raise CheckpointError(
-                f"checkpoint file {name}: column {column!r} is {types.field(column).type}, "
-                "not what an in-flight element is written as"
-            )
+def _blob_table(blob: bytes) -> pa.Table:
+    return pa.table({_BLOB: pa.array([blob], pa.binary())})
 
 
-_ENTRY_TYPES: Final = {
-    "seq": pa.types.is_integer,
-    "after_watermark": pa.types.is_floating,
-    "timestamp": pa.types.is_floating,
-    "attempts": pa.types.is_integer,
-    "deadline": pa.types.is_floating,
-    "key_group": pa.types.is_integer,
-    "late": lambda t: pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_list(t),
-    "row": lambda t: pa.types.is_struct(t) or pa.types.is_list(t),
-    "results": pa.types.is_list,
-}
-
-
-@dataclass(frozen=True)
-class _Stored:
-    after: float
-    partition: int
-    seq: int
-    entry: SnapshotEntry
-
-
-def _stored(
-    table: pa.Table, old_partition: int, name: str, kind: str, output_schema: pa.Schema
-) -> list[_Stored]:
-    _check_entries(table, name)
-    written = (table.schema.metadata or {}).get(_ELEMENT, ROW.encode()).decode()
-    if written != kind:
-        raise CheckpointError(
-            f"checkpoint file {name} holds elements of kind {written!r} and the operator now "
-            f"makes {kind!r} (chunk_size or the function changed): use another uid or location"
-        )
-    input_schema = _row_schema(table)
-    try:
-        return _stored_rows(table, old_partition, kind, output_schema, input_schema)
-    except (TypeError, ValueError, KeyError, pa.ArrowException) as exc:
-        raise CheckpointError(
-            f"checkpoint file {name} holds in-flight elements that do not read back: {exc}"
-        ) from exc
-
-
-def _stored_rows(
-    table: pa.Table,
-    old_partition: int,
-    kind: str,
-    output_schema: pa.Schema,
-    input_schema: pa.Schema | None,
-) -> list[_Stored]:
-    out = []
-    for r in table.to_pylist():
-        row, results = r["row"], r["results"]
-        if kind == ARROW:
-            row = pa.RecordBatch.from_pylist(row, schema=input_schema)
-            if results is not None:
-                results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
-        value = RowValue(row, r["late"], None)
-        entry = SnapshotEntry(
-            Record(value, r["timestamp"]),
-            tuple(results) if results is not None else None,
-            None,
-            r["attempts"] or 0,
-            r["deadline"],
-        )
-        out.append(_Stored(r["after_watermark"], old_partition, r["seq"], entry))
-    return out
-
-
-def _in_order(stored: list[_Stored], event_time: bool) -> list[SnapshotEntry]:
-    """Elements in (after_watermark, old partition, seq) order, watermarks between groups."""
-    stored.sort(key=lambda s: (s.after, s.partition, s.seq))
-    out: list[SnapshotEntry] = []
-    last = -math.inf
-    for i, s in enumerate(stored):
-        if event_time and s.after > last:
-            last = s.after
-            out.append(SnapshotEntry(Watermark(last)))
-        e = s.entry
-        assert type(e.element) is Record
-        old: RowValue = e.element.value
-        # a position of its own in this version's replay log: negative, apart from input rows
-        value = RowValue(old.row, old.late, -(i + 1))
-        out.append(SnapshotEntry(Record(value, e.element.timestamp), e.results, None,
-                                 e.attempts, e.deadline))  # fmt: skip
-    return out
+def _blob(table: pa.Table, name: str) -> bytes:
+    values = _column(table, _BLOB, name)
+    if len(values) != 1 or not isinstance(values[0], bytes):
+        raise CheckpointError(f"checkpoint file {name} does not hold one state blob")
+    return values[0]
 
 
 # -- the replay log --------------------------------------------------------------------------------
@@ -444,6 +255,55 @@ class PartitionCheckpoint:
             return None
         return self.version - 1
 
+    def _carry_over(self, input_schema: pa.Schema | None, num_partitions: int) -> CarryOver:
+        spec = self.spec
+        return CarryOver(
+            ElementSerializer(self.kind, spec.output_schema, input_schema),
+            max_parallelism=spec.max_parallelism,
+            key_groups=compute_key_group_range_for_operator_index(
+                spec.max_parallelism, num_partitions, self.partition
+            ),
+            state_backend=spec.state_backend,
+        )
+
+    def _check_manifests(
+        self, manifests: list[pa.Table], paths: list[str], keyed: bool
+    ) -> pa.Schema | None:
+        """The input schema the old partitions wrote their elements with; CheckpointError
+        naming the file for a manifest of another key mode, element kind or schema."""
+        schema: pa.Schema | None = None
+        schema_path = ""
+        for manifest, path in zip(manifests, paths, strict=True):
+            meta = manifest.schema.metadata or {}
+            if (meta.get(_KEYED) == b"1") != keyed:
+                raise CheckpointError(
+                    f"checkpoint file {path} was written "
+                    f"{'with' if not keyed else 'without'} key=, and the operator now runs "
+                    f"{'with' if keyed else 'without'} it: use another uid or location"
+                )
+            kind = meta.get(_ELEMENT, b"?").decode(errors="replace")
+            if kind != self.kind:
+                raise CheckpointError(
+                    f"checkpoint file {path} holds elements of kind {kind!r} and the operator "
+                    f"now makes {self.kind!r} (chunk_size or the function changed): use "
+                    "another uid or location"
+                )
+            raw = meta.get(_INPUT_SCHEMA)
+            if not raw:
+                continue  # a partition that saw no input knows no schema, and wrote nothing
+            try:
+                found = pa.ipc.read_schema(pa.py_buffer(raw))
+            except (pa.ArrowException, ValueError) as exc:
+                raise CheckpointError(f"checkpoint file {path}: unreadable input schema") from exc
+            if schema is None:
+                schema, schema_path = found, path
+            elif not found.equals(schema):
+                raise CheckpointError(
+                    f"checkpoint files {schema_path} and {path} were written with different "
+                    f"input schemas ({schema} and {found})"
+                )
+        return schema
+
     def restore(self) -> Restored | None:
         """The elements and watermark state the previous micro-batch left for this partition."""
         previous = self._previous()
@@ -455,8 +315,7 @@ class PartitionCheckpoint:
             return None
         first = storage.read(previous, manifests[0])
         first_name = storage.path(previous, manifests[0])
-        meta = first.schema.metadata or {}
-        old_parallelism = _int(meta, _NUM_PARTITIONS, first_name)
+        old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_name)
         expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
         missing = sorted(set(expected) - set(manifests))
         if missing:
@@ -466,42 +325,32 @@ class PartitionCheckpoint:
             )
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
-        kg_range = compute_key_group_range_for_operator_index(
-            self.spec.max_parallelism, p_new, self.partition
-        )
-        stored: list[_Stored] = []
-        max_seen = current = -math.inf
-        input_schema: pa.Schema | None = None
-        for index, name in enumerate(expected):
-            manifest = first if index == 0 else storage.read(previous, name)
-            path = storage.path(previous, name)
-            m = manifest.schema.metadata or {}
-            if (m.get(_KEYED) == b"1") != keyed:
-                raise CheckpointError(
-                    f"checkpoint file {path} was written "
-                    f"{'with' if not keyed else 'without'} key=, and the operator now runs "
-                    f"{'with' if keyed else 'without'} it: use another uid or location"
-                )
-            # Spark's rule: the watermark is global, the highest any partition reached
-            max_seen = max(max_seen, _float(m, _MAX_SEEN, path))
-            current = max(current, _float(m, _WATERMARK, path))
+        manifests_read = [first] + [storage.read(previous, n) for n in expected[1:]]
+        paths = [storage.path(previous, n) for n in expected]
+        input_schema = self._check_manifests(manifests_read, paths, keyed)
+        carry = self._carry_over(input_schema, p_new)
+        kg_blobs: list[tuple[str, int, bytes]] = []
+        op_blobs: list[bytes] = []
+        for index, (manifest, path) in enumerate(zip(manifests_read, paths, strict=True)):
+            ops = f"ops-{index:05d}.ckpt"
+            op_blobs.append(_blob(storage.read(previous, ops), storage.path(previous, ops)))
             if keyed:
                 groups = _column(manifest, "key_group", path)
                 files = _column(manifest, "file", path)
                 for kg, file in zip(groups, files, strict=True):
-                    if kg in kg_range:
-                        table = storage.read(previous, file)
-                        input_schema = input_schema or _row_schema(table)
-                        stored.extend(_stored(table, index, storage.path(previous, file),
-                                              self.kind, self.spec.output_schema))  # fmt: skip
-            elif index % p_new == self.partition:  # even split of the old partitions' state
-                input_schema = input_schema or _row_schema(manifest)
-                stored.extend(_stored(manifest, index, path, self.kind, self.spec.output_schema))
+                    if kg in carry.key_groups:
+                        where = storage.path(previous, file)
+                        kg_blobs.append((where, kg, _blob(storage.read(previous, file), where)))
+        where = storage.path(previous, "")
+        watermarks, stored = carry.restore_operator(self.partition, p_new, op_blobs, where)
+        if keyed:
+            stored = carry.restore_keyed(kg_blobs)
         event_time = self.spec.event_time is not None
-        entries = _in_order(stored, event_time)
-        if event_time and entries and current > max(s.after for s in stored):
+        entries = in_order(stored, self.kind, input_schema, self.spec.output_schema, event_time)
+        current = watermarks.current
+        if event_time and entries and current > max(s.after_watermark for s in stored):
             entries.append(SnapshotEntry(Watermark(current)))  # the watermark they were behind
-        return Restored(tuple(entries), WatermarkState(max_seen, current), input_schema)
+        return Restored(tuple(entries), watermarks, input_schema)
 
     def finish(
         self,
@@ -509,44 +358,42 @@ class PartitionCheckpoint:
         watermarks: WatermarkState,
         input_schema: pa.Schema | None,
     ) -> None:
-        """Write this partition's manifest and key-group files (streaming), prune old versions."""
+        """Write this partition's state, then its manifest (streaming); prune old versions."""
         self.log.flush()
         if not self.streaming:
             self._prune_runs()
             return
-        schema = input_schema or pa.schema([])
-        out = self.spec.output_schema
+        p = self.task.num_partitions or 1
+        carry = self._carry_over(input_schema, p)
         keyed = bool(self.spec.key_columns)
-        meta = {
-            _KIND: b"manifest",
-            _KEYED: b"1" if keyed else b"0",
-            _NUM_PARTITIONS: str(self.task.num_partitions or 1).encode(),
-            _PARTITION: str(self.partition).encode(),
-            _MAX_SEEN: repr(watermarks.max_seen).encode(),
-            _WATERMARK: repr(watermarks.current).encode(),
-        }
+        stored = to_stored(remaining, self.partition, self.kind)
+        groups: list[int] = []
+        files: list[str] = []
         if keyed:
-            table = entries_table(remaining, schema, out, self.kind)
-            groups: list[int] = []
-            files: list[str] = []
-            if table.num_rows:
-                kgs = table.column("key_group")
-                for kg in sorted(set(kgs.to_pylist())):
-                    if kg is None:
-                        raise CheckpointError(
-                            f"an in-flight row has no {KEY_GROUP_COLUMN} in keyed mode"
-                        )
-                    name = f"kg-{kg:05d}.ckpt"
-                    mask = pc.equal(kgs, pa.scalar(kg, pa.int32()))
-                    self.storage.write(self.version, name, table.filter(mask))
-                    groups.append(kg)
-                    files.append(name)
-            manifest = pa.table(
-                {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
-            )
-        else:
-            manifest = entries_table(remaining, schema, out, self.kind)
-        manifest = manifest.replace_schema_metadata({**(manifest.schema.metadata or {}), **meta})
+            triples = [(key, _key_group(e.row, self.kind), e) for key, e in stored]
+            for kg, blob in carry.snapshot_keyed(triples).items():
+                name = f"kg-{kg:05d}.ckpt"
+                self.storage.write(self.version, name, _blob_table(blob))
+                groups.append(kg)
+                files.append(name)
+        op_blob = carry.snapshot_operator(
+            self.partition, p, watermarks, [] if keyed else [e for _, e in stored]
+        )
+        self.storage.write(self.version, f"ops-{self.partition:05d}.ckpt", _blob_table(op_blob))
+        manifest = pa.table(
+            {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
+        ).replace_schema_metadata(
+            {
+                _KIND: b"manifest",
+                _KEYED: b"1" if keyed else b"0",
+                _NUM_PARTITIONS: str(p).encode(),
+                _PARTITION: str(self.partition).encode(),
+                _ELEMENT: self.kind.encode(),
+                _INPUT_SCHEMA: b""
+                if input_schema is None
+                else input_schema.serialize().to_pybytes(),
+            }
+        )
         self.storage.write(self.version, f"subtask-{self.partition:05d}.ckpt", manifest)
         if self.partition == 0 and isinstance(self.version, int):
             old = [
@@ -597,12 +444,10 @@ class PartitionCheckpoint:
         self.storage.write(self.version, f"fnstate-p{self.partition:05d}.ckpt", table)
 
 
-def _row_schema(table: pa.Table) -> pa.Schema | None:
-    """The input schema of the rows a table of elements holds (a row, or a list of rows)."""
-    if "row" not in table.column_names:
-        return None
-    type_ = table.schema.field("row").type
-    if pa.types.is_list(type_):
-        type_ = type_.value_type
-    # a partition that saw no input wrote struct<>: it knows no schema
-    return pa.schema(list(type_)) if pa.types.is_struct(type_) and type_.num_fields else None
+def _key_group(row: Any, kind: str) -> int:
+    """The element's key group (keyed: every row of a chunk is of one key group)."""
+    first = row if kind == ROW else row[0] if row else None
+    kg = first.get(KEY_GROUP_COLUMN) if first is not None else None
+    if kg is None:
+        raise CheckpointError(f"an in-flight row has no {KEY_GROUP_COLUMN} in keyed mode")
+    return int(kg)

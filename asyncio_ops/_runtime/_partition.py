@@ -42,8 +42,9 @@ from ._adapters import (
     chunk_key_group,
     is_columnar,
 )
-from ._checkpointing import PartitionCheckpoint, WatermarkState
+from ._checkpointing import PartitionCheckpoint
 from ._feed import BoundedOutOfOrderness, Feeder
+from ._inflight import WatermarkState
 from ._metrics import RunMetrics
 from ._sink import ArrowSink
 from ._spec import ERROR_COLUMN, LATE_COLUMN, PartitionSpec, TaskInfo

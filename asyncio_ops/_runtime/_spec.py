@@ -28,6 +28,8 @@ ERROR_TYPE: Final = pa.struct(
     ]
 )
 
+STATE_BACKENDS: Final = ("heap", "rocksdb")
+"""Where a streaming micro-batch's carry-over state is built: Python dicts, or RocksDB."""
 DEFAULT_FLUSH_ROWS: Final = 1000
 """Completed lookups logged in memory before the replay log is written (checkpoints)."""
 DEFAULT_FLUSH_INTERVAL: Final = 1.0
@@ -71,6 +73,7 @@ class PartitionSpec:
     output_buffer: int = 0
     flush_rows: int = DEFAULT_FLUSH_ROWS
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
+    state_backend: str = "heap"
     run_token: str = ""
 
 

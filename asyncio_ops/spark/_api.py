@@ -50,6 +50,7 @@ from .._runtime import (
     ERROR_COLUMN,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
+    STATE_BACKENDS,
     PartitionSpec,
     RunMetrics,
     TaskInfo,
@@ -176,6 +177,7 @@ def _wait(
     output_buffer: int | None,
     checkpoint_flush_rows: int,
     checkpoint_flush_interval: float | timedelta | str,
+    state_backend: str,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -191,6 +193,7 @@ def _wait(
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
     choice(on_error, "on_error", ON_ERROR)
     choice(late_records, "late_records", LATE_RECORDS)
+    choice(state_backend, "state_backend", STATE_BACKENDS)
     try:
         check_parallelism(max_parallelism, num_partitions)
     except KeyGroupError as exc:
@@ -347,6 +350,7 @@ def _wait(
         output_buffer=output_buffer,
         flush_rows=flush_rows,
         flush_interval=flush_interval,
+        state_backend=state_backend,
         run_token=uuid.uuid4().hex[:16],
     )
     on_done = metrics._add if metrics is not None else None
@@ -468,6 +472,7 @@ def ordered_wait(
     output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
+    state_backend: str = "heap",
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -487,7 +492,7 @@ def ordered_wait(
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
-        checkpoint_flush_interval=checkpoint_flush_interval,
+        checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
     )  # fmt: skip
 
 
@@ -519,6 +524,7 @@ def unordered_wait(
     output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
+    state_backend: str = "heap",
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -535,5 +541,5 @@ def unordered_wait(
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
-        checkpoint_flush_interval=checkpoint_flush_interval,
+        checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
     )  # fmt: skip

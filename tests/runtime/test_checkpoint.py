@@ -155,14 +155,11 @@ def test_listing_a_directory_another_task_creates_or_deletes_meanwhile(
 
 
 def test_a_valid_frame_of_the_wrong_shape_names_the_file() -> None:
-    from asyncio_ops._runtime._checkpointing import ROW, _column, _stored
+    from asyncio_ops._runtime._checkpointing import _blob, _column
 
     manifest = pa.table({"key_group": [1, 2]})  # a keyed manifest without its "file" column
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/subtask-00000 lacks .*'file'"):
         _column(manifest, "file", "/ck/subtask-00000")
-    wanted = ["seq", "after_watermark", "row", "timestamp", "late", "results", "attempts",
-              "deadline", "key_group"]  # fmt: skip
-    # every column there, but of types that do not read back as elements
-    odd = pa.table({name: ["x"] for name in wanted})
-    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-00003: column 'seq'"):
-        _stored(odd, 0, "/ck/kg-00003", ROW, pa.schema([("v", pa.int64())]))
+    two = pa.table({"blob": [b"a", b"b"]})  # a key-group file must hold one blob
+    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-00003 does not hold one"):
+        _blob(two, "/ck/kg-00003")

@@ -232,6 +232,7 @@ def test_retry_recovers_transient_errors(spark: SparkSession) -> None:
         ({"output_schema": "_error string"}, "reserved"),
         ({"watermark_delay": 5}, "event_time"),
         ({"late_records": "hide"}, "late_records"),
+        ({"state_backend": "lmdb"}, r"state_backend.*'lmdb'"),
         ({"max_parallelism": 0}, "max_parallelism"),
     ],
 )

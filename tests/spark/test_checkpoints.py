@@ -110,10 +110,12 @@ def _write_files(src: Path, start: int, count: int, rows: int = 30) -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "before", "after"), [(None, 2, 2), ("id", 2, 3)], ids=["unkeyed", "keyed-rescaled"]
+    ("key", "before", "after", "backend"),
+    [(None, 2, 2, "heap"), ("id", 2, 3, "heap"), ("id", 3, 2, "rocksdb")],
+    ids=["unkeyed", "keyed-rescaled", "keyed-rescaled-rocksdb"],
 )
 def test_streaming_carry_over_survives_a_restart_exactly_once(
-    spark: SparkSession, tmp_path: Path, key: str | None, before: int, after: int
+    spark: SparkSession, tmp_path: Path, key: str | None, before: int, after: int, backend: str
 ) -> None:
     src, sink, markers = tmp_path / "in", tmp_path / "out", tmp_path / "markers"
     for d in (src, markers):
@@ -128,7 +130,7 @@ def test_streaming_carry_over_survives_a_restart_exactly_once(
         enriched = unordered_wait(
             stream, fn, timeout=120, capacity=100, output_schema="double long",
             event_time="ts", watermark_delay=5, checkpoint_location=str(tmp_path / "aops"),
-            drain_timeout=0.5, num_partitions=partitions, key=key,
+            drain_timeout=0.5, num_partitions=partitions, key=key, state_backend=backend,
         )  # fmt: skip
         query = (
             enriched.writeStream.format("parquet").option("path", str(sink))

@@ -1,0 +1,390 @@
+"""What a micro-batch carries over, held in the state layer: in-flight elements and timers.
+
+At the end of a streaming micro-batch every element not yet emitted (in
+flight, or complete but held back by the queue's order) is written as state;
+the next micro-batch restores it before any new input. The mapping is Flink's:
+
+- **Keyed** (``key=``): each element goes into the keyed :class:`ListState`
+  ``"in-flight"`` of its key (a row: its key columns; a chunk: its key group),
+  filed under the key group Spark computed in the JVM (``__aops_key_group``;
+  :meth:`KeyedStateBackend.assign_key_group`, never re-hashed in Python). An
+  element still waiting for its lookup has its timeout as a processing-time
+  timer of the ``"async-timeouts"`` :class:`InternalTimerService`, scoped to
+  its key, namespace ``(partition, seq)``, at its absolute deadline. State and
+  timers are snapshotted together, one blob per key group
+  (:func:`snapshot_key_groups`), and follow their key group to whichever
+  partition owns it next. The backend is the heap (default) or RocksDB
+  (``state_backend="rocksdb"``, a working directory under the system's temp
+  directory, deleted when the snapshot is written).
+- **Unkeyed**: the elements are operator list state ``"in-flight"``
+  (redistributed by even split when the number of partitions changes); with
+  no key to scope a timer to, the deadline travels inside the element.
+- **Watermarks**: the highest event time seen and the current watermark are
+  union operator state ``"watermark"``: every new partition receives every old
+  partition's and takes the maximum (Spark's watermark is global). They are
+  restored before any element.
+
+During a micro-batch the operator's timeouts are slot timers of its own
+``"async-timeouts"`` service (one per 10 ms of deadlines, see
+``asyncio_ops._timeout_slots``); across the boundary each element's exact
+deadline is a timer of its key, held without scheduling (``armed=False``), so
+a restored element times out at its original deadline with its attempt count.
+
+Each element is one Arrow record batch of one row, typed by the input schema
+and the ``output_schema`` (:class:`ElementSerializer`; the partition's
+manifest holds the element kind and the input schema once): ``partition`` and ``seq``
+(its place in its old partition's queue), ``after_watermark`` (the last
+watermark before it there), ``row`` (a row, or a chunk's rows), ``timestamp``,
+``late``, ``results`` (if it completed), ``attempts`` and ``deadline``
+(unkeyed only). Restore orders elements by (``after_watermark``, partition,
+``seq``) and puts a watermark before each group, so no row crosses a
+watermark across a micro-batch boundary and each key keeps its order.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import pyarrow as pa
+
+from .._elements import Record, Watermark
+from .._exceptions import CheckpointError, OutputSchemaError, StateError
+from .._keygroups import KeyGroupRange
+from .._snapshot import SnapshotEntry
+from .._timers import InternalTimerService, Timer
+from ..state import (
+    HeapKeyedStateBackend,
+    KeyedStateBackend,
+    ListStateDescriptor,
+    OperatorStateBackend,
+    RocksDBKeyedStateBackend,
+    restore_key_groups,
+    snapshot_key_groups,
+)
+from ._adapters import RowValue
+
+IN_FLIGHT: Final = "in-flight"
+WATERMARK: Final = "watermark"
+TIMEOUTS: Final = "async-timeouts"
+
+ROW: Final = "row"
+ROWS: Final = "rows"
+ARROW: Final = "arrow"
+"""What an element is: a row, a chunk of row dicts, or a chunk as an Arrow batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkState:
+    """Highest event time seen and the current watermark (-inf: none yet)."""
+
+    max_seen: float = -math.inf
+    current: float = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class StoredElement:
+    """One element as written (see the module docstring); Python values, no Arrow."""
+
+    partition: int
+    seq: int
+    after_watermark: float
+    row: Any
+    timestamp: float | None
+    late: Any
+    results: list[Any] | None
+    attempts: int
+    deadline: float | None
+
+
+def _struct(schema: pa.Schema) -> pa.StructType:
+    return pa.struct(list(schema))
+
+
+def element_schema(
+    kind: str, input_schema: pa.Schema | None, output_schema: pa.Schema
+) -> pa.Schema:
+    """The Arrow schema of one stored element (see the module docstring)."""
+    row = _struct(input_schema if input_schema is not None else pa.schema([]))
+    one = kind == ROW
+    return pa.schema(
+        [
+            pa.field("partition", pa.int32()),
+            pa.field("seq", pa.int64()),
+            pa.field("after_watermark", pa.float64()),
+            pa.field("row", row if one else pa.list_(row)),
+            pa.field("timestamp", pa.float64()),
+            pa.field("late", pa.bool_() if one else pa.list_(pa.bool_())),
+            pa.field("results", pa.list_(_struct(output_schema))),
+            pa.field("attempts", pa.int32()),
+            pa.field("deadline", pa.float64()),
+        ]
+    )
+
+
+class ElementSerializer:
+    """A :class:`StoredElement` as one Arrow record batch of one row, and back.
+
+    A state serializer: the bytes are an Arrow IPC record-batch message of
+    :func:`element_schema`, without the schema (which the manifest stores once:
+    a schema per element would cost more than the element). Reading validates
+    the batch fully and raises :class:`CheckpointError` for anything else.
+    """
+
+    def __init__(self, kind: str, output_schema: pa.Schema, input_schema: pa.Schema | None) -> None:
+        self.kind = kind
+        self.input_schema = input_schema
+        self.schema = element_schema(kind, input_schema, output_schema)
+        self._struct = pa.struct(list(self.schema))
+
+    def dumps(self, e: StoredElement, /) -> bytes:
+        fields = {
+            "partition": e.partition, "seq": e.seq, "after_watermark": e.after_watermark,
+            "row": e.row, "timestamp": e.timestamp, "late": e.late, "results": e.results,
+            "attempts": e.attempts, "deadline": e.deadline,
+        }  # fmt: skip
+        try:  # one conversion of the whole element: the cheapest way into Arrow
+            batch = pa.RecordBatch.from_struct_array(pa.array([fields], type=self._struct))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise self._explain(fields) from exc
+        data: bytes = batch.serialize().to_pybytes()
+        return data
+
+    def _explain(self, fields: dict[str, Any]) -> Exception:
+        """The error naming the first field its type cannot hold."""
+        for field in self.schema:
+            value = fields[field.name]
+            try:
+                pa.array([value], type=field.type)
+            except (
+                pa.ArrowInvalid,
+                pa.ArrowTypeError,
+                TypeError,
+                ValueError,
+                OverflowError,
+            ) as exc:
+                what = {"row": "input", "results": "result"}.get(field.name, field.name)
+                return OutputSchemaError(
+                    f"a carried-over {what} cannot be written as {field.type}: "
+                    f"{value!r:.300} ({exc})"
+                )
+        return OutputSchemaError(f"a carried-over element cannot be written as {self.schema}")
+
+    def loads(self, data: bytes | memoryview, /) -> StoredElement:
+        try:
+            batch = pa.ipc.read_record_batch(pa.py_buffer(data), self.schema)
+            batch.validate(full=True)
+            if batch.num_rows != 1:
+                raise ValueError(f"{batch.num_rows} rows, not 1")
+            (r,) = batch.to_pylist()
+        except (pa.ArrowException, ValueError, OSError) as exc:
+            raise CheckpointError(
+                f"an in-flight element is not a row of {self.schema}: {exc}"
+            ) from exc
+        return StoredElement(
+            r["partition"], r["seq"], r["after_watermark"], r["row"], r["timestamp"],
+            r["late"], r["results"], r["attempts"] or 0, r["deadline"],
+        )  # fmt: skip
+
+
+class _Float2:
+    """Two floats as 16 bytes: the watermark state's item."""
+
+    _S: Final = struct.Struct("<dd")
+
+    def dumps(self, value: WatermarkState, /) -> bytes:
+        return self._S.pack(value.max_seen, value.current)
+
+    def loads(self, data: bytes | memoryview, /) -> WatermarkState:
+        try:
+            return WatermarkState(*self._S.unpack(data))
+        except struct.error as exc:
+            raise CheckpointError(f"a watermark state item is not two floats: {exc}") from exc
+
+
+class _Held:
+    """The timeouts' triggerable: they are held across the boundary, never fired here."""
+
+    def on_processing_time(self, timer: Timer) -> None:  # pragma: no cover - never armed
+        raise AssertionError(f"a held timeout fired: {timer!r}")
+
+    on_event_time = on_processing_time
+
+
+# -- queue entries <-> stored elements ------------------------------------------------------
+def to_stored(
+    entries: Sequence[SnapshotEntry], partition: int, kind: str
+) -> list[tuple[Any, StoredElement]]:
+    """``(key, element)`` of every record of ``entries`` (queue order; watermarks dropped)."""
+    out: list[tuple[Any, StoredElement]] = []
+    last_watermark = -math.inf
+    for seq, entry in enumerate(entries):
+        element = entry.element
+        if type(element) is Watermark:
+            last_watermark = element.timestamp
+            continue
+        assert type(element) is Record
+        value: RowValue = element.value
+        row = value.row.to_pylist() if kind == ARROW else value.row
+        done = entry.results
+        if done is None:
+            results = None
+        elif kind == ARROW:  # output batches
+            results = [r for batch in done for r in batch.to_pylist()]
+        else:
+            results = list(done)
+        stored = StoredElement(
+            partition, seq, last_watermark, row, element.timestamp, value.late, results,
+            entry.attempts, entry.deadline if done is None else None,
+        )  # fmt: skip
+        out.append((entry.key, stored))
+    return out
+
+
+def in_order(
+    stored: Iterable[StoredElement],
+    kind: str,
+    input_schema: pa.Schema | None,
+    output_schema: pa.Schema,
+    event_time: bool,
+) -> list[SnapshotEntry]:
+    """Queue entries in (after_watermark, partition, seq) order, watermarks between groups.
+
+    Each gets a position of its own in this version's replay log: negative,
+    apart from the positions of input rows.
+    """
+    ordered = sorted(stored, key=lambda s: (s.after_watermark, s.partition, s.seq))
+    out: list[SnapshotEntry] = []
+    last = -math.inf
+    for i, s in enumerate(ordered):
+        if event_time and s.after_watermark > last:
+            last = s.after_watermark
+            out.append(SnapshotEntry(Watermark(last)))
+        row, results = s.row, s.results
+        if kind == ARROW:
+            row = pa.RecordBatch.from_pylist(row, schema=input_schema)
+            if results is not None:
+                results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
+        value = RowValue(row, s.late, -(i + 1))
+        done = tuple(results) if results is not None else None
+        out.append(SnapshotEntry(Record(value, s.timestamp), done, None, s.attempts, s.deadline))
+    return out
+
+
+# -- the state of one partition ------------------------------------------------------------
+class CarryOver:
+    """Builds and reads one partition's carry-over state (see the module docstring).
+
+    ``key_groups`` is the partition's key-group range (keyed), ``state_backend``
+    ``"heap"`` or ``"rocksdb"`` (validated by the Spark API).
+    """
+
+    def __init__(
+        self,
+        serializer: ElementSerializer,
+        *,
+        max_parallelism: int,
+        key_groups: KeyGroupRange,
+        state_backend: str = "heap",
+    ) -> None:
+        self.serializer = serializer
+        self.max_parallelism = max_parallelism
+        self.key_groups = key_groups
+        self.state_backend = state_backend
+        self._descriptor = ListStateDescriptor[StoredElement](IN_FLIGHT, serializer=serializer)
+
+    def _backend(self) -> KeyedStateBackend:
+        if self.state_backend == "rocksdb":
+            return RocksDBKeyedStateBackend(
+                path=tempfile.mkdtemp(prefix="asyncio-ops-rocksdb-"),
+                max_parallelism=self.max_parallelism,
+                key_group_range=self.key_groups,
+            )
+        return HeapKeyedStateBackend(
+            max_parallelism=self.max_parallelism, key_group_range=self.key_groups
+        )
+
+    def _timers(self, backend: KeyedStateBackend) -> InternalTimerService:
+        return InternalTimerService(
+            TIMEOUTS, _Held(), key_context=backend, max_parallelism=self.max_parallelism,
+            key_group_range=self.key_groups, armed=False,
+        )  # fmt: skip
+
+    # -- keyed --------------------------------------------------------------------------
+    def snapshot_keyed(
+        self, elements: Sequence[tuple[Any, int, StoredElement]]
+    ) -> dict[int, bytes]:
+        """``{key_group: blob}`` of ``(key, key group, element)`` triples."""
+        backend = self._backend()
+        timers = self._timers(backend)
+        try:
+            state = backend.get_state(self._descriptor)
+            for key, kg, e in elements:
+                backend.assign_key_group(key, kg)
+                backend.set_current_key(key)
+                if e.deadline is not None:
+                    timers.register_processing_time_timer((e.partition, e.seq), e.deadline)
+                state.add(replace(e, deadline=None))
+            return snapshot_key_groups(backend, timers)
+        finally:
+            timers.close()
+            backend.close()
+
+    def restore_keyed(self, blobs: Iterable[tuple[str, int, bytes]]) -> list[StoredElement]:
+        """The elements of ``(file, key group, blob)`` (key groups in range), deadlines back
+        from their timers. CheckpointError names the file that does not read back."""
+        backend = self._backend()
+        timers = self._timers(backend)
+        try:
+            state = backend.get_state(self._descriptor)
+            for name, kg, blob in blobs:
+                try:
+                    restore_key_groups(backend, timers, {kg: blob})
+                except (CheckpointError, StateError, ValueError, TypeError) as exc:
+                    raise CheckpointError(f"checkpoint file {name}: {exc}") from exc
+            deadlines = {(t.key, t.namespace): t.timestamp for t in timers.processing_time_timers()}
+            out = []
+            for key in backend.keys(IN_FLIGHT):
+                backend.set_current_key(key)
+                for e in state.get():
+                    deadline = deadlines.get((key, (e.partition, e.seq)))
+                    out.append(replace(e, deadline=deadline))
+            return out
+        finally:
+            timers.close()
+            backend.close()
+
+    # -- operator state (watermarks; unkeyed elements) ----------------------------------
+    def snapshot_operator(
+        self,
+        index: int,
+        parallelism: int,
+        watermarks: WatermarkState,
+        elements: Sequence[StoredElement] = (),
+    ) -> bytes:
+        ops = OperatorStateBackend(index=index, parallelism=parallelism)
+        ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
+        ops.get_list_state(IN_FLIGHT, serializer=self.serializer).update(elements)
+        return ops.snapshot()
+
+    def restore_operator(
+        self, index: int, parallelism: int, blobs: Sequence[bytes], where: str
+    ) -> tuple[WatermarkState, list[StoredElement]]:
+        """This partition's share of every old partition's operator state (``where``: the
+        checkpoint directory, for errors)."""
+        ops = OperatorStateBackend(index=index, parallelism=parallelism)
+        try:
+            ops.restore(blobs)
+            marks = ops.get_union_list_state(WATERMARK, serializer=_Float2()).get()
+            elements = ops.get_list_state(IN_FLIGHT, serializer=self.serializer).get()
+        except (CheckpointError, StateError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"operator state in {where}: {exc}") from exc
+        watermarks = WatermarkState(
+            max((m.max_seen for m in marks), default=-math.inf),
+            max((m.current for m in marks), default=-math.inf),
+        )
+        return watermarks, elements

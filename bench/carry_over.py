@@ -1,0 +1,142 @@
+"""Benchmark of a streaming micro-batch boundary: writing and restoring what is carried over.
+
+Run: ``python -m bench.carry_over`` (``--elements N``, ``--repeat R``).
+
+A partition ends a micro-batch with N elements not yet emitted (half still in
+flight with a deadline, half complete with one result each) and writes them
+as the next micro-batch's carry-over; the next micro-batch restores them. For
+keyed (one key per element, spread over the partition's key groups, each
+filed under a key group of its own as Spark's hash would give), with the heap
+and the RocksDB state backend, and unkeyed, this prints the best of R runs of
+the wall time of ``finish`` (write) and ``restore`` (read) through a local
+checkpoint directory, per element, beside the floor: one Arrow IPC table of
+the same rows written and read in one piece through the same storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._elements import Record
+from asyncio_ops._functions import as_async_function
+from asyncio_ops._operator import OutputMode
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
+from asyncio_ops._runtime._adapters import RowValue
+from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
+from asyncio_ops._runtime._inflight import WatermarkState
+from asyncio_ops._snapshot import SnapshotEntry
+
+IN = pa.schema([("id", pa.int64()), ("name", pa.string()), (KEY_GROUP_COLUMN, pa.int32())])
+OUT = pa.schema([("score", pa.float64())])
+
+
+def entries(n: int, keyed: bool) -> list[SnapshotEntry]:
+    out = []
+    for i in range(n):
+        row = {"id": i, "name": f"name-{i}", KEY_GROUP_COLUMN: i % 64 if keyed else None}
+        done = (({"score": i / 2},)) if i % 2 else None
+        record = Record(RowValue(row, None, i), None)
+        out.append(SnapshotEntry(record, done, i if keyed else None, 1, time.time() + 60))
+    return out
+
+
+async def echo(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row]
+
+
+def spec(root: Path, keyed: bool, backend: str) -> PartitionSpec:
+    return PartitionSpec(
+        function=as_async_function(echo),
+        function_token="bench",
+        mode=OutputMode.UNORDERED,
+        timeout=60.0,
+        capacity=100,
+        retry=None,
+        output_schema=OUT,
+        added_columns=("score",),
+        key_columns=("id",) if keyed else (),
+        checkpoint=CheckpointStorage(str(root), "op"),
+        num_partitions=2,
+        state_backend=backend,
+    )
+
+
+def best(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        s = spec(Path(tmp), keyed, backend)
+        todo = entries(n, keyed)
+        # partition 0 of 2 owns key groups 0..63 of 128
+        writer = PartitionCheckpoint(s, TaskInfo(0, 2, batch_id=1), pa.list_(pa.struct(list(OUT))))
+
+        def write() -> None:
+            writer.finish(todo, WatermarkState(-math.inf, -math.inf), IN)
+
+        write_s = best(write, repeat)
+        other = PartitionCheckpoint(s, TaskInfo(1, 2, batch_id=1), pa.list_(pa.struct(list(OUT))))
+        other.finish([], WatermarkState(-math.inf, -math.inf), IN)  # partition 1: nothing
+        reader = PartitionCheckpoint(s, TaskInfo(0, 2, batch_id=2), pa.list_(pa.struct(list(OUT))))
+        got: list[Any] = []
+
+        def read() -> None:
+            restored = reader.restore()
+            assert restored is not None
+            got[:] = restored.entries
+
+        read_s = best(read, repeat)
+        assert len(got) == n, (len(got), n)
+        return write_s, read_s
+
+
+def floor(n: int, repeat: int) -> tuple[float, float]:
+    rows = [{"id": i, "name": f"name-{i}", KEY_GROUP_COLUMN: i % 64} for i in range(n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = CheckpointStorage(tmp, "op")
+
+        def write() -> None:
+            storage.write(1, "floor.ckpt", pa.Table.from_pylist(rows, schema=IN))
+
+        def read() -> None:
+            storage.read(1, "floor.ckpt").to_pylist()
+
+        return best(write, repeat), best(read, repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--elements", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    n = args.elements
+    fw, fr = floor(n, args.repeat)
+    print(f"{n} elements carried over; best of {args.repeat}; microseconds per element")
+    print(f"{'case':<16} {'write':>8} {'restore':>8}")
+    print(f"{'floor (1 table)':<16} {fw / n * 1e6:8.1f} {fr / n * 1e6:8.1f}")
+    for name, keyed, backend in (
+        ("unkeyed", False, "heap"),
+        ("keyed, heap", True, "heap"),
+        ("keyed, rocksdb", True, "rocksdb"),
+    ):
+        w, r = bench(n, args.repeat, keyed, backend)
+        print(f"{name:<16} {w / n * 1e6:8.1f} {r / n * 1e6:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
