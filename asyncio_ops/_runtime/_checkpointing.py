@@ -42,7 +42,7 @@ from .._checkpoint import CheckpointStorage, Version
 from .._elements import Watermark
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import CheckpointedFunction
-from .._keygroups import compute_key_group_range_for_operator_index
+from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from .._snapshot import SnapshotEntry
 from ._inflight import (
     ARROW,
@@ -116,6 +116,96 @@ def _blob(table: pa.Table, name: str) -> bytes:
     if len(values) != 1 or not isinstance(values[0], bytes):
         raise CheckpointError(f"checkpoint file {name} does not hold one state blob")
     return values[0]
+
+
+# -- one version's state files, shared by the operators that keep state -------------------
+@dataclass(frozen=True)
+class VersionFiles:
+    """The manifests of every partition that wrote one version (see the module docstring)."""
+
+    storage: CheckpointStorage
+    version: Version
+    manifests: list[pa.Table]
+    paths: list[str]
+
+    def operator_blobs(self) -> list[bytes]:
+        """Every old partition's operator-state blob, in partition order."""
+        out = []
+        for index in range(len(self.manifests)):
+            name = f"ops-{index:05d}.ckpt"
+            path = self.storage.path(self.version, name)
+            out.append(_blob(self.storage.read(self.version, name), path))
+        return out
+
+    def key_group_blobs(self, key_groups: KeyGroupRange) -> list[tuple[str, int, bytes]]:
+        """``(file, key group, blob)`` of the key groups in ``key_groups``."""
+        out = []
+        for manifest, path in zip(self.manifests, self.paths, strict=True):
+            groups = _column(manifest, "key_group", path)
+            files = _column(manifest, "file", path)
+            for kg, file in zip(groups, files, strict=True):
+                if kg in key_groups:
+                    where = self.storage.path(self.version, file)
+                    out.append((where, kg, _blob(self.storage.read(self.version, file), where)))
+        return out
+
+
+def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles | None:
+    """The manifests of ``version`` (None if it holds none); CheckpointError naming the
+    missing ones if some partitions did not finish writing it."""
+    names = storage.list_files(version, "subtask-")
+    if not names:
+        return None
+    first = storage.read(version, names[0])
+    first_path = storage.path(version, names[0])
+    old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
+    expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
+    missing = sorted(set(expected) - set(names))
+    if missing:
+        raise CheckpointError(
+            f"checkpoint version {version} of {storage.describe(storage.root)} "
+            f"is incomplete: missing {[storage.path(version, m) for m in missing]}"
+        )
+    manifests = [first] + [storage.read(version, n) for n in expected[1:]]
+    return VersionFiles(storage, version, manifests, [storage.path(version, n) for n in expected])
+
+
+def write_version(
+    storage: CheckpointStorage,
+    version: Version,
+    partition: int,
+    num_partitions: int,
+    keyed: bool,
+    key_group_blobs: dict[int, bytes],
+    operator_blob: bytes,
+    meta: dict[bytes, bytes],
+) -> None:
+    """Write one partition's key-group files and operator state, then its manifest."""
+    groups: list[int] = []
+    files: list[str] = []
+    for kg, blob in key_group_blobs.items():
+        name = f"kg-{kg:05d}.ckpt"
+        storage.write(version, name, _blob_table(blob))
+        groups.append(kg)
+        files.append(name)
+    storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
+    manifest = pa.table(
+        {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
+    ).replace_schema_metadata(
+        {
+            _KIND: b"manifest",
+            _KEYED: b"1" if keyed else b"0",
+            _NUM_PARTITIONS: str(num_partitions).encode(),
+            _PARTITION: str(partition).encode(),
+            **meta,
+        }
+    )
+    storage.write(version, f"subtask-{partition:05d}.ckpt", manifest)
+
+
+def prune_versions(storage: CheckpointStorage, version: int, retain: int) -> None:
+    """Delete the versions older than the newest ``retain`` (partition 0 does it)."""
+    storage.delete_versions([v for v in storage.versions() if v <= version - retain])
 
 
 # -- the replay log --------------------------------------------------------------------------------
@@ -309,42 +399,19 @@ class PartitionCheckpoint:
         previous = self._previous()
         if previous is None:
             return None
-        storage = self.storage
-        manifests = storage.list_files(previous, "subtask-")
-        if not manifests:
+        found = read_version(self.storage, previous)
+        if found is None:
             return None
-        first = storage.read(previous, manifests[0])
-        first_name = storage.path(previous, manifests[0])
-        old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_name)
-        expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
-        missing = sorted(set(expected) - set(manifests))
-        if missing:
-            raise CheckpointError(
-                f"checkpoint version {previous} of {storage.describe(storage.root)} "
-                f"is incomplete: missing {[storage.path(previous, m) for m in missing]}"
-            )
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
-        manifests_read = [first] + [storage.read(previous, n) for n in expected[1:]]
-        paths = [storage.path(previous, n) for n in expected]
-        input_schema = self._check_manifests(manifests_read, paths, keyed)
+        input_schema = self._check_manifests(found.manifests, found.paths, keyed)
         carry = self._carry_over(input_schema, p_new)
-        kg_blobs: list[tuple[str, int, bytes]] = []
-        op_blobs: list[bytes] = []
-        for index, (manifest, path) in enumerate(zip(manifests_read, paths, strict=True)):
-            ops = f"ops-{index:05d}.ckpt"
-            op_blobs.append(_blob(storage.read(previous, ops), storage.path(previous, ops)))
-            if keyed:
-                groups = _column(manifest, "key_group", path)
-                files = _column(manifest, "file", path)
-                for kg, file in zip(groups, files, strict=True):
-                    if kg in carry.key_groups:
-                        where = storage.path(previous, file)
-                        kg_blobs.append((where, kg, _blob(storage.read(previous, file), where)))
-        where = storage.path(previous, "")
-        watermarks, stored = carry.restore_operator(self.partition, p_new, op_blobs, where)
+        where = self.storage.path(previous, "")
+        watermarks, stored = carry.restore_operator(
+            self.partition, p_new, found.operator_blobs(), where
+        )
         if keyed:
-            stored = carry.restore_keyed(kg_blobs)
+            stored = carry.restore_keyed(found.key_group_blobs(carry.key_groups))
         event_time = self.spec.event_time is not None
         entries = in_order(stored, self.kind, input_schema, self.spec.output_schema, event_time)
         current = watermarks.current
@@ -367,39 +434,20 @@ class PartitionCheckpoint:
         carry = self._carry_over(input_schema, p)
         keyed = bool(self.spec.key_columns)
         stored = to_stored(remaining, self.partition, self.kind)
-        groups: list[int] = []
-        files: list[str] = []
+        kg_blobs: dict[int, bytes] = {}
         if keyed:
             triples = [(key, _key_group(e.row, self.kind), e) for key, e in stored]
-            for kg, blob in carry.snapshot_keyed(triples).items():
-                name = f"kg-{kg:05d}.ckpt"
-                self.storage.write(self.version, name, _blob_table(blob))
-                groups.append(kg)
-                files.append(name)
+            kg_blobs = carry.snapshot_keyed(triples)
         op_blob = carry.snapshot_operator(
             self.partition, p, watermarks, [] if keyed else [e for _, e in stored]
         )
-        self.storage.write(self.version, f"ops-{self.partition:05d}.ckpt", _blob_table(op_blob))
-        manifest = pa.table(
-            {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
-        ).replace_schema_metadata(
-            {
-                _KIND: b"manifest",
-                _KEYED: b"1" if keyed else b"0",
-                _NUM_PARTITIONS: str(p).encode(),
-                _PARTITION: str(self.partition).encode(),
-                _ELEMENT: self.kind.encode(),
-                _INPUT_SCHEMA: b""
-                if input_schema is None
-                else input_schema.serialize().to_pybytes(),
-            }
-        )
-        self.storage.write(self.version, f"subtask-{self.partition:05d}.ckpt", manifest)
+        schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
+        write_version(
+            self.storage, self.version, self.partition, p, keyed, kg_blobs, op_blob,
+            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema},
+        )  # fmt: skip
         if self.partition == 0 and isinstance(self.version, int):
-            old = [
-                v for v in self.storage.versions() if v <= self.version - self.spec.retain_versions
-            ]
-            self.storage.delete_versions(old)
+            prune_versions(self.storage, self.version, self.spec.retain_versions)
 
     def _prune_runs(self) -> None:
         if self.partition != 0 or not isinstance(self.version, str):

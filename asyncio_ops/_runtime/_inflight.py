@@ -298,15 +298,7 @@ class CarryOver:
         self._descriptor = ListStateDescriptor[StoredElement](IN_FLIGHT, serializer=serializer)
 
     def _backend(self) -> KeyedStateBackend:
-        if self.state_backend == "rocksdb":
-            return RocksDBKeyedStateBackend(
-                path=tempfile.mkdtemp(prefix="asyncio-ops-rocksdb-"),
-                max_parallelism=self.max_parallelism,
-                key_group_range=self.key_groups,
-            )
-        return HeapKeyedStateBackend(
-            max_parallelism=self.max_parallelism, key_group_range=self.key_groups
-        )
+        return make_backend(self.state_backend, self.max_parallelism, self.key_groups)
 
     def _timers(self, backend: KeyedStateBackend) -> InternalTimerService:
         return InternalTimerService(
@@ -366,25 +358,63 @@ class CarryOver:
         watermarks: WatermarkState,
         elements: Sequence[StoredElement] = (),
     ) -> bytes:
-        ops = OperatorStateBackend(index=index, parallelism=parallelism)
-        ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
-        ops.get_list_state(IN_FLIGHT, serializer=self.serializer).update(elements)
-        return ops.snapshot()
+        return snapshot_operator_state(index, parallelism, watermarks, elements, self.serializer)
 
     def restore_operator(
         self, index: int, parallelism: int, blobs: Sequence[bytes], where: str
     ) -> tuple[WatermarkState, list[StoredElement]]:
-        """This partition's share of every old partition's operator state (``where``: the
-        checkpoint directory, for errors)."""
-        ops = OperatorStateBackend(index=index, parallelism=parallelism)
-        try:
-            ops.restore(blobs)
-            marks = ops.get_union_list_state(WATERMARK, serializer=_Float2()).get()
-            elements = ops.get_list_state(IN_FLIGHT, serializer=self.serializer).get()
-        except (CheckpointError, StateError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"operator state in {where}: {exc}") from exc
-        watermarks = WatermarkState(
-            max((m.max_seen for m in marks), default=-math.inf),
-            max((m.current for m in marks), default=-math.inf),
+        return restore_operator_state(index, parallelism, blobs, where, self.serializer)
+
+
+def make_backend(kind: str, max_parallelism: int, key_groups: KeyGroupRange) -> KeyedStateBackend:
+    """A keyed state backend of ``kind`` (``"heap"`` or ``"rocksdb"``; RocksDB works in a
+    new directory under the system's temp directory, deleted when the backend closes)."""
+    if kind == "rocksdb":
+        return RocksDBKeyedStateBackend(
+            path=tempfile.mkdtemp(prefix="asyncio-ops-rocksdb-"),
+            max_parallelism=max_parallelism,
+            key_group_range=key_groups,
         )
-        return watermarks, elements
+    return HeapKeyedStateBackend(max_parallelism=max_parallelism, key_group_range=key_groups)
+
+
+def snapshot_operator_state(
+    index: int,
+    parallelism: int,
+    watermarks: WatermarkState,
+    elements: Sequence[StoredElement] = (),
+    serializer: ElementSerializer | None = None,
+) -> bytes:
+    """Partition ``index``'s operator-state blob: the watermark state (union) and, with a
+    serializer, its in-flight elements (even split)."""
+    ops = OperatorStateBackend(index=index, parallelism=parallelism)
+    ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
+    if serializer is not None:
+        ops.get_list_state(IN_FLIGHT, serializer=serializer).update(elements)
+    return ops.snapshot()
+
+
+def restore_operator_state(
+    index: int,
+    parallelism: int,
+    blobs: Sequence[bytes],
+    where: str,
+    serializer: ElementSerializer | None = None,
+) -> tuple[WatermarkState, list[StoredElement]]:
+    """This partition's share of every old partition's operator state: the highest
+    watermark state, and (with a serializer) its part of the in-flight elements.
+    ``where``: the checkpoint directory, for errors."""
+    ops = OperatorStateBackend(index=index, parallelism=parallelism)
+    elements: list[StoredElement] = []
+    try:
+        ops.restore(blobs)
+        marks = ops.get_union_list_state(WATERMARK, serializer=_Float2()).get()
+        if serializer is not None:
+            elements = ops.get_list_state(IN_FLIGHT, serializer=serializer).get()
+    except (CheckpointError, StateError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"operator state in {where}: {exc}") from exc
+    watermarks = WatermarkState(
+        max((m.max_seen for m in marks), default=-math.inf),
+        max((m.current for m in marks), default=-math.inf),
+    )
+    return watermarks, elements

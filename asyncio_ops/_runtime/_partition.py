@@ -197,7 +197,7 @@ def run_partition(
     runtime = WorkerRuntime.get()
     user_fn = runtime.function(spec, task)
     metrics = RunMetrics(partitions=1)
-    sink = ArrowSink(spec)
+    sink = ArrowSink(spec.output_schema, spec.added_columns, spec.batch_size)
     columnar = spec.chunk_size is not None and is_columnar(user_fn)
     row_fn = _row_function(spec, user_fn, columnar)
     op = _operator(spec, row_fn, sink, columnar, metrics)

@@ -10,21 +10,24 @@ import pyarrow as pa
 from .._elements import Record
 from .._exceptions import OutputSchemaError
 from ._adapters import describe_row
-from ._spec import PartitionSpec
 
 
 class ArrowSink:
-    """Collects output rows and turns them into Arrow batches of the declared schema."""
+    """Collects output rows and turns them into Arrow batches of the declared schema.
 
-    def __init__(self, spec: PartitionSpec) -> None:
-        self.schema = spec.output_schema
+    ``filled``: the columns the user's function fills (the others come from
+    the input, already typed), ``batch_size``: rows per output batch.
+    """
+
+    def __init__(self, schema: pa.Schema, filled: Sequence[str], batch_size: int) -> None:
+        self.schema = schema
         # integer columns the function fills: Arrow would truncate a float put in one
         # (1.7 -> 1) without a word, so their values are checked (see _no_truncation)
-        added = set(spec.added_columns)
+        added = set(filled)
         self.int_columns = [
             f for f in self.schema if f.name in added and pa.types.is_integer(f.type)
         ]
-        self.batch_size = spec.batch_size
+        self.batch_size = batch_size
         self.rows: list[dict[str, Any]] = []
         self.emitted = 0
         # columnar results (ArrowChunkFunction): Arrow batches, never rows

@@ -22,9 +22,15 @@ Semantics:
   for processing-time timers (Flink's rule).
 - A watermark first advances event-time TTL, then fires every event-time
   timer ``<= watermark`` in timestamp order, and only then goes downstream.
+- ``process_element`` and ``on_timer`` emit with ``out.collect(x)``, or,
+  PyFlink style, return or yield their outputs (an iterable; None emits
+  nothing more).
 - Processing-time timers fire from the clock (the timer service keeps one
-  scheduled callback). ``output`` is a plain callable receiving Record and
-  Watermark, and :meth:`process` is one too, so the operator chains after an
+  scheduled callback); with ``schedule_timers=False`` nothing is scheduled and
+  they fire when the caller calls ``timer_service.fire_processing_time(now)``
+  (a runtime without an event loop, such as a Spark task).
+- ``output`` is a plain callable receiving Record and Watermark, and
+  :meth:`process` is one too, so the operator chains after an
   ``AsyncWaitOperator`` in the same partition: ``AsyncWaitOperator(...,
   output=keyed_op.process)``.
 - A snapshot holds, per key group, one sealed blob with the key group's state
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from .._clock import Scheduler
@@ -171,11 +177,17 @@ class KeyedProcessFunction(ABC, Generic[K, IN, OUT]):
         """Called once before the first element."""
 
     @abstractmethod
-    def process_element(self, value: IN, ctx: KeyedProcessContext, out: Collector[OUT]) -> None:
-        """Handle one record; its key is ``ctx.current_key``."""
+    def process_element(
+        self, value: IN, ctx: KeyedProcessContext, out: Collector[OUT]
+    ) -> Iterable[OUT] | None:
+        """Handle one record; its key is ``ctx.current_key``. Emit with ``out.collect``,
+        or return or yield the outputs."""
 
-    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[OUT]) -> None:
-        """A timer of ``ctx.current_key`` fired at ``timestamp``."""
+    def on_timer(
+        self, timestamp: float, ctx: KeyedProcessContext, out: Collector[OUT]
+    ) -> Iterable[OUT] | None:
+        """A timer of ``ctx.current_key`` fired at ``timestamp`` (emit as above)."""
+        return None
 
     def close(self) -> None:
         """Called once at the end, also after a failure."""
@@ -193,6 +205,7 @@ class KeyedProcessOperator:
         output: Callable[[StreamElement], object],
         clock: Scheduler | None = None,
         runtime_context: RuntimeContext | None = None,
+        schedule_timers: bool = True,
     ) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(
@@ -215,6 +228,7 @@ class KeyedProcessOperator:
             key_context=backend,
             max_parallelism=backend.max_parallelism,
             key_group_range=backend.key_group_range,
+            armed=schedule_timers,
         )
         base = runtime_context if runtime_context is not None else RuntimeContext()
         ctx = KeyedRuntimeContext(
@@ -274,7 +288,9 @@ class KeyedProcessOperator:
         ctx._domain = None
         out = self._out
         out.timestamp = record.timestamp
-        self.function.process_element(value, ctx, out)
+        emitted = self.function.process_element(value, ctx, out)
+        if emitted is not None:
+            self._emit(emitted)
         backend.on_record()
 
     def process_watermark(self, watermark: Watermark) -> None:
@@ -297,7 +313,22 @@ class KeyedProcessOperator:
         ctx._timestamp = timer.timestamp
         ctx._domain = domain
         self._out.timestamp = out_ts
-        self.function.on_timer(timer.timestamp, ctx, self._out)
+        emitted = self.function.on_timer(timer.timestamp, ctx, self._out)
+        if emitted is not None:
+            self._emit(emitted)
+
+    def _emit(self, values: Iterable[Any]) -> None:
+        """What a function returned or yielded (PyFlink style), each value collected."""
+        try:
+            items = iter(values)
+        except TypeError:
+            raise TypeError(
+                f"{type(self.function).__qualname__} returned {type(values).__name__}: return "
+                "None (and use out.collect), or an iterable of outputs, or yield them"
+            ) from None
+        collect = self._out.collect
+        for value in items:
+            collect(value)
 
     # -- snapshot ---------------------------------------------------------------------
     def snapshot(self) -> dict[int, bytes]:
