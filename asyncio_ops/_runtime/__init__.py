@@ -13,7 +13,8 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_checkpointing``: what a partition writes and restores (typed Arrow);
 - ``_inflight``: what a micro-batch carries over, as keyed and operator state;
 - ``_metrics``: counters per partition, merged on the driver;
-- ``_partition``: the glue, :func:`run_partition`.
+- ``_partition``: the glue, :func:`run_partition`;
+- ``_keyed_process``: a ``KeyedProcessFunction`` over a partition (``keyed_process``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._spec import (
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
     STATE_BACKENDS,
+    KeyedProcessSpec,
     PartitionSpec,
     TaskInfo,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "LATE_COLUMN",
     "MAX_OPEN_FUNCTIONS",
     "STATE_BACKENDS",
+    "KeyedProcessSpec",
     "PartitionSpec",
     "RunMetrics",
     "TaskInfo",

@@ -65,6 +65,8 @@ _PARTITION: Final = b"aops.partition"
 _ELEMENT: Final = b"aops.element"
 _INPUT_SCHEMA: Final = b"aops.input_schema"
 _BLOB: Final = "blob"
+_OPERATOR: Final = b"aops.operator"
+ASYNC_WAIT: Final = b"async_wait"
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,16 @@ class VersionFiles:
     manifests: list[pa.Table]
     paths: list[str]
 
+    def check_operator(self, operator: bytes) -> None:
+        """CheckpointError naming the file if another kind of operator wrote this version."""
+        for manifest, path in zip(self.manifests, self.paths, strict=True):
+            wrote = (manifest.schema.metadata or {}).get(_OPERATOR, ASYNC_WAIT)
+            if wrote != operator:
+                raise CheckpointError(
+                    f"checkpoint file {path} was written by {wrote.decode(errors='replace')}, "
+                    f"not {operator.decode()}: give each operator its own uid or location"
+                )
+
     def operator_blobs(self) -> list[bytes]:
         """Every old partition's operator-state blob, in partition order."""
         out = []
@@ -179,6 +191,7 @@ def write_version(
     key_group_blobs: dict[int, bytes],
     operator_blob: bytes,
     meta: dict[bytes, bytes],
+    operator: bytes = b"",
 ) -> None:
     """Write one partition's key-group files and operator state, then its manifest."""
     groups: list[int] = []
@@ -197,6 +210,7 @@ def write_version(
             _KEYED: b"1" if keyed else b"0",
             _NUM_PARTITIONS: str(num_partitions).encode(),
             _PARTITION: str(partition).encode(),
+            _OPERATOR: operator or ASYNC_WAIT,
             **meta,
         }
     )
@@ -402,6 +416,7 @@ class PartitionCheckpoint:
         found = read_version(self.storage, previous)
         if found is None:
             return None
+        found.check_operator(ASYNC_WAIT)
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
         input_schema = self._check_manifests(found.manifests, found.paths, keyed)

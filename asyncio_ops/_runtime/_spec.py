@@ -16,6 +16,7 @@ from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
 from .._operator import OutputMode
 from .._retry import AsyncRetryStrategy
+from ..state import KeyedProcessFunction
 
 ERROR_COLUMN: Final = "_error"
 KEY_GROUP_COLUMN: Final = "__aops_key_group"
@@ -75,6 +76,28 @@ class PartitionSpec:
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     state_backend: str = "heap"
     run_token: str = ""
+
+
+@dataclass(frozen=True)
+class KeyedProcessSpec:
+    """Everything a worker needs to run a :class:`KeyedProcessFunction` over a partition.
+
+    ``output_schema`` is the schema of the rows the function emits (nothing
+    else is output); ``checkpoint`` holds the state between micro-batches.
+    """
+
+    function: KeyedProcessFunction[Any, Any, Any]
+    key_columns: tuple[str, ...]
+    output_schema: pa.Schema
+    event_time: str | None = None
+    watermark_delay: float = 0.0
+    watermark_interval: int = 1000
+    max_parallelism: int = 128
+    num_partitions: int | None = None
+    checkpoint: CheckpointStorage | None = None
+    state_backend: str = "heap"
+    retain_versions: int = 10
+    batch_size: int = 10_000
 
 
 @dataclass(frozen=True)

@@ -356,7 +356,7 @@ def _wait(
     on_done = metrics._add if metrics is not None else None
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from run_partition(spec, batches, _task_info(spec), on_done=on_done)
+        yield from run_partition(spec, batches, _task_info(spec.num_partitions), on_done=on_done)
 
     if storage is not None:
         # the plan names the operator's checkpoint, so that a later operator under the
@@ -369,14 +369,14 @@ def _wait(
     return out
 
 
-def _task_info(spec: PartitionSpec) -> TaskInfo:
+def _task_info(num_partitions: int | None) -> TaskInfo:
     ctx = TaskContext.get()
     if ctx is None:  # pragma: no cover - only outside a Spark task
         return TaskInfo()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
     return TaskInfo(
         partition_id=ctx.partitionId(),
-        num_partitions=spec.num_partitions or 0,
+        num_partitions=num_partitions or 0,
         attempt_number=ctx.attemptNumber(),
         stage_id=ctx.stageId(),
         batch_id=int(batch) if batch is not None else None,

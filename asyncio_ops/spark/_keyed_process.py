@@ -1,0 +1,164 @@
+"""``keyed_process``: a :class:`KeyedProcessFunction` over a DataFrame, keyed state and timers.
+
+Rows are routed by key group (Spark's ``hash`` in the JVM, as keyed
+``unordered_wait`` does), so each key's rows reach one partition, in input
+order. Inside each partition the function runs with a keyed state backend
+over the partition's key groups (see ``asyncio_ops._runtime._keyed_process``
+for the call order, timers and the checkpoint). On a streaming DataFrame the
+state and timers live under ``checkpoint_location`` between micro-batches and
+follow their key groups when the number of partitions changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    AtomicType,
+    DataType,
+    DateType,
+    NumericType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from .._checkpoint import CheckpointStorage
+from .._exceptions import ConfigurationError, KeyGroupError
+from .._keygroups import check_parallelism
+from .._runtime import STATE_BACKENDS, KeyedProcessSpec
+from .._runtime._keyed_process import run_keyed_process
+from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
+from ..state import KeyedProcessFunction
+from ._api import _as_struct, _columns, _task_info
+from ._keyed import partition_by_key_group
+
+
+def keyed_process(
+    df: DataFrame,
+    fn: KeyedProcessFunction[Any, Any, Any],
+    *,
+    key: str | Sequence[str],
+    output_schema: str | StructType,
+    event_time: str | None = None,
+    watermark_delay: float | timedelta | str | None = None,
+    watermark_interval: int = 1000,
+    checkpoint_location: str | None = None,
+    state_backend: str = "heap",
+    max_parallelism: int = 128,
+    num_partitions: int | None = None,
+    uid: str | None = None,
+    retain_versions: int = 10,
+    batch_size: int | None = None,
+) -> DataFrame:
+    """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
+
+    ``fn.process_element(row, ctx, out)`` sees each row as a dict, in input
+    order per key; ``fn.on_timer(timestamp, ctx, out)`` runs when a timer of
+    the key fires. Both emit dicts of ``output_schema`` with ``out.collect``,
+    or return or yield them. With ``event_time`` the watermark (highest event
+    time seen minus ``watermark_delay``) drives event-time timers and
+    event-time TTL. A batch job ends with the watermark at +inf (every
+    event-time timer fires); a streaming one keeps state and timers under
+    ``checkpoint_location`` between micro-batches. See docs/state.md.
+    """
+    if not isinstance(df, DataFrame):
+        raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
+    if not isinstance(fn, KeyedProcessFunction):
+        raise ConfigurationError(
+            f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"
+        )
+    key_cols = _columns(key, "key", df)
+    if not key_cols:
+        raise ConfigurationError("keyed_process needs key= (a column name or a list of names)")
+    for c in key_cols:
+        ktype = df.schema[c].dataType
+        if not isinstance(ktype, AtomicType):
+            raise ConfigurationError(
+                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
+                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
+            )
+    (event_col,) = _columns(event_time, "event_time", df) or (None,)
+    if event_col is not None:
+        dtype: DataType = df.schema[event_col].dataType
+        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
+            raise ConfigurationError(
+                f"event_time column {event_col!r} has type {dtype.simpleString()}; use a "
+                "timestamp, date or numeric column"
+            )
+    elif watermark_delay is not None:
+        raise ConfigurationError("watermark_delay needs event_time=")
+    delay = seconds_or_zero(watermark_delay or 0, "watermark_delay")
+    positive_int(watermark_interval, "watermark_interval")
+    choice(state_backend, "state_backend", STATE_BACKENDS)
+    try:
+        check_parallelism(max_parallelism, num_partitions)
+    except KeyGroupError as exc:
+        raise ConfigurationError(str(exc)) from exc
+    at_least(retain_versions, "retain_versions", 2)
+    if batch_size is None:
+        batch_size = int(
+            df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+            or 10000
+        )
+    positive_int(batch_size, "batch_size")
+    out_struct = _as_struct(output_schema, "output_schema")
+    if not out_struct.fields:
+        raise ConfigurationError(f"output_schema declares no columns ({output_schema!r})")
+    timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    arrow_schema = to_arrow_schema(out_struct, timezone=timezone)
+    arrow_schema = pa.schema([f.with_nullable(True) for f in arrow_schema])
+
+    storage: CheckpointStorage | None = None
+    if checkpoint_location is not None:
+        if not isinstance(checkpoint_location, str) or not checkpoint_location:
+            raise ConfigurationError(
+                f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
+            )
+        operator_uid = (
+            path_segment(uid, "uid") if uid is not None else _default_uid(fn, key_cols, df)
+        )
+        storage = CheckpointStorage(checkpoint_location, operator_uid)
+        storage.check_writable()
+    elif df.isStreaming:
+        raise ConfigurationError(
+            "keyed_process on a streaming DataFrame needs checkpoint_location=: state and "
+            "timers live there between micro-batches"
+        )
+
+    df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
+    spec = KeyedProcessSpec(
+        function=fn,
+        key_columns=key_cols,
+        output_schema=arrow_schema,
+        event_time=event_col,
+        watermark_delay=delay,
+        watermark_interval=watermark_interval,
+        max_parallelism=max_parallelism,
+        num_partitions=parts,
+        checkpoint=storage,
+        state_backend=state_backend,
+        retain_versions=retain_versions,
+        batch_size=batch_size,
+    )
+
+    def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from run_keyed_process(spec, batches, _task_info(parts))
+
+    return df.mapInArrow(partition, out_struct)
+
+
+def _default_uid(
+    fn: KeyedProcessFunction[Any, Any, Any], key_cols: Sequence[str], df: DataFrame
+) -> str:
+    """Stable across restarts of one query: the function, the key and the input columns."""
+    kind = type(fn)
+    parts = [f"{kind.__module__}.{kind.__qualname__}", ",".join(key_cols), df.schema.simpleString()]
+    digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
+    return f"keyed-process-{digest}"
