@@ -110,3 +110,17 @@ def test_streaming_watermark_example(run_example: Any) -> None:
     assert 0 < result["late_rows"] < rows
     assert result["metrics"]["late"] >= result["late_rows"]
     assert result["metrics"]["dropped_late"] == 0
+
+
+@pytest.mark.spark
+def test_sessionize_stream_example(run_example: Any) -> None:
+    """Enriched views into sessions by event-time timers; the query stops halfway and
+    restarts at one more partition: every closed session once, whole across the restart."""
+    run = run_example("sessionize_stream.py", "--customers", "20", "--files", "6", "--json",
+                      timeout=180)  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    result = run.result
+    assert result["first_run_sessions"] > 0 and result["sessions"] > result["first_run_sessions"]
+    assert result["duplicates"] == 0 and result["not_expected"] == 0 and result["missing"] == 0
+    assert result["spanning_restart"] > 0  # sessions open at the stop, closed after it
+    assert result["tiers_missing"] == 0
