@@ -120,6 +120,7 @@ class AsyncMetrics:
 DEFAULT_OUTPUT_BUFFER_FACTOR: Final = 4
 """``output_buffer`` defaults to this many times ``capacity`` (0 is Flink's meaning)."""
 
+
 def _as_struct(schema: str | StructType, what: str) -> StructType:
     if isinstance(schema, StructType):
         return schema
@@ -132,6 +133,32 @@ def _as_struct(schema: str | StructType, what: str) -> StructType:
             raise ConfigurationError(f"{what} must describe columns, got {parsed!r}")
         return parsed
     raise ConfigurationError(f"{what} must be a DDL string or a StructType, got {schema!r}")
+
+
+def key_columns(key: str | Sequence[str] | None, df: DataFrame) -> tuple[str, ...]:
+    """The key columns (none without ``key``); ConfigurationError for a non-atomic type."""
+    cols = _columns(key, "key", df)
+    for c in cols:
+        ktype = df.schema[c].dataType
+        if not isinstance(ktype, AtomicType):
+            raise ConfigurationError(
+                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
+                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
+            )
+    return cols
+
+
+def event_time_column(event_time: str | None, df: DataFrame) -> str | None:
+    """The event-time column, if any; ConfigurationError for a type without a time."""
+    (column,) = _columns(event_time, "event_time", df) or (None,)
+    if column is not None:
+        dtype: DataType = df.schema[column].dataType
+        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
+            raise ConfigurationError(
+                f"event_time column {column!r} has type {dtype.simpleString()}; "
+                "use a timestamp, date or numeric column"
+            )
+    return column
 
 
 def _columns(value: str | Sequence[str] | None, name: str, df: DataFrame) -> tuple[str, ...]:
@@ -243,22 +270,9 @@ def _wait(
                 "rename them, or pass keep_input_columns=False"
             )
 
-    key_cols = _columns(key, "key", df)
-    for c in key_cols:
-        ktype = df.schema[c].dataType
-        if not isinstance(ktype, AtomicType):
-            raise ConfigurationError(
-                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
-                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
-            )
-    (event_col,) = _columns(event_time, "event_time", df) or (None,)
+    key_cols = key_columns(key, df)
+    event_col = event_time_column(event_time, df)
     if event_col is not None:
-        dtype: DataType = df.schema[event_col].dataType
-        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
-            raise ConfigurationError(
-                f"event_time column {event_col!r} has type {dtype.simpleString()}; "
-                "use a timestamp, date or numeric column"
-            )
         if mode is OutputMode.UNORDERED:
             mode = OutputMode.WATERMARK_BOUNDED
     elif watermark_delay is not None:

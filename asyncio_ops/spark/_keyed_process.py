@@ -20,13 +20,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
-    AtomicType,
-    DataType,
-    DateType,
-    NumericType,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
 
 from .._checkpoint import CheckpointStorage
@@ -36,7 +30,7 @@ from .._runtime import STATE_BACKENDS, KeyedProcessSpec
 from .._runtime._keyed_process import run_keyed_process
 from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
-from ._api import _as_struct, _columns, _task_info
+from ._api import _as_struct, _task_info, event_time_column, key_columns
 from ._keyed import partition_by_key_group
 
 
@@ -74,25 +68,11 @@ def keyed_process(
         raise ConfigurationError(
             f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"
         )
-    key_cols = _columns(key, "key", df)
+    key_cols = key_columns(key, df)
     if not key_cols:
         raise ConfigurationError("keyed_process needs key= (a column name or a list of names)")
-    for c in key_cols:
-        ktype = df.schema[c].dataType
-        if not isinstance(ktype, AtomicType):
-            raise ConfigurationError(
-                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
-                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
-            )
-    (event_col,) = _columns(event_time, "event_time", df) or (None,)
-    if event_col is not None:
-        dtype: DataType = df.schema[event_col].dataType
-        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
-            raise ConfigurationError(
-                f"event_time column {event_col!r} has type {dtype.simpleString()}; use a "
-                "timestamp, date or numeric column"
-            )
-    elif watermark_delay is not None:
+    event_col = event_time_column(event_time, df)
+    if event_col is None and watermark_delay is not None:
         raise ConfigurationError("watermark_delay needs event_time=")
     delay = seconds_or_zero(watermark_delay or 0, "watermark_delay")
     positive_int(watermark_interval, "watermark_interval")

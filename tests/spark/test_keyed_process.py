@@ -15,7 +15,6 @@ from pyspark.sql import SparkSession
 from asyncio_ops import ConfigurationError
 from asyncio_ops.spark import keyed_process
 from asyncio_ops.state import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     Collector,
     KeyedProcessContext,
@@ -29,6 +28,7 @@ from asyncio_ops.state import (
     TtlTimeCharacteristic,
     ValueStateDescriptor,
 )
+from tests.state.test_backends import Average
 
 Row = dict[str, Any]
 
@@ -69,17 +69,6 @@ def test_batch_counts_per_key_and_fires_every_event_time_timer_at_the_end(
     assert got == [("a", 3, 40.0), ("b", 2, 60.0), ("c", 1, 14.0)]
 
 
-class Avg(AggregateFunction[float, tuple[float, int], float]):
-    def create_accumulator(self) -> tuple[float, int]:
-        return (0.0, 0)
-
-    def add(self, value: float, accumulator: tuple[float, int]) -> tuple[float, int]:
-        return (accumulator[0] + value, accumulator[1] + 1)
-
-    def get_result(self, accumulator: tuple[float, int]) -> float:
-        return accumulator[0] / accumulator[1]
-
-
 class EveryKind(KeyedProcessFunction[str, Row, Row]):
     """One state of each kind; yields a summary per element (PyFlink style)."""
 
@@ -89,7 +78,7 @@ class EveryKind(KeyedProcessFunction[str, Row, Row]):
         self.items = get(ListStateDescriptor[str]("items"))
         self.per_item = get(MapStateDescriptor[str, int]("per_item"))
         self.total = get(ReducingStateDescriptor[float]("total", lambda a, b: a + b))
-        self.avg = get(AggregatingStateDescriptor("avg", Avg()))
+        self.avg = get(AggregatingStateDescriptor("avg", Average()))
 
     def process_element(
         self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]
