@@ -56,6 +56,8 @@ from ._api import AggregatingState, ListState, MapState, ReducingState, State, V
 from ._blob import KEYED_STATE, seal, unseal
 from ._descriptors import (
     KINDS,
+    LIST,
+    MAP,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -415,9 +417,29 @@ class KeyedStateBackend(ABC):
 
     # -- snapshot / restore -----------------------------------------------------------
     def snapshot(self) -> dict[int, bytes]:
-        """``{key_group: blob}`` for every non-empty key group of this backend."""
+        """``{key_group: blob}`` for every non-empty key group of this backend.
+
+        An event-time TTL entry written before the first watermark has no time
+        of its own (its TTL runs from the first watermark): once there is one,
+        the snapshot stamps such entries with it, so that a restored backend,
+        whose own first watermark comes later, expires them on time.
+        """
         self._check_open()
-        return self._seal(self._dump_groups(), self._pending_dumps())
+        return self._sealer()(self._dump_groups(), self._pending_dumps())
+
+    def _sealer(self) -> Callable[..., dict[int, bytes]]:
+        """What seals this backend's dumps now: :meth:`_seal`, with entries written
+        before the first watermark stamped with it once there is one."""
+        first = self._first_watermark
+        if first == _NEG_INF:
+            return self._seal
+
+        def seal(*parts: dict[int, list[StateDump]]) -> dict[int, bytes]:
+            for part in parts:
+                _stamp_unstamped(part, first)
+            return self._seal(*parts)
+
+        return seal
 
     def _pending_dumps(self) -> dict[int, list[StateDump]]:
         groups: dict[int, list[StateDump]] = {}
@@ -526,6 +548,24 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def _load_entries(self, table: Any, kg: int, entries: list[Entry]) -> None:
         """Write logical entries (of key group ``kg``) into a registered state."""
+
+
+def _stamp_unstamped(groups: dict[int, list[StateDump]], stamp: float) -> None:
+    """Give TTL entries stamped -inf (written before the first watermark) ``stamp``."""
+    for dumps in groups.values():
+        for i, (name, kind, has_ttl, entries) in enumerate(dumps):
+            if not has_ttl:
+                continue
+            fixed: list[Entry] = []
+            for key_enc, ns_enc, payload in entries:
+                if kind == LIST:
+                    payload = [(stamp if ts == _NEG_INF else ts, v) for ts, v in payload]
+                elif kind == MAP:
+                    payload = [(mk, stamp if ts == _NEG_INF else ts, v) for mk, ts, v in payload]
+                elif payload[0] == _NEG_INF:
+                    payload = (stamp, payload[1])
+                fixed.append((key_enc, ns_enc, payload))
+            dumps[i] = (name, kind, has_ttl, fixed)
 
 
 def check_element(state: str, value: object) -> None:

@@ -605,7 +605,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             tables.append((t.name, t.kind, t.has_ttl, t.full_snapshot_cleanup, t.now(), t.expired))
         if tables:
             self._rd.Checkpoint(self._db).create_checkpoint(str(snap_dir))
-        return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._seal)
+        return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._sealer())
 
     def snapshot(self) -> dict[int, bytes]:
         return self.begin_snapshot().materialize()

@@ -157,16 +157,33 @@ def test_options_are_checked_on_the_driver(spark: SparkSession, tmp_path: Path) 
 
 # -- streaming ------------------------------------------------------------------------------------
 class RunningCount(KeyedProcessFunction[str, Row, Row]):
-    """Per event: the user's running count; event-time TTL of 100 s forgets idle users."""
+    """Per event: the user's running count, kept in every state kind at once; event-time
+    TTL of 100 s on each forgets idle users."""
 
     def open(self, runtime_context: KeyedRuntimeContext) -> None:
         ttl = StateTtlConfig(100, time_characteristic=TtlTimeCharacteristic.EVENT_TIME)
-        self.count = runtime_context.get_state(ValueStateDescriptor[int]("count", ttl=ttl))
+        get = runtime_context.get_state
+        self.count = get(ValueStateDescriptor[int]("count", ttl=ttl))
+        self.events = get(ListStateDescriptor[int]("events", ttl=ttl))
+        self.by_parity = get(MapStateDescriptor[int, int]("by_parity", ttl=ttl))
+        self.total = get(ReducingStateDescriptor[int]("total", lambda a, b: a + b, ttl=ttl))
+        self.avg = get(AggregatingStateDescriptor("avg", Average(), ttl=ttl))
 
     def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
         n = (self.count.value() or 0) + 1
         self.count.update(n)
-        out.collect({"event": value["event"], "user": value["user"], "n": n})
+        self.events.add(value["event"])
+        parity = value["event"] % 2
+        self.by_parity.put(parity, (self.by_parity.get(parity) or 0) + 1)
+        self.total.add(1)
+        self.avg.add(1.0)
+        kinds_agree = (
+            len(self.events.get()) == n
+            and sum(self.by_parity.values()) == n
+            and self.total.get() == n
+            and self.avg.get() == 1.0
+        )
+        out.collect({"event": value["event"], "user": value["user"], "n": n, "ok": kinds_agree})
 
 
 def _write(src: Path, name: str, events: list[tuple[int, str, float]]) -> None:
@@ -186,7 +203,8 @@ def _run(spark: SparkSession, tmp: Path, partitions: int, backend: str) -> None:
     )  # fmt: skip
     out = keyed_process(
         stream, RunningCount(), key="user", event_time="ts",
-        output_schema="event long, user string, n long", checkpoint_location=str(tmp / "state"),
+        output_schema="event long, user string, n long, ok boolean",
+        checkpoint_location=str(tmp / "state"),
         num_partitions=partitions, state_backend=backend,
     )  # fmt: skip
     query = (
@@ -216,6 +234,7 @@ def _stream_scenario(spark: SparkSession, tmp: Path, backend: str) -> list[tuple
     _write(tmp / "in", "b-2.json", [(event + 1, "u0", 500.0)])
     _run(spark, tmp, 3, backend)
     rows = spark.read.parquet(str(tmp / "out")).collect()
+    assert all(r.ok for r in rows), [r for r in rows if not r.ok][:3]  # every kind, same count
     return sorted((r.event, r.user, r.n) for r in rows)
 
 

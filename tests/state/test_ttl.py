@@ -219,6 +219,27 @@ def test_event_time_ttl_uses_the_watermark(backend: KeyedStateBackend, clock: Ma
     assert s.value() is None
 
 
+def test_event_time_ttl_of_early_writes_survives_a_restore(
+    make_backend: BackendFactory,
+) -> None:
+    """Written before the first watermark, an entry's TTL runs from the first watermark;
+    restored into a backend whose own first watermark comes much later, it keeps that."""
+    cfg = StateTtlConfig(10.0, time_characteristic=TtlTimeCharacteristic.EVENT_TIME, cleanup=())
+    src = make_backend()
+    value = src.get_state(ValueStateDescriptor[str]("v", ttl=cfg))
+    items = src.get_state(ListStateDescriptor[int]("l", ttl=cfg))
+    src.set_current_key("early")
+    value.update("before any watermark")
+    items.add(1)
+    src.advance_watermark(100.0)  # the early writes count as written at 100
+    dst = make_backend()
+    dst.restore(src.snapshot())
+    dst.advance_watermark(120.0)  # dst's first watermark: 100 + 10 has passed
+    dst.set_current_key("early")
+    assert dst.get_state(ValueStateDescriptor[str]("v", ttl=cfg)).value() is None
+    assert dst.get_state(ListStateDescriptor[int]("l", ttl=cfg)).get() == []
+
+
 def heap_groups_size(backend: KeyedStateBackend, name: str) -> int:
     """Stored entries of a state, expired or not (what cleanup is about)."""
     return len(list(backend.keys(name)))
