@@ -112,8 +112,7 @@ def _pg_ceiling_worker(
     import asyncpg  # type: ignore[import-untyped,unused-ignore]
     import pyarrow as pa
     import uvloop
-
-    from connectors.postgres._columnar import Columnar, decode
+    from asyncio_ops.connectors.postgres._columnar import Columnar, decode
 
     async def main() -> None:
         extra: dict[str, Any] = {} if reset else {"reset": _no_reset}
@@ -161,9 +160,9 @@ def _pg_inprocess_worker(
 ) -> None:  # fmt: skip
     """The Spark case's lookup and operator in one plain process: no Spark, no Arrow."""
     import uvloop
+    from asyncio_ops.connectors.postgres import PostgresLookup
 
     from asyncio_ops import AsyncWaitOperator
-    from connectors.postgres import PostgresLookup
 
     async def main() -> None:
         lookup = PostgresLookup(
@@ -289,8 +288,9 @@ def pg_lookup_row(
     spark: Any, name: str, dsn: str, table: str, n: int, customers: int, batch_size: int,
     capacity: int, pool_size: int, chunk_size: int | None = None,
 ) -> Row:  # fmt: skip
+    from asyncio_ops.connectors.postgres import PostgresLookup
+
     from asyncio_ops.spark import AsyncMetrics, ordered_wait
-    from connectors.postgres import PostgresLookup
 
     lookup = PostgresLookup(
         dsn,
@@ -349,8 +349,9 @@ def http_suite(
 ) -> tuple[list[Row], dict[str, list[Row]]]:  # fmt: skip
     """The HTTP case and its ceiling in ``rounds`` interleaved rounds after ``warmup``
     smaller ones (not kept): their median rows, and every kept round by case."""
+    from asyncio_ops.connectors.http import HttpLookup
+
     from asyncio_ops.spark import AsyncMetrics, unordered_wait
-    from connectors.http import HttpLookup
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

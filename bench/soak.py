@@ -26,12 +26,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncFunction, AsyncRetryStrategy, RuntimeContext
 from asyncio_ops.async_retry_predicates import exception_type_predicate
 from asyncio_ops.spark import AsyncMetrics, session, unordered_wait
-from connectors.http import HttpBatch, HttpLookup
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,10 @@
 """Connectors for asyncio_ops: lookups against external systems as AsyncFunctions.
 
-- :mod:`connectors.postgres` — :class:`~connectors.postgres.PostgresLookup` (needs asyncpg)
-- :mod:`connectors.http` — :class:`~connectors.http.HttpLookup` (needs aiohttp, aiolimiter)
+Installed and imported as ``asyncio_ops.connectors`` (the repository keeps them
+in the folder ``connectors/``):
+
+- :mod:`asyncio_ops.connectors.postgres` — ``PostgresLookup`` (needs asyncpg)
+- :mod:`asyncio_ops.connectors.http` — ``HttpLookup`` (needs aiohttp, aiolimiter)
 
 This facade holds what both share and imports neither client library: the
 exceptions, :func:`is_retryable` (a retry predicate), and :class:`LookupCache`.

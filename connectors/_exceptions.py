@@ -24,7 +24,7 @@
             └── LookupDecodeError (ValueError)  a 2xx body that is not the expected JSON
 
 Errors of asyncpg and aiohttp are translated into these at one boundary per
-connector (``connectors.postgres._errors``, ``connectors.http._errors``) with
+connector (``postgres._errors``, ``http._errors``) with
 ``raise ... from``; the original stays reachable as ``__cause__``. Messages never
 contain a password, an Authorization header or any other configured secret.
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extr
 
 __all__ = ["BaseLookup", "KeyFields", "LookupStatistics", "Row"]
 
-log = logging.getLogger("connectors")
+log = logging.getLogger("asyncio_ops.connectors")
 
 Row = dict[str, Any]
 R = TypeVar("R")
@@ -196,7 +196,9 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
 
     def __init__(self, *, cache: LookupCache[Any] | None) -> None:
         if cache is not None and not isinstance(cache, LookupCache):
-            raise ConfigurationError(f"cache must be a connectors.LookupCache, got {cache!r}")
+            raise ConfigurationError(
+                f"cache must be an asyncio_ops.connectors.LookupCache, got {cache!r}"
+            )
         self.cache = cache
         self._runtime = None
         self._rows = 0

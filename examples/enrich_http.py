@@ -24,12 +24,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncio_ops.connectors import is_retryable
+from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from connectors import is_retryable
-from connectors.http import HttpBatch, HttpLookup
 from examples._common import add_batch_options, orders, report, spark_session, timed
 from examples.http_service.app import ServiceThread
 

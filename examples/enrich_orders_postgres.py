@@ -27,13 +27,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncio_ops.connectors import is_retryable
+from asyncio_ops.connectors._redact import redact_dsn
+from asyncio_ops.connectors.postgres import PostgresLookup
 from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, ordered_wait
-from connectors import is_retryable
-from connectors._redact import redact_dsn
-from connectors.postgres import PostgresLookup
 from examples import _pg
 from examples._common import add_batch_options, orders, report, spark_session, timed
 

@@ -36,6 +36,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncio_ops.connectors.http import HttpLookup
 from pyspark.sql import DataFrame, SparkSession
 
 from asyncio_ops.spark import keyed_process, unordered_wait
@@ -46,7 +47,6 @@ from asyncio_ops.state import (
     KeyedRuntimeContext,
     ValueStateDescriptor,
 )
-from connectors.http import HttpLookup
 from examples._common import report, spark_session
 from examples.http_service.app import ServiceThread
 

@@ -32,14 +32,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncio_ops.connectors import is_retryable
+from asyncio_ops.connectors.http import HttpLookup
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from connectors import is_retryable
-from connectors.http import HttpLookup
 from examples._common import report, spark_session
 from examples.http_service.app import ServiceThread
 

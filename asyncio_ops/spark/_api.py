@@ -285,7 +285,7 @@ def _wait(
             raise ConfigurationError(
                 f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
                 f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
-                f"connectors.postgres.PostgresLookup); {function!r} has neither"
+                f"asyncio_ops.connectors.postgres.PostgresLookup); {function!r} has neither"
             )
 
     operator_uid = (

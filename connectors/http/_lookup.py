@@ -1,7 +1,7 @@
 """HttpLookup: JSON lookups over HTTP on one aiohttp session per worker.
 
 Per input row the lookup renders a request from templates (URL, query
-parameters, JSON body; see :mod:`connectors.http._template`), sends it (rate
+parameters, JSON body; see :mod:`asyncio_ops.connectors.http._template`), sends it (rate
 limited, retried on transient statuses), decodes the JSON answer into rows.
 With :class:`HttpBatch`, the keys of concurrent rows go to a batch endpoint in
 one request and the answer is fanned out by a key field of each item.
@@ -203,7 +203,7 @@ class HttpLookup(BaseLookup[_Runtime]):
     ``null`` or a missing path no rows; a scalar (or a non-object item) becomes
     ``{value_field: scalar}``. 404 gives no rows when ``not_found_empty`` (a key
     that does not exist is not an error for a lookup); any other status that is
-    not retried raises :class:`~connectors.LookupResponseError`. Result rows
+    not retried raises :class:`~asyncio_ops.connectors.LookupResponseError`. Result rows
     hold the response fields only, unless ``include_input=True``.
 
     Transient failures — a status in ``retry_statuses``, a broken connection, a

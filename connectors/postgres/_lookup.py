@@ -158,7 +158,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
     ``async_invoke(row)`` returns, for the key ``row[key]``:
 
     - ``many=False`` (one-to-one): ``[match]``, or ``[]`` when nothing matched;
-      more than one match raises :class:`~connectors.LookupAmbiguousError`.
+      more than one match raises :class:`~asyncio_ops.connectors.LookupAmbiguousError`.
     - ``many=True`` (one-to-many): one dict per matching row, in the query's order.
     - a key with a ``None`` component: ``[]`` without a query.
 
@@ -175,10 +175,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
     every other protocol step (cancelling a query, resetting a connection for
     the pool), so that ``close()`` returns even on a stalled network; ``connect_timeout``
     seconds per connection attempt; ``server_settings`` extra session settings;
-    ``cache`` a :class:`~connectors.LookupCache` consulted before querying.
+    ``cache`` a :class:`~asyncio_ops.connectors.LookupCache` consulted before querying.
 
     Raises (from ``open`` and ``async_invoke``): ``LookupConnectionError`` and
-    ``LookupTimeout`` (retryable: see :func:`connectors.is_retryable`),
+    ``LookupTimeout`` (retryable: see :func:`asyncio_ops.connectors.is_retryable`),
     ``LookupAuthError``, ``LookupQueryError``, ``LookupKeyError``.
 
     One asyncpg pool is shared by every PostgresLookup in the worker process

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
+from asyncio_ops.connectors.postgres import PostgresLookup
 
 from asyncio_ops import AsyncRetryStrategy
-from connectors.postgres import PostgresLookup
 
 T = TypeVar("T")
 

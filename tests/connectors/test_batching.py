@@ -7,9 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-
-from connectors import ConnectorError
-from connectors._batching import KeyBatcher
+from asyncio_ops.connectors import ConnectorError
+from asyncio_ops.connectors._batching import KeyBatcher
 
 
 class Source:

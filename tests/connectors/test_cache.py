@@ -6,12 +6,12 @@ import math
 import pickle
 
 import pytest
+from asyncio_ops.connectors import MISS, LookupCache
 from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncio_ops import ConfigurationError
 from asyncio_ops.testing import ManualClock
-from connectors import MISS, LookupCache
 
 
 def make(ttl: float = 10.0, max_size: int = 3, **kw: bool) -> tuple[LookupCache[str], ManualClock]:

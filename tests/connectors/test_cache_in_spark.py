@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncio_ops.connectors import LookupCache
+from asyncio_ops.connectors.postgres import PostgresLookup
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import AsyncMetrics, ordered_wait
-from connectors import LookupCache
-from connectors.postgres import PostgresLookup
 from tests.spark.conftest import spark
 
 from .support import PgTables

@@ -11,14 +11,19 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from asyncio_ops.connectors import (
+    LookupAmbiguousError,
+    LookupCache,
+    LookupKeyError,
+    LookupQueryError,
+)
+from asyncio_ops.connectors.postgres import PostgresLookup
+from asyncio_ops.connectors.postgres._columnar import aggregate_sql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncFunction, ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
-from connectors import LookupAmbiguousError, LookupCache, LookupKeyError, LookupQueryError
-from connectors.postgres import PostgresLookup
-from connectors.postgres._columnar import aggregate_sql
 from tests.spark.conftest import spark
 
 from .support import CountingLookup, PgTables, columnar_pairs, per_row_pairs, run_isolated

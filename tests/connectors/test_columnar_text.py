@@ -1,4 +1,4 @@
-"""Text columns of the columnar path travel as bytes (``connectors.postgres._columnar``).
+"""Text columns of the columnar path travel as bytes (``connectors/postgres/_columnar.py``).
 
 The answers must equal the per-row path's for every shape a text value takes:
 multi-byte UTF-8, empty, NULL, a query whose text column is NULL in every row,
@@ -15,10 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pyarrow as pa
 import pytest
+from asyncio_ops.connectors import LookupQueryError
+from asyncio_ops.connectors.postgres import PostgresLookup
+from asyncio_ops.connectors.postgres._columnar import Columnar, aggregate_sql, decode
 
-from connectors import LookupQueryError
-from connectors.postgres import PostgresLookup
-from connectors.postgres._columnar import Columnar, aggregate_sql, decode
 from tests.helpers import unavailable
 
 from .support import CountingLookup, PgTables, columnar_pairs, per_row_pairs, run_isolated

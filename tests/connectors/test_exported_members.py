@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import connectors
-import connectors.http
-import connectors.postgres
+from asyncio_ops.connectors import http, postgres
+
+from asyncio_ops import connectors
 
 
 def test_connectors_facade() -> None:
@@ -33,8 +33,8 @@ def test_connectors_facade() -> None:
 
 
 def test_subpackages() -> None:
-    assert sorted(connectors.postgres.__all__) == ["PostgresLookup", "active_pools"]
-    assert sorted(connectors.http.__all__) == [
+    assert sorted(postgres.__all__) == ["PostgresLookup", "active_pools"]
+    assert sorted(http.__all__) == [
         "HttpBatch",
         "HttpLookup",
         "active_sessions",

@@ -15,10 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import web
-
-from asyncio_ops import ConfigurationError
-from asyncio_ops.testing import ManualClock
-from connectors import (
+from asyncio_ops.connectors import (
     LookupCache,
     LookupConnectionError,
     LookupDecodeError,
@@ -27,7 +24,10 @@ from connectors import (
     LookupTimeout,
     is_retryable,
 )
-from connectors.http import HttpBatch, HttpLookup, active_sessions, parse_retry_after
+from asyncio_ops.connectors.http import HttpBatch, HttpLookup, active_sessions, parse_retry_after
+
+from asyncio_ops import ConfigurationError
+from asyncio_ops.testing import ManualClock
 
 TOKEN = "tok-SECRET-8c1f2e"
 CUSTOMERS = {str(i): {"id": i, "name": f"customer-{i}"} for i in range(1, 51)}
@@ -456,7 +456,7 @@ def test_template_rejects_attribute_access() -> None:
 def test_url_template_encodes_its_text_once_and_every_unsafe_value() -> None:
     from urllib.parse import quote
 
-    from connectors.http._template import Template
+    from asyncio_ops.connectors.http._template import Template
 
     template = Template("http://h/a b/{x}/%41?q={y}", option="url")
     for x, y in [("abc123", 7), ("a/b c", "é"), ("", None), ("Ünï", "x&y=z"), ("-._~", True)]:
@@ -470,7 +470,7 @@ def test_url_template_encodes_its_text_once_and_every_unsafe_value() -> None:
 
 @pytest.mark.parametrize("value", [".", ".."])
 def test_a_dot_segment_value_is_refused_in_a_url_naming_the_field(value: str) -> None:
-    from connectors.http._template import Template
+    from asyncio_ops.connectors.http._template import Template
 
     template = Template("http://h/customers/{cid}/orders", option="url")
     with pytest.raises(LookupKeyError, match=rf"field 'cid' is '{value}'"):

@@ -12,10 +12,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 import pytest_asyncio
-
-from asyncio_ops import AsyncRetryStrategy, ConfigurationError
-from asyncio_ops.testing import ManualClock
-from connectors import (
+from asyncio_ops.connectors import (
     ConnectorError,
     LookupAmbiguousError,
     LookupCache,
@@ -25,7 +22,10 @@ from connectors import (
     LookupTimeout,
     is_retryable,
 )
-from connectors.postgres import PostgresLookup, active_pools
+from asyncio_ops.connectors.postgres import PostgresLookup, active_pools
+
+from asyncio_ops import AsyncRetryStrategy, ConfigurationError
+from asyncio_ops.testing import ManualClock
 
 from .support import CountingLookup, PgTables, with_retry
 

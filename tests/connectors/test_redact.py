@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from connectors._redact import Scrubber, redact_dsn, redact_headers, redact_url, url_secrets
+from asyncio_ops.connectors._redact import (
+    Scrubber,
+    redact_dsn,
+    redact_headers,
+    redact_url,
+    url_secrets,
+)
 
 
 def test_redact_dsn_forms() -> None:

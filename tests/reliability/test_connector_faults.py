@@ -9,7 +9,7 @@ to stall them or to cut every connection -- faults a healthy server cannot produ
 demand (the approach of asyncpg's ``tests/test_adversity.py``).
 
 What must hold (docs/guarantees.md): with a retry strategy using
-``connectors.is_retryable`` every row completes exactly once within its timeout budget;
+``asyncio_ops.connectors.is_retryable`` every row completes exactly once within its timeout budget;
 when the fault outlasts the budget the job fails with an error that names the cause
 (the connector error class and the redacted server address); nothing hangs -- every
 test is bounded in wall time.
@@ -34,6 +34,15 @@ import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from asyncio_ops.connectors import (
+    ConnectorError,
+    LookupConnectionError,
+    LookupResponseError,
+    LookupTimeout,
+    is_retryable,
+)
+from asyncio_ops.connectors.http import HttpLookup
+from asyncio_ops.connectors.postgres import PostgresLookup
 
 from asyncio_ops import (
     AsyncOperatorError,
@@ -43,15 +52,6 @@ from asyncio_ops import (
     Record,
     run_async_wait,
 )
-from connectors import (
-    ConnectorError,
-    LookupConnectionError,
-    LookupResponseError,
-    LookupTimeout,
-    is_retryable,
-)
-from connectors.http import HttpLookup
-from connectors.postgres import PostgresLookup
 from tests.connectors.support import CountingLookup, PgTables, run_isolated
 
 from .conftest import RestartablePostgres

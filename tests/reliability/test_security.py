@@ -31,9 +31,7 @@ import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 import pytest_asyncio
 from aiohttp import web
-
-from asyncio_ops import AsyncOperatorError, AsyncRetryStrategy, Record, run_async_wait
-from connectors import (
+from asyncio_ops.connectors import (
     ConnectorError,
     LookupAuthError,
     LookupConnectionError,
@@ -42,8 +40,10 @@ from connectors import (
     LookupTLSError,
     is_retryable,
 )
-from connectors.http import HttpLookup
-from connectors.postgres import PostgresLookup
+from asyncio_ops.connectors.http import HttpLookup
+from asyncio_ops.connectors.postgres import PostgresLookup
+
+from asyncio_ops import AsyncOperatorError, AsyncRetryStrategy, Record, run_async_wait
 from tests.connectors.support import PgTables, run_isolated
 from tests.helpers import unavailable
 
@@ -191,9 +191,9 @@ def client_logs(caplog: pytest.LogCaptureFixture) -> str:
 
 @pytest.fixture
 def capture_all(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Every logger at DEBUG (asyncpg, aiohttp, asyncio, connectors, asyncio_ops)."""
+    """Every logger at DEBUG (asyncpg, aiohttp, asyncio, asyncio_ops and its connectors)."""
     caplog.set_level(logging.DEBUG)
-    for name in ("asyncpg", "aiohttp", "asyncio", "connectors", "asyncio_ops"):
+    for name in ("asyncpg", "aiohttp", "asyncio", "asyncio_ops"):
         caplog.set_level(logging.DEBUG, logger=name)
     yield caplog
 
