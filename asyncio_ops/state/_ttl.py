@@ -30,13 +30,12 @@ Decisions, following Flink where it has one:
 
 from __future__ import annotations
 
-import datetime as _dt
 import enum
-import math
 from dataclasses import dataclass
 from typing import Final
 
 from .._exceptions import ConfigurationError
+from ..options import seconds
 
 __all__ = [
     "CleanupStrategy",
@@ -141,7 +140,8 @@ _DEFAULT_ROCKSDB_CLEANUP: Final = (RocksDBCompactionCleanup(1000),)
 class StateTtlConfig:
     """Time-to-live of one state (see the module docstring for the semantics).
 
-    ``ttl`` is in seconds (or a :class:`datetime.timedelta`) and must be > 0.
+    ``ttl`` is in seconds, a :class:`datetime.timedelta` or an interval string
+    as Spark's (``"10 minutes"``, ``"500 milliseconds"``), finite and > 0.
     """
 
     ttl: float
@@ -151,20 +151,8 @@ class StateTtlConfig:
     cleanup: tuple[CleanupStrategy, ...] | None = None
 
     def __post_init__(self) -> None:
-        ttl: object = self.ttl
-        if isinstance(ttl, _dt.timedelta):
-            ttl = ttl.total_seconds()
-            object.__setattr__(self, "ttl", ttl)
-        if (
-            isinstance(ttl, bool)
-            or not isinstance(ttl, int | float)
-            or not math.isfinite(ttl)
-            or ttl <= 0
-        ):
-            raise ConfigurationError(
-                f"StateTtlConfig: ttl must be a finite number of seconds > 0, got {self.ttl!r}"
-            )
-        object.__setattr__(self, "ttl", float(ttl))
+        # seconds, a timedelta or a Spark interval string ("10 minutes"), finite and > 0
+        object.__setattr__(self, "ttl", seconds(self.ttl, "StateTtlConfig: ttl"))
         if not isinstance(self.update_type, UpdateType):
             raise ConfigurationError(
                 f"StateTtlConfig: update_type must be an UpdateType, got {self.update_type!r}"

@@ -51,6 +51,11 @@ def test_ttl_must_be_positive() -> None:
         with pytest.raises(ConfigurationError, match="ttl"):
             StateTtlConfig(bad)  # type: ignore[arg-type]
     assert StateTtlConfig(dt.timedelta(minutes=1)).ttl == 60.0  # type: ignore[arg-type]
+    # Spark's interval strings, as withWatermark takes them
+    assert StateTtlConfig("10 minutes").ttl == 600.0  # type: ignore[arg-type]
+    assert StateTtlConfig("500 milliseconds").ttl == 0.5  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"ttl '10 fortnights' is not a duration"):
+        StateTtlConfig("10 fortnights")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="cleanup_size"):
         cleanup_incrementally(0)
     with pytest.raises(ConfigurationError, match="cleanup strategy"):
