@@ -1,0 +1,124 @@
+"""A real Spark standalone cluster on 127.0.0.1: a master and a worker started with
+``spark-class`` from the pyspark package, an enrichment job submitted with
+``spark-submit`` as docs/quickstart.md says (the project shipped as a zip with
+``--py-files``). The job must run on the executor, import the shipped archive there,
+and give exact output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).parent
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
+    for name in ("SPARK_MASTER", "MASTER", "PYSPARK_SUBMIT_ARGS"):
+        env.pop(name, None)
+    return env
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
+            stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
+        )  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """``(master URL, worker work directory)`` of a running master with one worker."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    port, ui = _free_port(), _free_port()
+    master = _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(port), "--webui-port", str(ui)], tmp / "master.log")  # fmt: skip
+    url = f"spark://127.0.0.1:{port}"
+    work = tmp / "work"
+    worker = _start(["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                     "--cores", "2", "--memory", "1g", "--webui-port", "0",
+                     "--work-dir", str(work)], tmp / "worker.log")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
+                    if json.load(r).get("aliveworkers", 0) >= 1:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or master.poll() is not None:
+                logs = (tmp / "master.log").read_text()[-2000:]
+                pytest.fail(f"no worker registered with the standalone master:\n{logs}")
+            time.sleep(0.5)
+        yield url, work
+    finally:
+        _stop(worker)
+        _stop(master)
+
+
+@pytest.fixture(scope="module")
+def shipped_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project as docs/quickstart.md ships it: a wheel, renamed .zip for --py-files."""
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(dist)],
+        check=True, timeout=600,
+    )  # fmt: skip
+    (wheel,) = dist.glob("asyncio_ops-*.whl")
+    target = dist / "asyncio_ops.zip"
+    shutil.copy(wheel, target)
+    return target
+
+
+def test_a_submitted_job_runs_on_the_executor_with_the_shipped_package(
+    cluster: tuple[str, Path], shipped_zip: Path, tmp_path: Path
+) -> None:
+    url, work = cluster
+    out = tmp_path / "out.json"
+    run = subprocess.run(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", url, "--py-files",
+         str(shipped_zip), "--conf", "spark.ui.enabled=false",
+         str(ROOT / "tests" / "cluster" / "cluster_job.py"), str(out), "200"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["master"] == url  # session() kept spark-submit's master
+    rows = result["rows"]
+    assert [(r["id"], r["doubled"]) for r in rows] == [(i, 2 * i) for i in range(200)]
+    assert all(Path(r["cwd"]).is_relative_to(work) for r in rows), rows[0]["cwd"]
+    assert all("asyncio_ops.zip" in r["module"] for r in rows), rows[0]["module"]
