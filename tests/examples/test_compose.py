@@ -27,6 +27,8 @@ def test_postgres_service(compose: dict[str, Any]) -> None:
     assert (ROOT / "examples" / "sql" / "init.sql").is_file()
     assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
     assert "pgdata" in compose["volumes"]
+    # the host port can move off 5432 (a local Postgres may hold it); 5432 by default
+    assert pg["ports"] == ["127.0.0.1:${ASYNCIO_OPS_PG_PORT:-5432}:5432"]
 
 
 def test_http_service_is_built_from_the_project(compose: dict[str, Any]) -> None:
