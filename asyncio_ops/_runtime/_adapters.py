@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,18 +71,28 @@ def describe_row(row: Any) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+@runtime_checkable
+class NamedRow(Protocol):
+    """A result row with field names, as ``pyspark.sql.Row`` (the runtime knows no pyspark)."""
+
+    def asDict(self) -> dict[str, Any]: ...
+
+
 class RowFunction(AsyncFunction[Any, Any]):
     """Calls the user's function with a row dict; merges each result dict into the row.
 
-    The operator's value is a :class:`RowValue`. A result must be a dict whose
-    keys are declared output columns; the message of a violation names the
-    column and the input row. With ``log`` set, each completed lookup is
-    appended to it as ``(position, fingerprint, results)``.
+    The operator's value is a :class:`RowValue`. A result is a dict whose
+    keys are declared output columns, a ``pyspark.sql.Row`` with field names
+    (by name), or a tuple mapped by position to the output columns; the
+    message of a violation names the column and the input row. With ``log``
+    set, each completed lookup is appended to it as ``(position, fingerprint,
+    results)``, every result as a dict.
     """
 
     def __init__(self, user: AsyncFunction[Any, Any], spec: PartitionSpec) -> None:
         self.user = user
         self.allowed = frozenset(spec.added_columns)
+        self.columns = tuple(spec.added_columns)  # in output_schema order
         self.keep = spec.keep_input_columns
         self.log: ReplayLog | None = None
         user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
@@ -102,10 +112,7 @@ class RowFunction(AsyncFunction[Any, Any]):
         allowed = self.allowed
         for r in results:
             if type(r) is not dict:
-                raise OutputSchemaError(
-                    f"each result must be a dict of output columns, got {type(r).__name__} "
-                    f"{r!r:.100} for input row {describe_row(row)}"
-                )
+                r = self.as_dict(r, row)
             if not allowed.issuperset(r):
                 unknown = sorted(set(r) - allowed)
                 raise OutputSchemaError(
@@ -118,12 +125,40 @@ class RowFunction(AsyncFunction[Any, Any]):
             out.append(merged)
         return out
 
+    def as_dict(self, result: Any, row: Any) -> dict[str, Any]:
+        """A result that is not a dict: a ``pyspark.sql.Row`` with field names (by name),
+        or a tuple (a Row without names too) mapped by position to the output columns."""
+        if isinstance(result, NamedRow) and isinstance(result, tuple):
+            try:
+                return dict(result.asDict())
+            except (TypeError, AttributeError, ValueError):
+                pass  # a Row without field names: by position, as a tuple
+        if isinstance(result, tuple):
+            columns = self.columns
+            if len(result) != len(columns):
+                raise OutputSchemaError(
+                    f"a result tuple has {len(result)} value(s) for the {len(columns)} output "
+                    f"column(s) {list(columns)}: {result!r:.100} for input row "
+                    f"{describe_row(row)}"
+                )
+            return dict(zip(columns, result, strict=True))
+        raise OutputSchemaError(
+            f"each result must be a dict of output columns, a Row or a tuple, got "
+            f"{type(result).__name__} {result!r:.100} for input row {describe_row(row)}"
+        )
+
+    def as_dicts(self, results: Any, row: Any) -> Any:
+        """``results`` with every result a dict (as logged for replay)."""
+        if isinstance(results, list | tuple) and any(type(r) is not dict for r in results):
+            return [r if type(r) is dict else self.as_dict(r, row) for r in results]
+        return results
+
     def record(self, value: Any, results: Any) -> list[dict[str, Any]]:
         """Merge ``results`` into the row, logging them for replay if a log is kept."""
         merged = self.merge(value, results)
         log = self.log
         if log is not None and value.position is not None:
-            log.append(value.position, self.fingerprint(value), results)
+            log.append(value.position, self.fingerprint(value), self.as_dicts(results, value.row))
         return merged
 
     # -- the replay log: what an element's completion is logged as, and back ----------
@@ -178,7 +213,9 @@ class ChunkFunction(RowFunction):
         merged = self.replayed(value, results)
         log = self.log
         if log is not None and value.position is not None:
-            log.append(value.position, self.fingerprint(value), [list(r) for r in results])
+            rows = value.row
+            logged = [self.as_dicts(list(r), rows[i]) for i, r in enumerate(results)]
+            log.append(value.position, self.fingerprint(value), logged)
         return merged
 
     def log_type(self, spec: PartitionSpec) -> pa.DataType:

@@ -490,8 +490,9 @@ def ordered_wait(
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
-    ``fn`` receives each row as a dict and returns a list of dicts whose keys
-    are columns of ``output_schema`` (zero drops the row, several fan out). The
+    ``fn`` receives each row as a dict and returns a list of results: dicts whose
+    keys are columns of ``output_schema``, ``Row``s with field names, or tuples by
+    position (zero drops the row, several fan out). The
     result has the input columns (unless ``keep_input_columns=False``), the
     output columns, ``_error`` with ``on_error="error_column"`` and ``_late``
     with ``event_time``. See docs/spark.md for every option.

@@ -353,3 +353,34 @@ def test_a_partly_consumed_partition_stops_cleanly(spark: SparkSession) -> None:
         ).count()
         == 5
     )
+
+
+async def as_tuples_and_rows(row: dict[str, Any]) -> list[Any]:
+    from pyspark.sql import Row
+
+    i = row["id"]
+    # a tuple by position, a Row by name (fields in another order), a Row by position
+    return [(i * 10, "t"), Row(tag="r", out=i * 20), Row(i * 30, "p")]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpointed"])
+def test_results_may_be_rows_or_tuples(
+    spark: SparkSession, tmp_path: Any, checkpoint: bool
+) -> None:
+    opts: dict[str, Any] = {"checkpoint_location": str(tmp_path)} if checkpoint else {}
+    out = ordered_wait(spark.range(4, numPartitions=2), as_tuples_and_rows, timeout=10,
+                       output_schema="out long, tag string", **opts)  # fmt: skip
+    got = sorted((r.id, r.out, r.tag) for r in out.collect())
+    assert got == sorted(
+        (i, v, t) for i in range(4) for v, t in ((i * 10, "t"), (i * 20, "r"), (i * 30, "p"))
+    )
+
+
+async def too_short(row: dict[str, Any]) -> list[Any]:
+    return [(1,)]
+
+
+def test_a_tuple_of_the_wrong_length_names_the_columns_and_the_row(spark: SparkSession) -> None:
+    out = ordered_wait(spark.range(1), too_short, timeout=10, output_schema="out long, tag string")
+    with pytest.raises(Exception, match=r"a result tuple has 1 value\(s\) for the 2 output"):
+        out.collect()
