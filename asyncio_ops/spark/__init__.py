@@ -1,7 +1,8 @@
 """The Spark DataFrame API of asyncio_ops (the only package that imports pyspark).
 
 ``ordered_wait`` / ``unordered_wait`` follow Flink's ``AsyncDataStream`` and
-PyFlink's names; ``keyed_process`` runs a ``KeyedProcessFunction`` with keyed
+PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
+porting); ``keyed_process`` runs a ``KeyedProcessFunction`` with keyed
 state and timers (Flink's ``KeyedProcessOperator``); ``session()`` builds a
 SparkSession whose Python workers run this interpreter; ``AsyncMetrics``
 collects operator metrics across tasks.
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 from .._runtime import KEY_GROUP_COLUMN
 from ._api import AsyncMetrics, ordered_wait, unordered_wait
+from ._datastream import AsyncDataStream
 from ._keyed import route_values
 from ._keyed_process import keyed_process
 from ._session import session
 
 __all__ = [
     "KEY_GROUP_COLUMN",
+    "AsyncDataStream",
     "AsyncMetrics",
     "keyed_process",
     "ordered_wait",

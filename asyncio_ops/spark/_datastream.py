@@ -1,0 +1,171 @@
+"""``AsyncDataStream``: PyFlink's names and argument order over DataFrames, for porting.
+
+PyFlink::
+
+    AsyncDataStream.unordered_wait(ds, AsyncFunctionImpl(), Time.seconds(5), 100, Types.ROW(...))
+
+asyncio_ops, the same call with a DataFrame and a Spark schema as ``output_type``::
+
+    AsyncDataStream.unordered_wait(df, AsyncFunctionImpl(), 5, 100, "id long, name string")
+
+What a PyFlink function sees and returns is kept: each input row arrives as a
+``pyspark.sql.Row`` (``value[0]``, ``value.name``), and the results may be
+``Row``s, tuples or, with a one-column ``output_type``, bare values; the output
+is only what the function returns (PyFlink's output stream), not the input
+columns. The function subclasses ``asyncio_ops.AsyncFunction`` instead of
+PyFlink's; ``open``, ``async_invoke``, ``timeout`` and ``close`` keep their
+meaning. ``timeout`` is seconds, a ``timedelta``, an interval string, or
+anything with PyFlink's ``Time.to_milliseconds()``. Every other option of
+:func:`ordered_wait` / :func:`unordered_wait` may follow as a keyword.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from pyspark.sql import DataFrame, Row
+from pyspark.sql.types import StructType
+
+from .._exceptions import ConfigurationError
+from .._functions import AsyncFunction, RuntimeContext, as_async_function
+from .._retry import AsyncRetryStrategy
+from ._api import _as_struct, ordered_wait, unordered_wait
+
+
+@runtime_checkable
+class Milliseconds(Protocol):
+    """PyFlink's ``Time`` (``Time.seconds(5)``), as far as a timeout needs it."""
+
+    def to_milliseconds(self) -> int: ...
+
+
+Timeout = float | timedelta | str | Milliseconds
+
+
+def _seconds(timeout: Timeout) -> float | timedelta | str:
+    if isinstance(timeout, Milliseconds):
+        return timeout.to_milliseconds() / 1000
+    return timeout
+
+
+class RowInput(AsyncFunction[Any, Any]):
+    """Hands a PyFlink-style function each row as a ``Row``; wraps bare results."""
+
+    def __init__(self, function: AsyncFunction[Any, Any], columns: int) -> None:
+        self.function = function
+        self.single = columns == 1
+
+    def open(self, runtime_context: RuntimeContext) -> Awaitable[None] | None:
+        return self.function.open(runtime_context)
+
+    def close(self) -> Awaitable[None] | None:
+        return self.function.close()
+
+    def _wrap(self, results: Any) -> Any:
+        if not self.single or not isinstance(results, list | tuple):
+            return results
+        return [r if isinstance(r, dict | tuple) else (r,) for r in results]
+
+    async def async_invoke(self, value: dict[str, Any]) -> Sequence[Any]:
+        return self._wrap(await self.function.async_invoke(Row(**value)))  # type: ignore[no-any-return]
+
+    def timeout(self, value: dict[str, Any]) -> Any:
+        results = self.function.timeout(Row(**value))
+        if inspect.isawaitable(results):
+            return self._later(results)
+        return self._wrap(results)
+
+    async def _later(self, results: Awaitable[Any]) -> Any:
+        return self._wrap(await results)
+
+    def __repr__(self) -> str:
+        return f"RowInput({self.function!r})"
+
+
+class AsyncDataStream:
+    """PyFlink's ``AsyncDataStream`` over DataFrames (see the module docstring)."""
+
+    @staticmethod
+    def _apply(
+        wait: Any,
+        data_stream: DataFrame,
+        async_function: AsyncFunction[Any, Any],
+        timeout: Timeout,
+        capacity: int,
+        output_type: str | StructType | None,
+        retry: AsyncRetryStrategy | None,
+        options: dict[str, Any],
+    ) -> DataFrame:
+        if output_type is None:
+            raise ConfigurationError(
+                "output_type is required: the Spark schema of what the function returns "
+                "(a DDL string such as 'id long, name string', or a StructType)"
+            )
+        columns = len(_as_struct(output_type, "output_type").fields)
+        function = RowInput(as_async_function(async_function), columns)
+        options.setdefault("keep_input_columns", False)
+        return wait(  # type: ignore[no-any-return]
+            data_stream, function, timeout=_seconds(timeout), capacity=capacity,
+            output_schema=output_type, retry=retry, **options,
+        )  # fmt: skip
+
+    @staticmethod
+    def ordered_wait(
+        data_stream: DataFrame,
+        async_function: AsyncFunction[Any, Any],
+        timeout: Timeout,
+        capacity: int = 100,
+        output_type: str | StructType | None = None,
+        **options: Any,
+    ) -> DataFrame:
+        """Results in input order (PyFlink's ``AsyncDataStream.ordered_wait``)."""
+        return AsyncDataStream._apply(ordered_wait, data_stream, async_function, timeout,
+                                      capacity, output_type, None, options)  # fmt: skip
+
+    @staticmethod
+    def unordered_wait(
+        data_stream: DataFrame,
+        async_function: AsyncFunction[Any, Any],
+        timeout: Timeout,
+        capacity: int = 100,
+        output_type: str | StructType | None = None,
+        **options: Any,
+    ) -> DataFrame:
+        """Results as they complete (PyFlink's ``AsyncDataStream.unordered_wait``)."""
+        return AsyncDataStream._apply(unordered_wait, data_stream, async_function, timeout,
+                                      capacity, output_type, None, options)  # fmt: skip
+
+    @staticmethod
+    def ordered_wait_with_retry(
+        data_stream: DataFrame,
+        async_function: AsyncFunction[Any, Any],
+        timeout: Timeout,
+        async_retry_strategy: AsyncRetryStrategy,
+        capacity: int = 100,
+        output_type: str | StructType | None = None,
+        **options: Any,
+    ) -> DataFrame:
+        """:meth:`ordered_wait` with a retry strategy (PyFlink's argument order)."""
+        return AsyncDataStream._apply(
+            ordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            async_retry_strategy, options,
+        )  # fmt: skip
+
+    @staticmethod
+    def unordered_wait_with_retry(
+        data_stream: DataFrame,
+        async_function: AsyncFunction[Any, Any],
+        timeout: Timeout,
+        async_retry_strategy: AsyncRetryStrategy,
+        capacity: int = 100,
+        output_type: str | StructType | None = None,
+        **options: Any,
+    ) -> DataFrame:
+        """:meth:`unordered_wait` with a retry strategy (PyFlink's argument order)."""
+        return AsyncDataStream._apply(
+            unordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            async_retry_strategy, options,
+        )  # fmt: skip

@@ -1,0 +1,64 @@
+"""PyFlink porting: a function written as for PyFlink's ``AsyncDataStream`` runs unchanged
+apart from imports (rows arrive as ``Row``: ``value[0]``, ``value.name``; ``[Row(...)]``
+or bare values come back), with PyFlink's names and argument order."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pyspark.sql import Row, SparkSession
+
+from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
+from asyncio_ops.spark import AsyncDataStream
+
+
+class AsyncFunctionImpl(AsyncFunction):  # type: ignore[type-arg]
+    """As in PyFlink: reads the row by position and by name, returns a list of Rows."""
+
+    async def async_invoke(self, value: Row) -> list[Row]:
+        await asyncio.sleep(0.001)
+        return [Row(value[0], value.name.upper())]
+
+
+class PlusOne(AsyncFunction):  # type: ignore[type-arg]
+    """As in PyFlink with a scalar output type: bare values."""
+
+    async def async_invoke(self, value: Row) -> list[int]:
+        await asyncio.sleep(0.001)
+        return [value[0] + 1]
+
+
+class Seconds:
+    """Stands for PyFlink's ``Time.seconds(n)``: what ``timeout`` reads of it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def to_milliseconds(self) -> int:
+        return self.n * 1000
+
+
+@pytest.fixture
+def people(spark: SparkSession) -> Any:
+    return spark.createDataFrame([(i, f"n{i}") for i in range(6)], "id long, name string")
+
+
+@pytest.mark.parametrize("mode", ["ordered_wait", "unordered_wait"])
+def test_a_pyflink_function_runs_unchanged(spark: SparkSession, people: Any, mode: str) -> None:
+    wait = getattr(AsyncDataStream, mode)
+    out = wait(people, AsyncFunctionImpl(), Seconds(5), 10, "id long, name string")
+    assert out.columns == ["id", "name"]  # only what the function returns, as in PyFlink
+    assert sorted(tuple(r) for r in out.collect()) == [(i, f"N{i}") for i in range(6)]
+
+
+def test_bare_values_with_a_one_column_output_type_and_retry(people: Any) -> None:
+    retry = AsyncRetryStrategy.fixed_delay(2, 10)
+    out = AsyncDataStream.unordered_wait_with_retry(people, PlusOne(), 5, retry, 10, "next long")
+    assert sorted(r.next for r in out.collect()) == list(range(1, 7))
+
+
+def test_output_type_is_required(people: Any) -> None:
+    with pytest.raises(ConfigurationError, match="output_type is required"):
+        AsyncDataStream.ordered_wait(people, PlusOne(), 5)
