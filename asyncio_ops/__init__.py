@@ -34,6 +34,7 @@ from ._functions import (
     SupportsCacheStatistics,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
+    SupportsOutputColumns,
 )
 from ._operator import AsyncWaitOperator, OutputMode
 from ._queues import (
@@ -84,6 +85,7 @@ __all__ = [
     "SupportsCacheStatistics",
     "SupportsInvokeArrow",
     "SupportsInvokeChunk",
+    "SupportsOutputColumns",
     "SystemClock",
     "Timer",
     "TimerHeap",

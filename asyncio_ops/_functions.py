@@ -147,6 +147,16 @@ class SupportsInvokeArrow(Protocol):
 
 
 @runtime_checkable
+class SupportsOutputColumns(Protocol):
+    """A function that returns only the output columns it is told, as Spark's
+    ``from_json`` keeps only the declared fields (a connector answering with more
+    columns than ``output_schema`` declares). The runtime calls
+    ``bind_output_columns`` with the declared columns before the first element."""
+
+    def bind_output_columns(self, columns: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
 class CheckpointedFunction(Protocol):
     """A function with state of its own that checkpoints write and restore.
 

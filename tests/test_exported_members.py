@@ -38,6 +38,7 @@ def test_public_names_are_pinned() -> None:
         "StreamElement",
         "SupportsCacheStatistics",
         "SupportsInvokeArrow",
+        "SupportsOutputColumns",
         "SupportsInvokeChunk",
         "SystemClock",
         "Timer",

@@ -27,6 +27,7 @@ from .._functions import (
     CoroutineFunction,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
+    SupportsOutputColumns,
 )
 from ._spec import KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
@@ -93,6 +94,8 @@ class RowFunction(AsyncFunction[Any, Any]):
         self.user = user
         self.allowed = frozenset(spec.added_columns)
         self.columns = tuple(spec.added_columns)  # in output_schema order
+        if isinstance(user, SupportsOutputColumns):  # e.g. a connector: project at the source
+            user.bind_output_columns(self.columns)
         self.keep = spec.keep_input_columns
         self.log: ReplayLog | None = None
         user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke

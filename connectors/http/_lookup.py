@@ -296,6 +296,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         self.value_field = value_field
         self.not_found_empty = bool(not_found_empty)
         self.include_input = bool(include_input)
+        self.output_columns: tuple[str, ...] | None = None
         if ca_file is not None and not verify_ssl:
             raise ConfigurationError("ca_file= needs verify_ssl=True")
         self.verify_ssl = bool(verify_ssl)
@@ -386,9 +387,17 @@ class HttpLookup(BaseLookup[_Runtime]):
 
                 cache_key = (url, tuple(params), _canonical(body))
                 items = await self._cached(cache_key, fetch)
+        columns = self.output_columns
+        if columns is not None:  # the declared fields only, as Spark's from_json
+            items = tuple({c: item[c] for c in columns if c in item} for item in items)
         if self.include_input:
             return [{**value, **item} for item in items]
         return [dict(item) for item in items]
+
+    def bind_output_columns(self, columns: Sequence[str]) -> None:
+        """Answer only the declared output columns: other JSON fields are left out, a
+        declared field an answer lacks is null (as Spark's ``from_json``)."""
+        self.output_columns = tuple(columns)
 
     async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Rows]]) -> Rows:
         cache = self.cache

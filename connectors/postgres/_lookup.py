@@ -231,6 +231,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
             )
         self.many = bool(many)
         self.columns = tuple(columns) if columns is not None else None
+        self._columns_declared = False  # columns from output_schema, not from columns=
         self.include_input = bool(include_input)
         self.batch_size = at_least(batch_size, "batch_size", 1)
         self.max_batch_delay = seconds(max_batch_delay, "max_batch_delay", high=60, low_ok=True)
@@ -604,7 +605,18 @@ class PostgresLookup(BaseLookup[_Runtime]):
         columns = self.columns
         if columns is not None and not set(columns) <= set(present):
             missing = sorted(set(columns) - set(present))
-            raise LookupQueryError(f"columns={missing!r} are not in the query's result")
+            what = "output_schema column(s)" if self._columns_declared else "columns="
+            raise LookupQueryError(
+                f"{what} {missing!r} are not in the query's result (it returned {present!r})"
+            )
+
+    def bind_output_columns(self, columns: Sequence[str]) -> None:
+        """Answer only the declared output columns (unless ``columns=`` chose them): the
+        query's other columns are left out, and a declared column the query does not
+        return is an error naming it."""
+        if self.columns is None or self._columns_declared:
+            self.columns = tuple(columns)
+            self._columns_declared = True
 
     async def _send(
         self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]
