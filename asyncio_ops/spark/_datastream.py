@@ -122,8 +122,9 @@ class AsyncDataStream:
         **options: Any,
     ) -> DataFrame:
         """Results in input order (PyFlink's ``AsyncDataStream.ordered_wait``)."""
-        return AsyncDataStream._apply(ordered_wait, data_stream, async_function, timeout,
-                                      capacity, output_type, None, options)  # fmt: skip
+        return AsyncDataStream.ordered_wait_with_retry(
+            data_stream, async_function, timeout, None, capacity, output_type, **options
+        )
 
     @staticmethod
     def unordered_wait(
@@ -135,20 +136,22 @@ class AsyncDataStream:
         **options: Any,
     ) -> DataFrame:
         """Results as they complete (PyFlink's ``AsyncDataStream.unordered_wait``)."""
-        return AsyncDataStream._apply(unordered_wait, data_stream, async_function, timeout,
-                                      capacity, output_type, None, options)  # fmt: skip
+        return AsyncDataStream.unordered_wait_with_retry(
+            data_stream, async_function, timeout, None, capacity, output_type, **options
+        )
 
     @staticmethod
     def ordered_wait_with_retry(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        async_retry_strategy: AsyncRetryStrategy,
+        async_retry_strategy: AsyncRetryStrategy | None,
         capacity: int = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
-        """:meth:`ordered_wait` with a retry strategy (PyFlink's argument order)."""
+        """:meth:`ordered_wait` with a retry strategy (PyFlink's argument order; None:
+        no retries)."""
         return AsyncDataStream._apply(
             ordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
@@ -159,12 +162,13 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        async_retry_strategy: AsyncRetryStrategy,
+        async_retry_strategy: AsyncRetryStrategy | None,
         capacity: int = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
-        """:meth:`unordered_wait` with a retry strategy (PyFlink's argument order)."""
+        """:meth:`unordered_wait` with a retry strategy (PyFlink's argument order;
+        None: no retries)."""
         return AsyncDataStream._apply(
             unordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
