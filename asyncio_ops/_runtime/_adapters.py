@@ -29,6 +29,7 @@ from .._functions import (
     SupportsInvokeChunk,
     SupportsOutputColumns,
 )
+from ._coerce import coerced_array, decimals_as_floats, has_fraction
 from ._spec import KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
 if TYPE_CHECKING:
@@ -365,7 +366,12 @@ def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
         if isinstance(values, pa.Array):
-            array = values if values.type == type_ else values.cast(type_)  # safe: no truncation
+            if values.type == type_:
+                array = values
+            elif pa.types.is_decimal(values.type) and pa.types.is_floating(type_):
+                array = decimals_as_floats(values, type_)  # rounded once, as per row
+            else:
+                array = values.cast(type_)  # safe: no truncation
         elif pa.types.is_integer(type_):
             # inferred first, then a safe cast: pa.array(values, type=int) would truncate 1.7
             array = pa.array(values)
@@ -374,15 +380,20 @@ def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
         else:
             array = pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        bad = _first_unfit(values, type_)
-        raise OutputSchemaError(
-            f"output column {name!r} ({type_}) cannot hold {bad}: {exc}"
-        ) from exc
+        fitted = coerced_array(values, type_)  # the conversions of the per-row path
+        if fitted is None:
+            raise _unfit(name, type_, values, exc) from exc
+        array = fitted
     if len(array) != n:
         raise InvalidResultError(
             f"output column {name!r} has {len(array)} values but row_index has {n}"
         )
     return array
+
+
+def _unfit(name: str, type_: pa.DataType, values: Any, exc: Exception) -> OutputSchemaError:
+    bad = _first_unfit(values, type_)
+    return OutputSchemaError(f"output column {name!r} ({type_}) cannot hold {bad}: {exc}")
 
 
 def _first_row(batch: pa.RecordBatch) -> Any:
@@ -423,8 +434,8 @@ def _first_unfit(values: Any, type_: pa.DataType) -> str:
     try:
         whole = pa.types.is_integer(type_)
         for i, v in enumerate(items):
-            if whole and type(v) is float and not v.is_integer():
-                return f"{v!r} (float, not a whole number) at output row {i}"
+            if whole and has_fraction(v):
+                return f"{v!r} ({type(v).__name__}, not a whole number) at output row {i}"
             try:
                 pa.array([v], type=type_)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):

@@ -44,6 +44,7 @@ from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import CheckpointedFunction
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from .._snapshot import SnapshotEntry
+from ._coerce import coerced_array
 from ._inflight import (
     ARROW,
     ROW,
@@ -99,7 +100,10 @@ def _array(values: list[Any], type_: pa.DataType, what: str) -> pa.Array:
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        raise _explain(values, type_, what, exc) from exc
+        array = coerced_array(values, type_)  # as the output does (see _coerce)
+        if array is None:
+            raise _explain(values, type_, what, exc) from exc
+        return array
 
 
 def _column(table: pa.Table, column: str, name: str) -> list[Any]:

@@ -10,6 +10,9 @@ import pyarrow as pa
 from .._elements import Record
 from .._exceptions import OutputSchemaError
 from ._adapters import describe_row
+from ._coerce import coerced_rows, has_fraction
+
+_UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
 
 class ArrowSink:
@@ -76,22 +79,29 @@ class ArrowSink:
     def _to_batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
         try:
             batch = pa.RecordBatch.from_pylist(rows, schema=self.schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            raise self._explain(rows, exc) from exc
+        except _UNFIT:
+            # a Decimal for a double, a UUID for a string...: the conversions Spark makes
+            rows = coerced_rows(rows, self.schema)
+            try:
+                batch = pa.RecordBatch.from_pylist(rows, schema=self.schema)
+            except _UNFIT as exc:
+                raise self._explain(rows, exc) from exc
         for f in self.int_columns:
             self._no_truncation(rows, f)
         return batch
 
     def _no_truncation(self, rows: list[dict[str, Any]], f: pa.Field) -> None:
-        """Refuse a float that is not a whole number in an integer column (Arrow would
-        truncate it); whole floats (2.0) are taken, as Arrow's safe cast takes them."""
+        """Refuse a float or Decimal that is not a whole number in an integer column
+        (Arrow would truncate it); whole ones (2.0) are taken, as Arrow's safe cast
+        takes them."""
         name = f.name
         for row in rows:
             value = row.get(name)
-            if type(value) is float and not value.is_integer():
+            if has_fraction(value):
                 raise OutputSchemaError(
-                    f"output column {name!r} ({f.type}) cannot hold {value!r} (float) without "
-                    f"truncating it, in output row {describe_row(row)}"
+                    f"output column {name!r} ({f.type}) cannot hold {value!r} "
+                    f"({type(value).__name__}) without truncating it, in output row "
+                    f"{describe_row(row)}"
                 )
 
     def _explain(self, rows: list[dict[str, Any]], exc: Exception) -> OutputSchemaError:
