@@ -80,6 +80,10 @@ class NamedRow(Protocol):
     def asDict(self) -> dict[str, Any]: ...
 
 
+_NO_MATCH: tuple[dict[str, Any]] = ({},)
+"""The results of a row without any, with on_empty="keep": one row of null outputs."""
+
+
 class RowFunction(AsyncFunction[Any, Any]):
     """Calls the user's function with a row dict; merges each result dict into the row.
 
@@ -98,9 +102,18 @@ class RowFunction(AsyncFunction[Any, Any]):
         if isinstance(user, SupportsOutputColumns):  # e.g. a connector: project at the source
             user.bind_output_columns(self.columns)
         self.keep = spec.keep_input_columns
+        # on_empty="keep": a row without results is emitted once, its output columns null
+        self.keep_empty = spec.on_empty == "keep"
         self.log: ReplayLog | None = None
         user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
         self._invoke: Callable[[Any], Any] = user_fn
+        self.row_factory = factory = spec.row_factory
+        if factory is not None:  # rows_as="row": the function receives what it makes
+
+            def invoke(row: Any) -> Any:
+                return user_fn(factory(row))
+
+            self._invoke = invoke
 
     def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
         row = value.row
@@ -112,6 +125,8 @@ class RowFunction(AsyncFunction[Any, Any]):
                 f"the async function must return a list of dicts, got "
                 f"{type(results).__name__} for input row {describe_row(row)}"
             )
+        if not results and self.keep_empty:
+            results = _NO_MATCH
         out = []
         allowed = self.allowed
         for r in results:
@@ -131,7 +146,8 @@ class RowFunction(AsyncFunction[Any, Any]):
 
     def as_dict(self, result: Any, row: Any) -> dict[str, Any]:
         """A result that is not a dict: a ``pyspark.sql.Row`` with field names (by name),
-        or a tuple (a Row without names too) mapped by position to the output columns."""
+        a tuple (a Row without names too) mapped by position to the output columns, or,
+        with one output column, its bare value."""
         if isinstance(result, NamedRow) and isinstance(result, tuple):
             try:
                 return dict(result.asDict())
@@ -146,6 +162,8 @@ class RowFunction(AsyncFunction[Any, Any]):
                     f"{describe_row(row)}"
                 )
             return dict(zip(columns, result, strict=True))
+        if len(self.columns) == 1 and not isinstance(result, dict | list):
+            return {self.columns[0]: result}  # one output column: the bare value
         raise OutputSchemaError(
             f"each result must be a dict of output columns, a Row or a tuple, got "
             f"{type(result).__name__} {result!r:.100} for input row {describe_row(row)}"
@@ -187,10 +205,11 @@ class RowFunction(AsyncFunction[Any, Any]):
         return self._invoke(value.row)
 
     async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
-        return self.record(value, await self.user.async_invoke(value.row))
+        return self.record(value, await self._invoke(value.row))
 
     def timeout(self, value: Any) -> Any:
-        results = self.user.timeout(value.row)
+        row = value.row
+        results = self.user.timeout(row if self.row_factory is None else self.row_factory(row))
         if asyncio.iscoroutine(results):
             return self._merge_later(value, results)
         return self.merge(value, results)
@@ -306,6 +325,8 @@ class ArrowChunkFunction(ChunkFunction):
     def _merge_arrow(self, value: Any, results: Any) -> list[pa.RecordBatch]:
         batch: pa.RecordBatch = value.row
         index, columns = self._unpack(batch, results)
+        if self.keep_empty and index is not None:
+            index, columns = self._keep_unmatched(batch.num_rows, index, columns)
         if index is None:
             n_out = batch.num_rows
             taken = batch
@@ -331,6 +352,24 @@ class ArrowChunkFunction(ChunkFunction):
             else:  # an output column the function left out, or _error of a good chunk
                 arrays.append(pa.nulls(n_out, f.type))
         return [pa.RecordBatch.from_arrays(arrays, schema=self.schema)]
+
+    def _keep_unmatched(
+        self, rows: int, index: pa.Array, columns: Mapping[str, Any]
+    ) -> tuple[pa.Array, dict[str, pa.Array]]:
+        """on_empty="keep": the rows ``index`` leaves out, once each with null output
+        columns, in input-row order among the others (a stable sort by row)."""
+        missing = pc.indices_nonzero(pc.invert(pc.is_in(pa.array(range(rows)), value_set=index)))
+        if not len(missing):
+            return index, dict(columns)
+        n = len(index)
+        index = pa.concat_arrays([index.cast(pa.int64()), missing.cast(pa.int64())])
+        order = pc.sort_indices(index)  # stable: each row's own results keep their order
+        out = {}
+        for name, values in columns.items():
+            type_ = self.schema.field(name).type
+            column = _column(name, type_, values, n)
+            out[name] = pa.concat_arrays([column, pa.nulls(len(missing), type_)]).take(order)
+        return index.take(order), out
 
     def _unpack(self, batch: pa.RecordBatch, results: Any) -> tuple[pa.Array | None, Any]:
         if not isinstance(results, tuple | list) or len(results) != 2:

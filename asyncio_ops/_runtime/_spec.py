@@ -7,6 +7,7 @@ layer) and pickled to every task; :class:`TaskInfo` is read from Spark's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -57,6 +58,10 @@ class PartitionSpec:
     added_columns: tuple[str, ...]
     keep_input_columns: bool = True
     on_error: str = "fail"
+    on_empty: str = "drop"
+    # what the function receives for a row, made from the row dict (None: the dict);
+    # the Spark layer passes pyspark's Row for rows_as="row"
+    row_factory: Callable[..., Any] | None = None
     event_time: str | None = None
     watermark_delay: float = 0.0
     watermark_interval: int = 1000

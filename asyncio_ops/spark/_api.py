@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 from pyspark import AccumulatorParam, TaskContext
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     AtomicType,
@@ -70,6 +70,8 @@ from ._keyed import partition_by_key_group
 log = logging.getLogger("asyncio_ops.spark")
 
 ON_ERROR: Final = ("fail", "error_column")
+ON_EMPTY: Final = ("drop", "keep")
+ROWS_AS: Final = ("dict", "row")
 LATE_RECORDS: Final = ("keep", "drop")
 ERROR_STRUCT: Final = StructType(
     [
@@ -190,6 +192,8 @@ def _wait(
     watermark_interval: int,
     late_records: str,
     on_error: str,
+    on_empty: str,
+    rows_as: str,
     max_parallelism: int,
     num_partitions: int | None,
     batch_size: int | None,
@@ -219,6 +223,8 @@ def _wait(
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
     choice(on_error, "on_error", ON_ERROR)
+    choice(on_empty, "on_empty", ON_EMPTY)
+    choice(rows_as, "rows_as", ROWS_AS)
     choice(late_records, "late_records", LATE_RECORDS)
     choice(state_backend, "state_backend", STATE_BACKENDS)
     try:
@@ -287,6 +293,12 @@ def _wait(
                 f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
                 f"asyncio_ops.connectors.postgres.PostgresLookup); {function!r} has neither"
             )
+        _check_chunks_keep_the_contract(function)
+        if rows_as == "row":
+            raise ConfigurationError(
+                "rows_as='row' hands rows to async_invoke one at a time; with chunk_size the "
+                "function receives a chunk (dicts, or an Arrow batch): drop one of the two"
+            )
 
     operator_uid = (
         path_segment(uid, "uid")
@@ -347,6 +359,8 @@ def _wait(
         added_columns=tuple(f.name for f in added.fields),
         keep_input_columns=keep_input_columns,
         on_error=on_error,
+        on_empty=on_empty,
+        row_factory=row_of if rows_as == "row" else None,
         event_time=event_col,
         watermark_delay=delay,
         watermark_interval=watermark_interval,
@@ -381,6 +395,31 @@ def _wait(
     if key_cols and keep_input_columns:
         out = out.drop(KEY_GROUP_COLUMN)
     return out
+
+
+def row_of(values: dict[str, Any]) -> Row:
+    """A row as the function receives it with rows_as="row" (key, index and attribute
+    access, in the input's column order)."""
+    return Row(**values)
+
+
+def _check_chunks_keep_the_contract(function: AsyncFunction[Any, Any]) -> None:
+    """Refuse chunks for a function whose per-row behaviour a subclass changed below the
+    class that answers chunks: chunk_size would bypass the override silently (a subclass
+    of a connector that answers misses in ``async_invoke`` gets them per row only)."""
+    cls = type(function)
+    chunk = (
+        "async_invoke_arrow" if isinstance(function, SupportsInvokeArrow) else "async_invoke_chunk"
+    )
+    answers = next(c for c in cls.__mro__ if chunk in c.__dict__)
+    for method in ("async_invoke", "timeout"):
+        owner = next((c for c in cls.__mro__ if method in c.__dict__), None)
+        if owner is not None and owner is not answers and issubclass(owner, answers):
+            raise ConfigurationError(
+                f"{owner.__qualname__} overrides {method}() but chunk_size calls {chunk}() of "
+                f"{answers.__qualname__}, which would bypass it: override {chunk}() too, or "
+                f"drop chunk_size (on_empty='keep' keeps rows without a match on every path)"
+            )
 
 
 def _task_info(num_partitions: int | None) -> TaskInfo:
@@ -472,6 +511,8 @@ def ordered_wait(
     watermark_interval: int = 1000,
     late_records: str = "keep",
     on_error: str = "fail",
+    on_empty: str = "drop",
+    rows_as: str = "dict",
     max_parallelism: int = 128,
     num_partitions: int | None = None,
     batch_size: int | None = None,
@@ -490,9 +531,11 @@ def ordered_wait(
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
-    ``fn`` receives each row as a dict and returns a list of results: dicts whose
-    keys are columns of ``output_schema``, ``Row``s with field names, or tuples by
-    position (zero drops the row, several fan out). The
+    ``fn`` receives each row as a dict (a ``Row`` with ``rows_as="row"``) and returns
+    a list of results: dicts whose keys are columns of ``output_schema``, ``Row``s
+    with field names, tuples by position, or bare values for a one-column output
+    (several fan out; zero drop the row, or keep it with null outputs with
+    ``on_empty="keep"``). The
     result has the input columns (unless ``keep_input_columns=False``), the
     output columns, ``_error`` with ``on_error="error_column"`` and ``_late``
     with ``event_time``. See docs/spark.md for every option.
@@ -501,7 +544,8 @@ def ordered_wait(
         df, fn, OutputMode.ORDERED, timeout=timeout, output_schema=output_schema,
         capacity=capacity, retry=retry, key=key, event_time=event_time,
         watermark_delay=watermark_delay, watermark_interval=watermark_interval,
-        late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
+        late_records=late_records, on_error=on_error, on_empty=on_empty, rows_as=rows_as,
+        max_parallelism=max_parallelism,
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
@@ -525,6 +569,8 @@ def unordered_wait(
     watermark_interval: int = 1000,
     late_records: str = "keep",
     on_error: str = "fail",
+    on_empty: str = "drop",
+    rows_as: str = "dict",
     max_parallelism: int = 128,
     num_partitions: int | None = None,
     batch_size: int | None = None,
@@ -550,7 +596,8 @@ def unordered_wait(
         df, fn, OutputMode.UNORDERED, timeout=timeout, output_schema=output_schema,
         capacity=capacity, retry=retry, key=key, event_time=event_time,
         watermark_delay=watermark_delay, watermark_interval=watermark_interval,
-        late_records=late_records, on_error=on_error, max_parallelism=max_parallelism,
+        late_records=late_records, on_error=on_error, on_empty=on_empty, rows_as=rows_as,
+        max_parallelism=max_parallelism,
         num_partitions=num_partitions, batch_size=batch_size,
         keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
         checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,

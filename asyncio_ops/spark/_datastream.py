@@ -21,16 +21,14 @@ anything with PyFlink's ``Time.to_milliseconds()``. Every other option of
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from .._exceptions import ConfigurationError
-from .._functions import AsyncFunction, RuntimeContext, as_async_function
+from .._functions import AsyncFunction, as_async_function
 from .._retry import AsyncRetryStrategy
 from ._api import _as_struct, ordered_wait, unordered_wait
 
@@ -49,40 +47,6 @@ def _seconds(timeout: Timeout) -> float | timedelta | str:
     if isinstance(timeout, Milliseconds):
         return timeout.to_milliseconds() / 1000
     return timeout
-
-
-class RowInput(AsyncFunction[Any, Any]):
-    """Hands a PyFlink-style function each row as a ``Row``; wraps bare results."""
-
-    def __init__(self, function: AsyncFunction[Any, Any], columns: int) -> None:
-        self.function = function
-        self.single = columns == 1
-
-    def open(self, runtime_context: RuntimeContext) -> Awaitable[None] | None:
-        return self.function.open(runtime_context)
-
-    def close(self) -> Awaitable[None] | None:
-        return self.function.close()
-
-    def _wrap(self, results: Any) -> Any:
-        if not self.single or not isinstance(results, list | tuple):
-            return results
-        return [r if isinstance(r, dict | tuple) else (r,) for r in results]
-
-    async def async_invoke(self, value: dict[str, Any]) -> Sequence[Any]:
-        return self._wrap(await self.function.async_invoke(Row(**value)))  # type: ignore[no-any-return]
-
-    def timeout(self, value: dict[str, Any]) -> Any:
-        results = self.function.timeout(Row(**value))
-        if inspect.isawaitable(results):
-            return self._later(results)
-        return self._wrap(results)
-
-    async def _later(self, results: Awaitable[Any]) -> Any:
-        return self._wrap(await results)
-
-    def __repr__(self) -> str:
-        return f"RowInput({self.function!r})"
 
 
 class AsyncDataStream:
@@ -104,12 +68,12 @@ class AsyncDataStream:
                 "output_type is required: the Spark schema of what the function returns "
                 "(a DDL string such as 'id long, name string', or a StructType)"
             )
-        columns = len(_as_struct(output_type, "output_type").fields)
-        function = RowInput(as_async_function(async_function), columns)
+        _as_struct(output_type, "output_type")  # named as PyFlink names it, if malformed
         options.setdefault("keep_input_columns", False)
+        options.setdefault("rows_as", "row")
         return wait(  # type: ignore[no-any-return]
-            data_stream, function, timeout=_seconds(timeout), capacity=capacity,
-            output_schema=output_type, retry=retry, **options,
+            data_stream, as_async_function(async_function), timeout=_seconds(timeout),
+            capacity=capacity, output_schema=output_type, retry=retry, **options,
         )  # fmt: skip
 
     @staticmethod

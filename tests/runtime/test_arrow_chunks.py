@@ -129,6 +129,21 @@ def test_fan_out_and_drop_by_row_index() -> None:
     assert rows == [{"id": i, "label": f"{i}-{k}"} for i in range(1, 40, 2) for k in (0, 1)]
 
 
+def test_on_empty_keep_puts_rows_without_results_among_the_others_by_row() -> None:
+    def backwards_with_gaps(batch: pa.RecordBatch) -> Any:
+        ids = batch.column(0).to_pylist()
+        # answers in reverse row order, two results for ids ending in 5, none for even ids
+        index = [i for i in reversed(range(len(ids))) if ids[i] % 2
+                 for _ in range(2 if ids[i] % 10 == 5 else 1)]  # fmt: skip
+        return index, {"label": [f"{ids[i]}" for i in index]}
+
+    rows = run(spec(Columnar(backwards_with_gaps), on_empty="keep"), 40)
+    # rows in input order; a row's own results keep the function's order
+    want = [{"id": i, "label": None if i % 2 == 0 else str(i)}
+            for i in range(40) for _ in range(2 if i % 10 == 5 else 1)]  # fmt: skip
+    assert rows == want
+
+
 def test_columns_as_a_record_batch_and_a_missing_column_is_null() -> None:
     def as_batch(batch: pa.RecordBatch) -> Any:
         return pa.array(range(batch.num_rows)), pa.RecordBatch.from_pydict({})
