@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
+from asyncio_ops.connectors.postgres.testing import ThrowawayPostgres, find_server_bin
 
 from examples import _pg
 from examples.http_service.app import customer
@@ -94,7 +95,7 @@ def test_missing_table_is_a_clear_error(pg_dsn: str, run_example: Any) -> None:
 
 
 def _server_bin() -> Path:
-    found = _pg.find_server_bin()
+    found = find_server_bin()
     if found is None:
         unavailable("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or in /usr/lib")
     assert found is not None
@@ -109,7 +110,7 @@ def _port_open(port: int) -> bool:
 
 @pytest.mark.postgres
 def test_throwaway_postgres_starts_seeds_and_cleans_up() -> None:
-    server = _pg.ThrowawayPostgres(_server_bin())
+    server = ThrowawayPostgres(_server_bin())
     with server:
         directory = server.directory
         assert directory is not None and directory.exists()

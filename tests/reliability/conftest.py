@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from asyncio_ops.connectors.postgres.testing import NoPostgres, ThrowawayPostgres
 
-from examples._pg import NoPostgres, ThrowawayPostgres
 from tests.connectors.conftest import pg_dsn, pg_tables
 from tests.helpers import unavailable
 
