@@ -1,0 +1,271 @@
+"""Every code block of README.md and docs/ runs, so that the docs cannot drift from the code.
+
+- ``python`` blocks run in order, one namespace per document, as a reader would
+  paste them: top-level ``await`` is allowed, and every DataFrame a block defines
+  is then computed (``count()``), so a lazy plan that would fail fails here. A
+  document may use names its text assumes; :data:`GIVEN` supplies them (a
+  ``dsn`` whose ``customers`` table is the demo's, ``orders_df``, ``people``, ...).
+- ``python signature`` blocks show a constructor's signature: it must equal
+  ``inspect.signature`` of the class, parameter for parameter.
+- ``sql`` blocks run against the same database, with ``$1`` = ``[1, 2, 3]``.
+- ``bash`` blocks are commands: each ``python examples/X.py``, ``python -m M``,
+  ``pip install .[extra]`` and file argument must name what exists. The commands
+  themselves run elsewhere: the install and the test command in ``.ci/run``, the
+  demo in ``tests/examples``, the standalone recipe in ``tests/cluster``; the
+  benchmarks are documented runs, and docker/YARN/Kubernetes need what this
+  machine does not have.
+
+Blocks without a language are output samples and diagrams, not code.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.util
+import inspect
+import re
+import shlex
+import tomllib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped,unused-ignore]
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from examples import _pg
+from tests.connectors.conftest import pg_dsn
+from tests.connectors.support import run_isolated
+from tests.spark.conftest import spark
+
+__all__ = ["pg_dsn", "spark"]
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
+
+
+@dataclass(frozen=True)
+class Block:
+    document: Path
+    line: int
+    info: str  # the fence's info string: "python", "python signature", "sql", "bash", ""
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.document.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(*infos: str) -> list[Block]:
+    found = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        for m in FENCE.finditer(text):
+            if m.group(1).strip() in infos:
+                line = text.count("\n", 0, m.start()) + 1
+                found.append(Block(document, line, m.group(1).strip(), m.group(2)))
+    return found
+
+
+def test_every_fenced_block_has_a_known_kind() -> None:
+    """A new kind of block must be given a check here before it is used."""
+    kinds = {b.info for b in blocks(*{m.group(1).strip() for d in DOCUMENTS
+                                      for m in FENCE.finditer(d.read_text())})}  # fmt: skip
+    assert kinds <= {"python", "python signature", "sql", "bash", ""}, kinds
+
+
+# -- what the documents assume ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def docs_dsn(pg_dsn: str) -> Iterator[str]:
+    """A DSN whose search path starts with a fresh schema holding the demo's customers."""
+    schema = f"aops_docs_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        connection = await asyncpg.connect(pg_dsn, timeout=10)
+        try:
+            await connection.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}")
+            await connection.execute(_pg.seed_sql("customers", 1000), timeout=60)
+        finally:
+            await connection.close(timeout=5)
+
+    async def drop() -> None:
+        connection = await asyncpg.connect(pg_dsn, timeout=10)
+        try:
+            await connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE", timeout=60)
+        finally:
+            await connection.close(timeout=5)
+
+    run_isolated(create())
+    separator = "&" if "?" in pg_dsn else "?"
+    try:
+        yield f"{pg_dsn}{separator}search_path={schema}"
+    finally:
+        run_isolated(drop())
+
+
+def given(document: str, spark: SparkSession, dsn: str) -> dict[str, Any]:
+    """The names ``document`` uses without defining them."""
+    orders = spark.range(0, 2000, numPartitions=2).selectExpr(
+        "id AS order_id", "CAST(id % 1200 + 1 AS INT) AS customer_id"
+    )
+
+    async def lookup(row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(0.001)
+        return [{"name": f"customer-{row['customer_id']}", "tier": row["customer_id"] % 3}]
+
+    names: dict[str, Any] = {"spark": spark, "dsn": dsn}
+    if document == "docs/connectors.md":
+        names["orders_df"] = orders
+    elif document == "docs/spark.md":
+        names["orders"] = orders
+        names["lookup"] = lookup
+        names["people"] = spark.createDataFrame([(1, "ada"), (2, "bob")], "id long, name string")
+    elif document == "docs/state.md":
+        names["events"] = spark.createDataFrame(
+            [(1, 0.0), (1, 5.0), (2, 1.0)], "user_id long, t double"
+        ).selectExpr("user_id", "timestamp_seconds(t) AS ts")
+    return names
+
+
+# -- python blocks ------------------------------------------------------------------------------
+def _run(block: Block, namespace: dict[str, Any]) -> None:
+    code = compile(block.code, str(block), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    before = {k: id(v) for k, v in namespace.items()}
+    result = eval(code, namespace)
+    if inspect.iscoroutine(result):  # a block with top-level await
+        asyncio.run(result)
+    for name, value in list(namespace.items()):
+        if isinstance(value, DataFrame) and before.get(name) != id(value):
+            try:
+                value.count()
+            except Exception as exc:
+                raise AssertionError(f"{block}: computing {name} failed: {exc}") from exc
+
+
+PYTHON_DOCS = sorted({str(b.document.relative_to(ROOT)) for b in blocks("python")})
+
+
+@pytest.mark.spark
+@pytest.mark.postgres
+@pytest.mark.parametrize("document", PYTHON_DOCS)
+def test_python_blocks_run(
+    document: str,
+    spark: SparkSession,
+    docs_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))  # `from examples... import` as from a clone
+    namespace = given(document, spark, docs_dsn)
+    for block in blocks("python"):
+        if str(block.document.relative_to(ROOT)) == document:
+            _run(block, namespace)
+    assert SparkSession.getActiveSession() is not None  # no block stopped the shared session
+
+
+# -- signatures ---------------------------------------------------------------------------------
+def _documented_signature(code: str) -> tuple[str, inspect.Signature]:
+    """``Name(a, b, *, c=1)`` as the signature of a function ``def _(a, b, *, c=1)``."""
+    name, _, rest = code.strip().partition("(")
+    tree = ast.parse(f"def _({rest.rstrip().removesuffix(')')}): pass")
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    namespace: dict[str, Any] = {}
+    exec(compile(tree, name, "exec"), namespace)
+    return name.strip(), inspect.signature(namespace["_"])
+
+
+SIGNATURES = blocks("python signature")
+
+
+@pytest.mark.parametrize("block", SIGNATURES, ids=[str(b) for b in SIGNATURES])
+def test_documented_signatures_are_the_code(block: Block) -> None:
+    from asyncio_ops.connectors.http import HttpLookup
+    from asyncio_ops.connectors.postgres import PostgresLookup
+
+    name, documented = _documented_signature(block.code)
+    actual = inspect.signature({"PostgresLookup": PostgresLookup, "HttpLookup": HttpLookup}[name])
+    doc = [(p.name, p.kind, p.default) for p in documented.parameters.values()]
+    code = [(p.name, p.kind, p.default) for p in actual.parameters.values()]
+    assert doc == code, f"{block}: the documented signature of {name} is not the code's"
+
+
+# -- sql blocks ---------------------------------------------------------------------------------
+SQL = blocks("sql")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("block", SQL, ids=[str(b) for b in SQL])
+def test_sql_blocks_run(block: Block, docs_dsn: str) -> None:
+    async def go() -> list[Any]:
+        connection = await asyncpg.connect(docs_dsn, timeout=10)
+        try:
+            return list(await connection.fetch(block.code, [1, 2, 3], timeout=30))
+        finally:
+            await connection.close(timeout=5)
+
+    assert run_isolated(go()), f"{block} returned no rows"
+
+
+# -- bash blocks --------------------------------------------------------------------------------
+def _commands(code: str) -> Iterator[list[str]]:
+    """Each simple command of a shell block, as words (split at ``;``, ``&&``, ``|``)."""
+    for line in code.replace("\\\n", " ").splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", line)  # a comment: '#' starting a word
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        words: list[str] = []
+        for token in lexer:
+            if token and set(token) <= set(";&|()"):
+                if words:
+                    yield words
+                words = []
+            else:
+                words.append(token)
+        if words:
+            yield words
+
+
+BASH = blocks("bash")
+
+
+@pytest.mark.parametrize("block", BASH, ids=[str(b) for b in BASH])
+def test_bash_blocks_name_what_exists(block: Block) -> None:
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                 ["optional-dependencies"])  # fmt: skip
+    checked = 0
+    for words in _commands(block.code):
+        words = [w for w in words if "=" not in w or w.startswith("-")]  # drop VAR=value
+        if not words:
+            continue
+        if words[0] in ("python", "python3", "python3.11") and len(words) > 1:
+            if words[1:3] == ["-m", "pytest"]:  # the test command: what CI runs
+                assert "python -m pytest" in (ROOT / ".ci" / "run").read_text()
+                checked += 1
+            elif words[1] == "-m":
+                assert importlib.util.find_spec(words[2]), f"{block}: no module {words[2]}"
+                checked += 1
+            elif words[1].endswith(".py"):
+                assert (ROOT / words[1]).is_file(), f"{block}: no file {words[1]}"
+                checked += 1
+        if words[0] == "pip" and "install" in words:
+            for w in words:
+                m = re.fullmatch(r"\.?\[([a-z,]+)\]", w.strip("\"'").removeprefix("."))
+                if m:
+                    missing = set(m.group(1).split(",")) - extras
+                    assert not missing, f"{block}: no extra(s) {sorted(missing)} in pyproject"
+                    checked += 1
+        if words[0].endswith("spark-submit"):
+            script = next(w for w in words if w.endswith(".py"))
+            assert script == "my_job.py" or (ROOT / script).is_file(), f"{block}: {script}"
+            checked += 1
+        if words[:2] == ["docker", "compose"]:
+            assert (ROOT / "docker-compose.yml").is_file()
+            checked += 1
+    assert checked or "venv-pack" in block.code or "spark-class" in block.code, (
+        f"{block}: nothing checked"
+    )
