@@ -3,6 +3,7 @@
     python -m bench.spark            # full sizes (each timed run lasts >= 5 s), ~10 minutes
     python -m bench.spark --quick    # small sizes, a smoke run (~2 minutes)
     python -m bench.spark --rows-20ms 100000 --rows-1ms 300000 --rss-rows 1000000,4000000
+    python -m bench.spark --chart docs/bench-spark.png   # also the chart (the bench extra)
 
 Run it as a module from the repository root. Everything runs in one process on
 ``local[2]`` (``asyncio_ops.spark.session``): two partitions, two Python workers.
@@ -33,7 +34,9 @@ every variant sees the same latency for the same row. The lookup is
   sleep) through ``unordered_wait`` and the hand-written version, and the
   1 ms lookup through ``unordered_wait`` with a ``checkpoint_location``
   (the replay log flushed by its defaults, and only at the end: the cost of
-  flushing apart from that of logging).
+  flushing apart from that of logging), and ``unordered_wait`` beside the
+  hand-written version at 20 ms for capacities 16 to 1,024 (each run about 3 s
+  at the ceiling): throughput against capacity, the chart's right panel.
 
 ``--only 1ms`` runs just the workloads whose names start with ``1ms`` (no
 checks, no RSS): a quick way to compare two commits, each from its own
@@ -65,6 +68,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -278,6 +282,27 @@ def measure_rss(n: int, median_s: float, capacity: int, conf: dict[str, str]) ->
 
 
 # -- main ---------------------------------------------------------------------------------------
+SWEEP = (16, 64, 256, 1024)
+SWEEP_PREFIX = "20ms sweep cap "
+
+
+def _chart(path: Path, results: dict[str, Result], version: str) -> None:
+    """The chart of this run (see bench/_chart.py); the sweep needs the extra rows."""
+    from bench._chart import write_chart
+
+    contenders = {key.removeprefix("20ms "): r.rate for key, r in results.items()
+                  if key.startswith("20ms ") and not key.startswith(SWEEP_PREFIX)}  # fmt: skip
+    sweep: dict[str, list[tuple[int, float]]] = {}
+    for key, r in results.items():
+        if key.startswith(SWEEP_PREFIX):
+            capacity, variant = key.removeprefix(SWEEP_PREFIX).split(" ", 1)
+            sweep.setdefault(variant, []).append((int(capacity), r.rate))
+    title = (f"python -m bench.spark, {time.strftime('%Y-%m-%d')}, local[{PARTITIONS}], "
+             f"{os.cpu_count()} CPUs, pyspark {version}")  # fmt: skip
+    write_chart(path, title, contenders, sweep, PARTITIONS / mean_latency(0.020))
+    print(f"chart: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
@@ -295,6 +320,10 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="comma-separated workload prefixes to run (e.g. '1ms'); "
         "the checks need every workload",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chart", help="write a PNG here: rows/s of each contender, and throughput against "
+        "capacity (needs the bench extra: matplotlib)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
@@ -331,6 +360,12 @@ def main() -> None:
             jobs.append((f"instant {variant}", variant, args.rows_1ms, 0.0, cap))
         for variant in (CHECKPOINTED, CHECKPOINTED_AT_END):
             jobs.append((f"1ms {variant}", variant, args.rows_1ms, 0.001, cap))
+        # throughput against capacity at 20 ms (the chart's right panel): each run
+        # lasts about 3 s at the ceiling, so that small capacities stay short
+        for c in SWEEP:
+            n = max(4_000, int(c * PARTITIONS / mean_latency(0.020) * 3))
+            for variant in ("unordered_wait", "hand-written"):
+                jobs.append((f"{SWEEP_PREFIX}{c} {variant}", variant, n, 0.020, c))
     if args.only:
         prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
         jobs = [job for job in jobs if job[0].startswith(prefixes)]
@@ -350,7 +385,10 @@ def main() -> None:
         others = ", ".join(f"{r.rate:,.0f}" for r in runs[key] if r is not res)
         note = "; ".join(x for x in (res.note, others and f"other rounds {others}") if x)
         print(f"{key:<30}{res.rows:>10,}{res.seconds:>9.2f}{res.rate:>11,.0f}  {note}")
+    version = spark.version
     spark.stop()
+    if args.chart:
+        _chart(Path(args.chart), results, version)
 
     shutil.rmtree(CHECKPOINT_DIR, ignore_errors=True)
     if args.only:
