@@ -84,6 +84,7 @@ from ._functions import (
     as_async_function,
     maybe_await,
 )
+from ._limit import DEFAULT_MAX_CAPACITY, AdaptiveLimit, SignalsOverload
 from ._queues import (
     ElementQueue,
     OrderedElementQueue,
@@ -236,7 +237,11 @@ class AsyncWaitOperator:
         function: an :class:`AsyncFunction`, or a bare ``async def f(value)``.
         output: called with each emitted :class:`Record` / :class:`Watermark`.
         timeout: seconds (or ``timedelta``) per element, retries included.
-        capacity: maximum elements in flight (queue size, watermarks included).
+        capacity: maximum elements in flight (queue size, watermarks included), or
+            ``"auto"``: an :class:`~asyncio_ops._limit.AdaptiveLimit` finds the
+            number of elements in flight from the observed throughput and latency
+            (cut on timeouts and on errors whose ``overload`` is true), between 1
+            and ``max_capacity``, which then sizes the queue.
         mode: :class:`OutputMode`.
         retry: an :class:`AsyncRetryStrategy`; ``None`` never retries.
         clock: where processing time comes from (a :class:`Scheduler`);
@@ -280,7 +285,7 @@ class AsyncWaitOperator:
         *,
         output: OutputFn,
         timeout: float | timedelta,
-        capacity: int = 100,
+        capacity: int | str = 100,
         mode: OutputMode = OutputMode.ORDERED,
         retry: AsyncRetryStrategy | None = None,
         clock: Scheduler | None = None,
@@ -294,6 +299,7 @@ class AsyncWaitOperator:
         describe: Callable[[Any], str] | None = None,
         output_buffer: int = 0,
         close_grace: float = CLOSE_GRACE,
+        max_capacity: int = DEFAULT_MAX_CAPACITY,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -312,16 +318,23 @@ class AsyncWaitOperator:
         self.close_grace = positive_seconds(close_grace, "close_grace")
         self._describe_value = describe
         self.mode = mode
-        self.capacity = positive_int(capacity, "capacity")
+        self.limiter: AdaptiveLimit | None = None
+        if capacity == "auto":
+            self.limiter = AdaptiveLimit(maximum=positive_int(max_capacity, "max_capacity"))
+            self.capacity = self.limiter.maximum
+        else:
+            self.capacity = positive_int(capacity, "capacity")
         self.output_buffer = non_negative_int(output_buffer, "output_buffer")
-        # with an output buffer, in-flight elements are bounded apart from the queue
-        self._bound_in_flight = output_buffer > 0
+        # with an output buffer (or an adaptive limit), in-flight elements are bounded
+        # apart from the queue, by _cap
+        self._bound_in_flight = output_buffer > 0 or self.limiter is not None
+        self._cap = self.capacity if self.limiter is None else self.limiter.limit
         self._in_flight = 0
         self._queued = 0  # len(self._queue), kept here: read once per element
         self.timeout = positive_seconds(timeout, "timeout")
         self._latency_tick = 3  # the 1-in-4 latency sample takes the first completion
         self._queue = make_queue(
-            mode, capacity + output_buffer, key_selector is not None, _Entry
+            mode, self.capacity + output_buffer, key_selector is not None, _Entry
         )
         self._output = output
         self._retry = retry if retry is not None and retry.enabled else None
@@ -544,7 +557,7 @@ class AsyncWaitOperator:
                 queue = self._queue
                 room = queue.capacity - self._queued
                 if self._bound_in_flight:
-                    room = min(room, self.capacity - self._in_flight)
+                    room = min(room, self._cap - self._in_flight)
                 n += min(room, pending)
         while idle and n > 0:
             waiter = idle.popleft()
@@ -553,7 +566,7 @@ class AsyncWaitOperator:
                 n -= 1
         if n > 0 and self._failure is None and not self._closed:
             workers = self._workers
-            more = min(n, self.capacity - len(workers))
+            more = min(n, self._cap - len(workers))
             if more > 0:
                 loop = asyncio.get_running_loop()
                 workers.extend(loop.create_task(self._work()) for _ in range(more))
@@ -577,7 +590,6 @@ class AsyncWaitOperator:
         ready = self._ready
         queue = self._queue
         bounded = self._bound_in_flight
-        capacity = self.capacity
         invoke = self._async_invoke
         idle = self._idle_workers
         retry = self._retry
@@ -599,7 +611,7 @@ class AsyncWaitOperator:
             elif (
                 pending
                 and self._queued < room
-                and not (bounded and self._in_flight >= capacity)
+                and not (bounded and self._in_flight >= self._cap)
             ):
                 element = pending.popleft()
                 if not pending:
@@ -794,6 +806,9 @@ class AsyncWaitOperator:
 
     def _on_error(self, entry: _Entry, exc: BaseException) -> bool:
         """Judge a failed attempt; True to try again at once."""
+        if self.limiter is not None and isinstance(exc, SignalsOverload) and exc.overload:
+            self.limiter.on_overload(self._clock_now())
+            self._cap = self.limiter.limit
         retry = self._retry
         if (
             retry is not None
@@ -831,6 +846,9 @@ class AsyncWaitOperator:
             return
         entry.timed_out = True
         self._timed_out += 1
+        if self.limiter is not None:
+            self.limiter.on_overload(self._clock_now())
+            self._cap = self.limiter.limit
         if entry.retry_at is not None:
             self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)
             self._pending_retries.discard(entry)
@@ -871,6 +889,11 @@ class AsyncWaitOperator:
     def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
         if not entry.complete(results):
             return
+        limiter = self.limiter
+        if limiter is not None and not entry.timed_out:
+            now = self._clock_now()
+            limiter.on_complete(now - entry.started, self._in_flight, now)
+            self._cap = limiter.limit
         self._in_flight -= 1
         self._completed += 1
         if entry.bucket is not None:
@@ -1021,7 +1044,8 @@ class AsyncWaitOperator:
     def __repr__(self) -> str:
         return (
             f"AsyncWaitOperator({self.function!r}, mode={self.mode.value}, "
-            f"capacity={self.capacity}, timeout={self.timeout}, in_flight={len(self._queue)})"
+            f"capacity={self.capacity if self.limiter is None else self.limiter}, "
+            f"timeout={self.timeout}, in_flight={len(self._queue)})"
         )
 
 

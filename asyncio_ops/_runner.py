@@ -9,6 +9,7 @@ from typing import Any
 from ._clock import Scheduler
 from ._elements import StreamElement, Watermark
 from ._functions import AsyncFunction
+from ._limit import DEFAULT_MAX_CAPACITY
 from ._operator import AsyncWaitOperator, OutputMode
 from ._retry import AsyncRetryStrategy
 from ._snapshot import OperatorSnapshot
@@ -19,17 +20,19 @@ async def run_async_wait(
     elements: Iterable[Any] | AsyncIterable[Any],
     *,
     timeout: float | timedelta,  # noqa: ASYNC109 - per-element budget, not a call timeout
-    capacity: int = 100,
+    capacity: int | str = 100,
     mode: OutputMode = OutputMode.ORDERED,
     retry: AsyncRetryStrategy | None = None,
     clock: Scheduler | None = None,
     restored: OperatorSnapshot | None = None,
     output_buffer: int = 0,
+    max_capacity: int = DEFAULT_MAX_CAPACITY,
 ) -> list[StreamElement]:
     """Feed ``elements`` (records, watermarks or plain values) through an operator.
 
     Opens, processes everything, drains with ``end_input`` and closes (also on
-    failure); returns what was emitted, in emission order.
+    failure); returns what was emitted, in emission order. ``capacity="auto"``
+    adapts the elements in flight (up to ``max_capacity``), as the operator does.
     """
     out: list[StreamElement] = []
     op = AsyncWaitOperator(
@@ -41,6 +44,7 @@ async def run_async_wait(
         retry=retry,
         clock=clock,
         output_buffer=output_buffer,
+        max_capacity=max_capacity,
     )
     try:
         await op.open(restored)

@@ -1,0 +1,207 @@
+"""``AdaptiveLimit`` (``capacity="auto"``) against simulated services: it reaches the best
+fixed capacity's throughput where the service scales, and keeps latency near the unloaded
+latency where the service saturates; overload cuts it; a round without enough work
+changes nothing. Simulated time (tests/limit_sim.py): deterministic, nothing sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncio_ops import AsyncFunction, AsyncWaitOperator, ConfigurationError, OutputMode
+from asyncio_ops._limit import AdaptiveLimit
+from asyncio_ops.testing import ManualClock
+from tests.conftest import Runner
+from tests.helpers import settle
+from tests.limit_sim import simulate
+
+FIXED = (16, 64, 256, 1024)
+SERVICES = {
+    "scaling": {},
+    "saturating at 64": {"servers": 64},
+    "saturating at 300": {"servers": 300},
+    "client CPU-bound": {"cpu_rate": 32_000.0},
+}
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_auto_reaches_the_best_fixed_capacity_with_unloaded_latency(
+    service: str, seed: int
+) -> None:
+    kw = SERVICES[service]
+    best = max(simulate(c, 5.0, seed=seed, **kw).rate for c in FIXED)
+    unloaded = simulate(4, 5.0, seed=seed, **kw).quantile(0.99)
+    limit = AdaptiveLimit()
+    auto = simulate(limit, 5.0, seed=seed, **kw)
+    assert auto.rate >= 0.9 * best, f"{auto.rate:,.0f}/s against {best:,.0f}/s"
+    assert auto.quantile(0.99) <= 2 * unloaded, limit
+
+
+def test_a_saturated_service_holds_the_limit_near_its_servers() -> None:
+    limit = AdaptiveLimit()
+    out = simulate(limit, 10.0, servers=64)
+    settled = out.limits[len(out.limits) // 2 :]
+    assert min(settled) >= 48 and max(settled) <= 130, (min(settled), max(settled))
+
+
+def test_an_overload_cuts_the_limit_once_per_round() -> None:
+    limit = AdaptiveLimit(initial=100)
+    limit.on_overload(now=0.0)
+    limit.on_overload(now=0.0)  # the same round: no second cut
+    assert limit.limit == 70
+    for i in range(70):  # a full round at 20 ms
+        limit.on_complete(0.02, 70, now=0.04 + i * 1e-4)
+    limit.on_overload(now=0.1)
+    assert limit.limit == 49
+
+
+def test_rounds_without_enough_work_change_nothing() -> None:
+    limit = AdaptiveLimit(initial=64)
+    t = 0.0
+    for _ in range(50):  # 50 rounds with at most 10 in flight
+        for _ in range(64):
+            t += 0.001
+            limit.on_complete(0.02, 10, now=t)
+    assert limit.limit == 64 and limit.rounds >= 40
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 64), st.integers(1, 2048),
+    st.lists(st.tuples(st.floats(0.0, 2.0), st.integers(0, 4096), st.booleans()), max_size=300),
+)  # fmt: skip
+def test_the_limit_stays_within_its_bounds(
+    minimum: int, maximum: int, events: list[tuple[float, int, bool]]
+) -> None:
+    maximum = max(minimum, maximum)
+    limit = AdaptiveLimit(initial=16, minimum=minimum, maximum=maximum)
+    now = 0.0
+    for latency, in_flight, overload in events:
+        now += latency / 10
+        if overload:
+            limit.on_overload(now)
+        else:
+            limit.on_complete(latency, in_flight, now)
+        assert minimum <= limit.limit <= maximum
+
+
+def test_bad_bounds_are_named() -> None:
+    with pytest.raises(ValueError, match="maximum limit 4 is below the minimum 8"):
+        AdaptiveLimit(minimum=8, maximum=4)
+    with pytest.raises(ValueError, match="initial limit"):
+        AdaptiveLimit(initial=0)
+
+
+# -- in the operator: capacity="auto" -------------------------------------------------------
+class Saturating(AsyncFunction[int, int]):
+    """A service on the manual clock: ``servers`` answer at once, each in 20 ms; beyond
+    them requests queue (FIFO). ``stalled``: nothing is answered any more."""
+
+    def __init__(self, clock: ManualClock, servers: int) -> None:
+        self.clock = clock
+        self.servers = servers
+        self.busy = 0
+        self.queue: deque[asyncio.Future[list[int]]] = deque()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.stalled = False
+
+    def _serve(self, fut: asyncio.Future[list[int]], value: int) -> None:
+        self.busy += 1
+
+        def done() -> None:
+            self.busy -= 1
+            if not fut.done():
+                fut.set_result([value])
+            if self.queue and not self.stalled:
+                self._serve(*self.queue.popleft())
+
+        if not self.stalled:
+            self.clock.call_at(self.clock.now() + 0.020, done)
+
+    async def async_invoke(self, value: int) -> list[int]:
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.busy < self.servers:
+                self._serve(fut, value)
+            else:
+                self.queue.append((fut, value))
+            return await fut
+        finally:
+            self.in_flight -= 1
+
+
+async def _drive(op: AsyncWaitOperator, clock: ManualClock, seconds: float) -> None:
+    """Feed elements without end while the clock advances ``seconds`` in 1 ms steps."""
+
+    async def feed() -> None:
+        i = 0
+        while True:
+            await op.process_element(i)
+            i += 1
+
+    feeder = asyncio.get_running_loop().create_task(feed())
+    try:
+        for _ in range(int(seconds * 1000)):
+            clock.advance(0.001)
+            await settle()
+    finally:
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+
+
+@pytest.mark.parametrize("mode", [OutputMode.ORDERED, OutputMode.UNORDERED])
+def test_auto_capacity_finds_a_saturated_service_limit(run: Runner[Any], mode: OutputMode) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        service = Saturating(clock, servers=40)
+        out: list[Any] = []
+        op = AsyncWaitOperator(service, output=out.append, timeout=5.0, capacity="auto",
+                               clock=clock, mode=mode, max_capacity=512)  # fmt: skip
+        await op.open()
+        await _drive(op, clock, 3.0)
+        limiter = op.limiter
+        assert limiter is not None and limiter.rounds > 20
+        assert 28 <= limiter.limit <= 64, limiter
+        assert service.max_in_flight <= 512
+        assert len(out) > 0.8 * 40 / 0.020 * 3.0 * 0.7  # near the service's 2,000/s
+        await op.close()
+
+    run(main())
+
+
+def test_auto_capacity_is_cut_by_timeouts(run: Runner[Any]) -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        service = Saturating(clock, servers=1000)
+        op = AsyncWaitOperator(service, output=lambda _: None, timeout=0.2, capacity="auto",
+                               clock=clock, on_failure=lambda *_: [])  # fmt: skip
+        await op.open()
+        await _drive(op, clock, 1.0)
+        assert op.limiter is not None
+        grown = op.limiter.limit
+        assert grown > 16  # startup grew it
+        service.stalled = True  # every request in flight now times out
+        await _drive(op, clock, 2.0)
+        assert op.limiter.limit < grown * 0.5, op.limiter
+        await op.close()
+
+    run(main())
+
+
+def test_auto_capacity_is_validated() -> None:
+    with pytest.raises(ConfigurationError, match="capacity"):
+        AsyncWaitOperator(lambda v: v, output=print, timeout=1, capacity="lots")
+    with pytest.raises(ConfigurationError, match="max_capacity"):
+        AsyncWaitOperator(Saturating(ManualClock(), 1), output=print, timeout=1,
+                          capacity="auto", max_capacity=0)  # fmt: skip
