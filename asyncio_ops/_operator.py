@@ -98,7 +98,7 @@ from ._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
 from ._statistics import LatencyHistogram, OperatorStatistics
 from ._timeout_slots import Slot, TimeoutSlots
 from ._timers import InternalTimerService, Timer
-from .options import non_negative_int, positive_int, positive_seconds
+from .options import capacity_or_auto, non_negative_int, positive_int, positive_seconds
 
 CLOSE_GRACE: Final = 5.0
 """Seconds ``close()`` waits for cancelled tasks before abandoning them (logged)."""
@@ -319,11 +319,12 @@ class AsyncWaitOperator:
         self._describe_value = describe
         self.mode = mode
         self.limiter: AdaptiveLimit | None = None
-        if capacity == "auto":
+        fixed = capacity_or_auto(capacity)
+        if isinstance(fixed, int):
+            self.capacity = fixed
+        else:
             self.limiter = AdaptiveLimit(maximum=positive_int(max_capacity, "max_capacity"))
             self.capacity = self.limiter.maximum
-        else:
-            self.capacity = positive_int(capacity, "capacity")
         self.output_buffer = non_negative_int(output_buffer, "output_buffer")
         # with an output buffer (or an adaptive limit), in-flight elements are bounded
         # apart from the queue, by _cap

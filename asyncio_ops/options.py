@@ -100,6 +100,15 @@ def seconds_or_zero(value: object, name: str) -> float:
     return seconds(value, name, low_ok=True)
 
 
+def capacity_or_auto(value: object, name: str = "capacity") -> int | str:
+    """An int > 0, or ``"auto"`` (an adaptive limit: asyncio_ops._limit)."""
+    if value == "auto":
+        return "auto"
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigurationError(f"{name} must be an int > 0 or 'auto', got {value!r}")
+    return value
+
+
 def positive_int(value: object, name: str) -> int:
     """An int > 0 (capacity, batch sizes, intervals in rows)."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -33,6 +33,8 @@ class RunMetrics:
     cache_expirations: int = 0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # capacity="auto": each partition's limit when it ended
+    capacity_limits: list[int] = field(default_factory=list)
 
     def merge(self, other: RunMetrics) -> RunMetrics:
         for name in (
@@ -45,6 +47,7 @@ class RunMetrics:
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
         self.max_worker_rss_mb = max(self.max_worker_rss_mb, other.max_worker_rss_mb)
         self.latency.merge(other.latency)
+        self.capacity_limits = self.capacity_limits + other.capacity_limits
         return self
 
     def summary(self) -> dict[str, Any]:
@@ -72,4 +75,5 @@ class RunMetrics:
             "cache_expirations": self.cache_expirations,
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
+            "capacity_limits": sorted(self.capacity_limits),
         }

@@ -136,6 +136,7 @@ def _operator(
         map_results=row_fn.record,
         describe=row_fn.describe,
         output_buffer=spec.output_buffer,
+        max_capacity=spec.max_capacity,
     )
 
 
@@ -269,6 +270,8 @@ def run_partition(
         metrics.failed = stats.failed
         metrics.restored = stats.restored
         metrics.latency = op.latency
+        if op.limiter is not None:  # capacity="auto": where this partition's limit ended
+            metrics.capacity_limits = [op.limiter.limit]
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)
         metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
+from .._limit import DEFAULT_MAX_CAPACITY
 from .._operator import OutputMode
 from .._retry import AsyncRetryStrategy
 from ..state import KeyedProcessFunction
@@ -52,7 +53,7 @@ class PartitionSpec:
     function_token: str
     mode: OutputMode
     timeout: float
-    capacity: int
+    capacity: int | str  # or "auto": an adaptive limit up to max_capacity
     retry: AsyncRetryStrategy | None
     output_schema: pa.Schema
     added_columns: tuple[str, ...]
@@ -77,6 +78,7 @@ class PartitionSpec:
     retain_versions: int = 10
     chunk_size: int | None = None
     output_buffer: int = 0
+    max_capacity: int = DEFAULT_MAX_CAPACITY
     flush_rows: int = DEFAULT_FLUSH_ROWS
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     state_backend: str = "heap"

@@ -42,6 +42,7 @@ from .._functions import (
     as_async_function,
 )
 from .._keygroups import check_parallelism
+from .._limit import DEFAULT_MAX_CAPACITY
 from .._operator import OutputMode
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
@@ -58,6 +59,7 @@ from .._runtime import (
 )
 from ..options import (
     at_least,
+    capacity_or_auto,
     choice,
     non_negative_int,
     path_segment,
@@ -184,7 +186,7 @@ def _wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int,
+    capacity: int | str,
     retry: AsyncRetryStrategy | None,
     key: str | Sequence[str] | None,
     event_time: str | None,
@@ -209,16 +211,20 @@ def _wait(
     checkpoint_flush_rows: int,
     checkpoint_flush_interval: float | timedelta | str,
     state_backend: str,
+    max_capacity: int,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
     function = as_async_function(fn)
     timeout_s = positive_seconds(timeout, "timeout")
-    positive_int(capacity, "capacity")
+    positive_int(max_capacity, "max_capacity")
+    # "auto": an adaptive limit between 1 and max_capacity (asyncio_ops._limit)
+    fixed = capacity_or_auto(capacity)
+    bound = fixed if isinstance(fixed, int) else max_capacity
     if output_buffer is None:
         # finished rows may wait behind a slower one beyond capacity, which then bounds
         # the lookups in flight: ordered mode at capacity / latency, memory still bounded
-        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * capacity
+        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * bound
     non_negative_int(output_buffer, "output_buffer")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
@@ -376,6 +382,7 @@ def _wait(
         retain_versions=retain_versions,
         chunk_size=chunk_size,
         output_buffer=output_buffer,
+        max_capacity=max_capacity,
         flush_rows=flush_rows,
         flush_interval=flush_interval,
         state_backend=state_backend,
@@ -503,7 +510,7 @@ def ordered_wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int = 100,
+    capacity: int | str = 100,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,
@@ -528,6 +535,7 @@ def ordered_wait(
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
     state_backend: str = "heap",
+    max_capacity: int = DEFAULT_MAX_CAPACITY,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -552,6 +560,7 @@ def ordered_wait(
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
         checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
+        max_capacity=max_capacity,
     )  # fmt: skip
 
 
@@ -561,7 +570,7 @@ def unordered_wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int = 100,
+    capacity: int | str = 100,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,
@@ -586,6 +595,7 @@ def unordered_wait(
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
     state_backend: str = "heap",
+    max_capacity: int = DEFAULT_MAX_CAPACITY,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -604,4 +614,5 @@ def unordered_wait(
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
         checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
+        max_capacity=max_capacity,
     )  # fmt: skip
