@@ -36,6 +36,7 @@ from ._functions import (
     SupportsInvokeChunk,
     SupportsOutputColumns,
 )
+from ._limit import AdaptiveLimit, SignalsOverload
 from ._operator import AsyncWaitOperator, OutputMode
 from ._queues import (
     ElementQueue,
@@ -53,6 +54,7 @@ from ._timers import InternalTimerService, Timer, TimerHeap
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveLimit",
     "AsyncFunction",
     "AsyncOperatorError",
     "AsyncOpsError",
@@ -79,6 +81,7 @@ __all__ = [
     "ResultHandle",
     "RuntimeContext",
     "Scheduler",
+    "SignalsOverload",
     "SnapshotEntry",
     "StateError",
     "StreamElement",

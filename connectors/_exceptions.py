@@ -34,7 +34,7 @@ Use :func:`is_retryable` as the exception predicate of an
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from asyncio_ops import AsyncOpsError
 
@@ -53,15 +53,26 @@ __all__ = [
 ]
 
 
+OVERLOAD_STATUSES: Final = frozenset({429, 503})
+"""HTTP statuses that signal an overloaded service (see ``ConnectorError.overload``)."""
+
+
 class ConnectorError(AsyncOpsError):
     """Base class of connector failures.
 
     ``retryable`` is True when the same lookup may succeed if tried again
     (a broken connection, a timeout, a 503); the class sets the default, an
-    instance may override it.
+    instance may override it. ``overload`` is True when the error says the
+    service is overloaded (a timeout, a 429 or 503 answer): with
+    ``capacity="auto"`` the operator then cuts its limit
+    (``asyncio_ops.SignalsOverload``).
     """
 
     retryable: ClassVar[bool] = False
+
+    @property
+    def overload(self) -> bool:
+        return False
 
 
 class LookupConnectionError(ConnectorError, ConnectionError):
@@ -74,6 +85,10 @@ class LookupTimeout(ConnectorError, TimeoutError):
     """An I/O call exceeded its timeout (client-side, or a server statement timeout)."""
 
     retryable: ClassVar[bool] = True
+
+    @property
+    def overload(self) -> bool:
+        return True
 
 
 class LookupAuthError(ConnectorError, PermissionError):
@@ -124,6 +139,11 @@ class LookupResponseError(ConnectorError):
         # Instance attribute shadows the ClassVar default on purpose: whether a
         # status is transient depends on the lookup's retry_statuses.
         self.retryable = retryable  # type: ignore[misc]
+
+    @property
+    def overload(self) -> bool:
+        """429 Too Many Requests and 503 Service Unavailable say: fewer, please."""
+        return self.status in OVERLOAD_STATUSES
 
 
 class LookupDecodeError(LookupResponseError, ValueError):

@@ -7,6 +7,7 @@ import asyncio_ops.testing
 
 def test_public_names_are_pinned() -> None:
     assert set(asyncio_ops.__all__) == {
+        "AdaptiveLimit",
         "AsyncFunction",
         "AsyncOperatorError",
         "AsyncOpsError",
@@ -33,6 +34,7 @@ def test_public_names_are_pinned() -> None:
         "ResultHandle",
         "RuntimeContext",
         "Scheduler",
+        "SignalsOverload",
         "SnapshotEntry",
         "StateError",
         "StreamElement",

@@ -205,3 +205,32 @@ def test_auto_capacity_is_validated() -> None:
     with pytest.raises(ConfigurationError, match="max_capacity"):
         AsyncWaitOperator(Saturating(ManualClock(), 1), output=print, timeout=1,
                           capacity="auto", max_capacity=0)  # fmt: skip
+
+
+class Busy(Exception):
+    """What a service says when it is overloaded (as a 429 or 503 answer)."""
+
+    @property
+    def overload(self) -> bool:
+        return True
+
+
+def test_auto_capacity_is_cut_by_overload_errors_not_by_others(run: Runner[Any]) -> None:
+    async def main() -> None:
+        for error, cut in ((Busy("429"), True), (ValueError("bad row"), False)):
+
+            async def fails(value: int) -> list[int]:
+                raise error
+
+            op = AsyncWaitOperator(fails, output=lambda _: None, timeout=5.0, capacity="auto",
+                                   clock=ManualClock(), on_failure=lambda *_: [])  # fmt: skip
+            await op.open()
+            for i in range(5):
+                await op.process_element(i)
+            await settle()
+            assert op.limiter is not None
+            assert (op.limiter.limit < 16) is cut, (error, op.limiter)
+            await op.end_input()
+            await op.close()
+
+    run(main())

@@ -6,7 +6,11 @@ this one file. Customers are synthetic and deterministic: customer ``i``
 ``examples/sql/init.sql`` puts into Postgres.
 
 Endpoints (every response is JSON; each request waits ``latency`` seconds,
-plus up to ``jitter`` seconds at random, before answering, like a remote system):
+plus up to ``jitter`` seconds at random, before answering, like a remote system).
+With ``max_concurrent`` N > 0 the service saturates like a server with N workers:
+at most N requests wait out their latency at once, the others queue (first
+come, first served) before theirs starts, so beyond N in flight the throughput
+stops growing and the latency grows instead:
 
 - ``GET /customers/{id}`` -> ``{"id", "name", "tier", "country"}``; 404 for an
   unknown id, 400 for an id that is not an integer.
@@ -16,7 +20,8 @@ plus up to ``jitter`` seconds at random, before answering, like a remote system)
 - ``GET /healthz`` -> ``{"status": "ok"}`` (no latency).
 
 Run: ``python app.py --port 8080 --latency-ms 20`` (or the environment
-variables ``PORT``, ``LATENCY_MS``, ``JITTER_MS``, ``CUSTOMERS``). In a
+variables ``PORT``, ``LATENCY_MS``, ``JITTER_MS``, ``CUSTOMERS``,
+``MAX_CONCURRENT``). In a
 program: :class:`ServiceThread` serves on a free local port from a
 background thread.
 """
@@ -60,6 +65,7 @@ def customer(customer_id: int) -> dict[str, Any]:
 CUSTOMERS_KEY: Final = web.AppKey("customers", int)
 LATENCY_KEY: Final = web.AppKey("latency", float)
 JITTER_KEY: Final = web.AppKey("jitter", float)
+WORKERS_KEY: Final = web.AppKey("workers", asyncio.Semaphore | None)
 
 
 async def _wait(app: web.Application) -> None:
@@ -67,7 +73,13 @@ async def _wait(app: web.Application) -> None:
     jitter = app[JITTER_KEY]
     if jitter > 0:
         delay += random.uniform(0.0, jitter)
-    if delay > 0:
+    if delay <= 0:
+        return
+    workers = app[WORKERS_KEY]
+    if workers is None:
+        await asyncio.sleep(delay)
+        return
+    async with workers:  # a saturating service: queue for one of N workers
         await asyncio.sleep(delay)
 
 
@@ -123,15 +135,22 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(
-    *, customers: int = 100_000, latency: float = 0.0, jitter: float = 0.0
+    *,
+    customers: int = 100_000,
+    latency: float = 0.0,
+    jitter: float = 0.0,
+    max_concurrent: int = 0,
 ) -> web.Application:
-    """The service's application; ``latency`` and ``jitter`` are in seconds."""
-    if customers < 0 or latency < 0 or jitter < 0:
-        raise ValueError("customers, latency and jitter must be >= 0")
+    """The service's application; ``latency`` and ``jitter`` are in seconds;
+    ``max_concurrent`` > 0 makes it saturate (see the module docstring)."""
+    if customers < 0 or latency < 0 or jitter < 0 or max_concurrent < 0:
+        raise ValueError("customers, latency, jitter and max_concurrent must be >= 0")
     app = web.Application()
     app[CUSTOMERS_KEY] = customers
     app[LATENCY_KEY] = latency
     app[JITTER_KEY] = jitter
+    # asyncio's Semaphore wakes waiters in arrival order: a FIFO queue of requests
+    app[WORKERS_KEY] = asyncio.Semaphore(max_concurrent) if max_concurrent else None
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/customers", get_customers)
     app.router.add_post("/customers/batch", post_batch)
@@ -155,8 +174,11 @@ class ServiceThread:
         customers: int = 100_000,
         latency: float = 0.0,
         jitter: float = 0.0,
+        max_concurrent: int = 0,
     ) -> None:
-        self._app = make_app(customers=customers, latency=latency, jitter=jitter)
+        self._app = make_app(
+            customers=customers, latency=latency, jitter=jitter, max_concurrent=max_concurrent
+        )
         self._host = host
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,13 +248,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--jitter-ms", type=float, default=float(os.environ.get("JITTER_MS", "0")))
     parser.add_argument("--customers", type=int, default=int(os.environ.get("CUSTOMERS", "100000")))
+    parser.add_argument(
+        "--max-concurrent", type=int, default=int(os.environ.get("MAX_CONCURRENT", "0")),
+        help="saturate beyond this many requests at once (0: never)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     app = make_app(
-        customers=args.customers, latency=args.latency_ms / 1000, jitter=args.jitter_ms / 1000
-    )
+        customers=args.customers, latency=args.latency_ms / 1000, jitter=args.jitter_ms / 1000,
+        max_concurrent=args.max_concurrent,
+    )  # fmt: skip
     print(
         f"customer service on {args.host}:{args.port}: {args.customers} customers, "
-        f"latency {args.latency_ms} ms + jitter up to {args.jitter_ms} ms",
+        f"latency {args.latency_ms} ms + jitter up to {args.jitter_ms} ms"
+        + (f", saturating beyond {args.max_concurrent} at once" if args.max_concurrent else ""),
         flush=True,
     )
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)

@@ -53,6 +53,27 @@ def test_service_latency_is_applied() -> None:
         assert asyncio.run(timed(service.url)) >= 0.1
 
 
+def test_a_saturating_service_queues_beyond_its_workers() -> None:
+    """6 requests at once, 2 workers, 50 ms each: three turns, so at least 150 ms."""
+
+    async def all_at_once(base: str) -> float:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+
+            async def one(i: int) -> None:
+                async with session.get(f"{base}/customers/{i}") as r:
+                    assert r.status == 200
+
+            start = loop.time()
+            await asyncio.gather(*(one(i) for i in range(1, 7)))
+            return loop.time() - start
+
+    with ServiceThread(latency=0.05, max_concurrent=2) as service:
+        assert asyncio.run(all_at_once(service.url)) >= 0.15
+    with pytest.raises(ValueError, match="max_concurrent"):
+        ServiceThread(max_concurrent=-1)
+
+
 def check_sample(result: dict[str, Any], n: int) -> None:
     sample = result["sample"]
     assert [r["order_id"] for r in sample] == list(range(n))
