@@ -9,16 +9,21 @@ error whose ``overload`` is true, e.g. a 429 or 503 answer); it reads
 The limit climbs the throughput curve, as TCP BBR probes for bandwidth, with a
 latency guard, as TCP Vegas keeps queues short. Time is cut into *rounds*: a
 round ends at the first completion after at least ``limit`` completions and
-twice the lowest round median latency seen (about one turn of the window).
+twice the lowest round median latency seen (about one turn of the window), and
+after startup at least 100 ms (shorter rounds measure rates too noisily).
 Per round: the rate (completions / seconds), the median latency, and whether
 the operator had enough work to fill the limit (an *app-limited* round teaches
 nothing and changes nothing).
 
-- **Startup**: the limit grows x1.5 per round while the rate grows by at least
-  15% per step and the round's median latency stays under 1.5x the lowest seen.
-  When either fails the limit falls back to the last limit that grew the rate.
-- **Steady**: the limit is held; every fourth round a probe runs for two
-  rounds, alternately x1.25 (kept if the second probe round's rate beats the
+After every change of the limit one round is skipped (it still finishes the
+requests of the previous limit); the next one judges the new limit.
+
+- **Startup**: the limit doubles while the rate grows by at least 25% per step
+  and the round's median latency stays under 2x the lowest seen. When either
+  fails, startup ends at the last step if it still grew the rate by 15% (past
+  the knee of the curve), else at the step before.
+- **Steady**: the limit is held; every fourth round a probe runs, alternately
+  x1.25 (kept if the probe round's rate beats the
   held rate by 5% with latency under the guard: a service that scales) and
   x0.8 (kept if the rate stays within 3%: fewer in flight, same throughput,
   shorter queues at a saturated service; only when the held round's median
@@ -41,9 +46,10 @@ from .options import positive_int
 
 DEFAULT_MAX_CAPACITY: Final = 1024
 """The default bound of an adaptive limit (and the queue size it needs)."""
-STARTUP_GROWTH: Final = 1.5
-STARTUP_GAIN: Final = 1.15  # the rate must grow this much per startup step
-LATENCY_GUARD: Final = 1.5  # round median latency / lowest round median
+STARTUP_GROWTH: Final = 2.0
+STARTUP_GAIN: Final = 1.25  # the rate must grow this much per startup step
+STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the rate this much
+LATENCY_GUARD: Final = 2.0  # round median latency / lowest round median
 PROBE_UP: Final = 1.25
 PROBE_DOWN: Final = 0.8
 UP_GAIN: Final = 1.05  # a probe up is kept if the rate grows this much
@@ -52,6 +58,7 @@ QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the lowest
 OVERLOAD_CUT: Final = 0.7
 PROBE_EVERY: Final = 4  # held rounds between probes
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
+MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
 
 
 @runtime_checkable
@@ -67,7 +74,7 @@ class AdaptiveLimit:
 
     __slots__ = (
         "_best_limit", "_best_rate", "_cut_in_round", "_held", "_latencies", "_max_in_flight",
-        "_min_latency", "_probe", "_probe_rounds", "_rounds_held", "_started", "_startup",
+        "_min_latency", "_probe", "_rounds_held", "_started", "_startup", "_transition",
         "changes", "limit", "maximum", "minimum", "rounds",
     )  # fmt: skip
 
@@ -92,7 +99,7 @@ class AdaptiveLimit:
         self._held = 0.0  # the rate of the last held round
         self._rounds_held = 0
         self._probe = 0.0  # the factor being probed (0: none)
-        self._probe_rounds = 0
+        self._transition = False  # the round after a change: requests of the old limit
 
     def __repr__(self) -> str:
         phase = "startup" if self._startup else f"probe x{self._probe}" if self._probe else "hold"
@@ -110,7 +117,8 @@ class AdaptiveLimit:
         elapsed = now - self._started
         n = len(self._latencies)
         floor = self._min_latency if self._min_latency < math.inf else 0.0
-        if (n >= self.limit and elapsed >= 2 * floor) or elapsed >= MAX_ROUND:
+        shortest = 2 * floor if self._startup else max(2 * floor, MIN_ROUND)
+        if (n >= self.limit and elapsed >= shortest) or elapsed >= MAX_ROUND:
             self._end_round(n / elapsed if elapsed > 0 else math.inf, now)
 
     def on_overload(self, now: float) -> None:
@@ -144,8 +152,11 @@ class AdaptiveLimit:
         cut, self._cut_in_round = self._cut_in_round, False
         if median < self._min_latency:
             self._min_latency = median
-        if cut or app_limited:
-            return  # a round that was cut, or not filled, says nothing about the limit
+        transition, self._transition = self._transition, False
+        if cut or app_limited or transition:
+            # a round that was cut, not filled, or still finishing the requests of the
+            # previous limit says nothing about this one
+            return
         calm = median <= LATENCY_GUARD * self._min_latency
         if self._startup:
             self._startup_round(rate, calm)
@@ -157,7 +168,8 @@ class AdaptiveLimit:
             self._best_rate, self._best_limit = rate, self.limit
             self._set(math.ceil(self.limit * STARTUP_GROWTH))
             return
-        if calm and rate >= STARTUP_GAIN * self._best_rate:  # at the maximum
+        if calm and rate >= STARTUP_KEEP * self._best_rate:
+            # at the maximum, or past the knee of the curve but still gaining: keep it
             self._best_rate, self._best_limit = rate, self.limit
         self._startup = False
         self._held = max(rate, self._best_rate)
@@ -165,10 +177,7 @@ class AdaptiveLimit:
 
     def _steady_round(self, rate: float, calm: bool, median: float) -> None:
         calm_enough = median <= QUEUE_FREE * self._min_latency
-        if self._probe:
-            self._probe_rounds += 1
-            if self._probe_rounds < 2:
-                return  # the first probe round is a transition: judge the second
+        if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
             keep = (rate >= UP_GAIN * self._held and calm) if up else rate >= DOWN_KEEP * self._held
             base = self._best_limit
@@ -188,7 +197,6 @@ class AdaptiveLimit:
             # queues (only where latency says there is a queue to shorten)
             down = (self.rounds // PROBE_EVERY) % 2 and not calm_enough
             self._probe = PROBE_DOWN if down else PROBE_UP
-            self._probe_rounds = 0
             before = self.limit
             self._set(math.ceil(self.limit * self._probe) if self._probe > 1
                       else math.floor(self.limit * self._probe))  # fmt: skip
@@ -201,3 +209,4 @@ class AdaptiveLimit:
         if limit != self.limit:
             self.limit = limit
             self.changes += 1
+            self._transition = True

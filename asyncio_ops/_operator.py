@@ -241,7 +241,9 @@ class AsyncWaitOperator:
             ``"auto"``: an :class:`~asyncio_ops._limit.AdaptiveLimit` finds the
             number of elements in flight from the observed throughput and latency
             (cut on timeouts and on errors whose ``overload`` is true), between 1
-            and ``max_capacity``, which then sizes the queue.
+            and ``max_capacity``, which then sizes the queue; or an
+            :class:`~asyncio_ops._limit.AdaptiveLimit` of the caller's (a runtime
+            that carries a limit from one operator instance to the next).
         mode: :class:`OutputMode`.
         retry: an :class:`AsyncRetryStrategy`; ``None`` never retries.
         clock: where processing time comes from (a :class:`Scheduler`);
@@ -285,7 +287,7 @@ class AsyncWaitOperator:
         *,
         output: OutputFn,
         timeout: float | timedelta,
-        capacity: int | str = 100,
+        capacity: int | str | AdaptiveLimit = 100,
         mode: OutputMode = OutputMode.ORDERED,
         retry: AsyncRetryStrategy | None = None,
         clock: Scheduler | None = None,
@@ -319,8 +321,10 @@ class AsyncWaitOperator:
         self._describe_value = describe
         self.mode = mode
         self.limiter: AdaptiveLimit | None = None
-        fixed = capacity_or_auto(capacity)
-        if isinstance(fixed, int):
+        if isinstance(capacity, AdaptiveLimit):  # a caller's own, e.g. carried over
+            self.limiter = capacity
+            self.capacity = capacity.maximum
+        elif isinstance(fixed := capacity_or_auto(capacity), int):
             self.capacity = fixed
         else:
             self.limiter = AdaptiveLimit(maximum=positive_int(max_capacity, "max_capacity"))
@@ -891,9 +895,11 @@ class AsyncWaitOperator:
         if not entry.complete(results):
             return
         limiter = self.limiter
+        grew = False
         if limiter is not None and not entry.timed_out:
             now = self._clock_now()
             limiter.on_complete(now - entry.started, self._in_flight, now)
+            grew = limiter.limit > self._cap
             self._cap = limiter.limit
         self._in_flight -= 1
         self._completed += 1
@@ -903,7 +909,7 @@ class AsyncWaitOperator:
         if not self._latency_tick & 3:  # a 1-in-4 sample, weighted: quantiles hold, less work
             self.latency.add(self._clock_now() - entry.started, 4)
         popped = self._emit()
-        if (self._pending or self._ready) and (popped > 1 or entry.worker is None):
+        if (self._pending or self._ready) and (popped > 1 or entry.worker is None or grew):
             # room for more requests than the worker that ran this element (if any)
             # takes by itself when it goes back for the next
             self._wake_workers()

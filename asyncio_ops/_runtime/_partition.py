@@ -32,6 +32,7 @@ import pyarrow as pa
 from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import SupportsCacheStatistics
+from .._limit import AdaptiveLimit
 from .._operator import AsyncWaitOperator
 from .._snapshot import OperatorSnapshot
 from ._adapters import (
@@ -116,7 +117,12 @@ def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
 
 
 def _operator(
-    spec: PartitionSpec, row_fn: RowFunction, sink: ArrowSink, columnar: bool, metrics: RunMetrics
+    spec: PartitionSpec,
+    row_fn: RowFunction,
+    sink: ArrowSink,
+    columnar: bool,
+    metrics: RunMetrics,
+    limiter: AdaptiveLimit | None,
 ) -> AsyncWaitOperator:
     return AsyncWaitOperator(
         row_fn,
@@ -124,7 +130,7 @@ def _operator(
         # results go to the sink as they are: no Record per output row
         emit_results=sink.extend_batches if columnar else sink.extend,
         timeout=spec.timeout,
-        capacity=spec.capacity,
+        capacity=spec.capacity if limiter is None else limiter,
         mode=spec.mode,
         retry=spec.retry,
         on_failure=error_row_handler(spec, metrics),
@@ -201,7 +207,7 @@ def run_partition(
     sink = ArrowSink(spec.output_schema, spec.added_columns, spec.batch_size)
     columnar = spec.chunk_size is not None and is_columnar(user_fn)
     row_fn = _row_function(spec, user_fn, columnar)
-    op = _operator(spec, row_fn, sink, columnar, metrics)
+    op = _operator(spec, row_fn, sink, columnar, metrics, runtime.limiter(spec))
     ckpt = (
         PartitionCheckpoint(spec, task, row_fn.log_type(spec), columnar)
         if spec.checkpoint is not None
@@ -272,6 +278,7 @@ def run_partition(
         metrics.latency = op.latency
         if op.limiter is not None:  # capacity="auto": where this partition's limit ended
             metrics.capacity_limits = [op.limiter.limit]
+            runtime.remember(spec, op.limiter)
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)
         metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 from .._functions import AsyncFunction, RuntimeContext, maybe_await
+from .._limit import AdaptiveLimit
 from ._spec import PartitionSpec, TaskInfo
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -73,6 +74,8 @@ class WorkerRuntime:
     def __init__(self) -> None:
         self.loop = _new_loop()
         self.functions: OrderedDict[str, AsyncFunction[Any, Any]] = OrderedDict()
+        # capacity="auto": the limit the last partition of each operator ended with
+        self.limits: dict[str, int] = {}
         atexit.register(self.shutdown)
         _tune_gc()
 
@@ -105,7 +108,24 @@ class WorkerRuntime:
             self.functions[spec.function_token] = fn
         return fn
 
+    def limiter(self, spec: PartitionSpec) -> AdaptiveLimit | None:
+        """capacity="auto": a limit that starts where this worker's previous partition
+        of the same operator ended (a partition's first rounds then need not climb
+        from the bottom again); None for a fixed capacity."""
+        if spec.capacity != "auto":
+            return None
+        last = self.limits.get(spec.function_token)
+        if last is None:
+            return AdaptiveLimit(maximum=spec.max_capacity)
+        return AdaptiveLimit(initial=last, maximum=spec.max_capacity)
+
+    def remember(self, spec: PartitionSpec, limiter: AdaptiveLimit | None) -> None:
+        """Keep where a partition's limit ended, for the next one of its operator."""
+        if limiter is not None and spec.function_token in self.functions:
+            self.limits[spec.function_token] = limiter.limit
+
     def _close(self, token: str, fn: AsyncFunction[Any, Any]) -> None:
+        self.limits.pop(token, None)
         try:
             self.run(maybe_await(fn.close()))
         except Exception:  # closing must go on for the others

@@ -327,3 +327,23 @@ def test_a_float_in_an_integer_arrow_column_is_refused_not_truncated() -> None:
     with pytest.raises(OutputSchemaError, match=unfit):
         _column("n", pa.int64(), [1, 1.7, 3], 3)
     assert _column("n", pa.int64(), [1, 2.0, None], 3).to_pylist() == [1, 2, None]
+
+
+def test_an_adaptive_limit_starts_where_the_workers_last_partition_ended() -> None:
+    from asyncio_ops._runtime import RunMetrics, WorkerRuntime
+
+    class Slow(Lookup):
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            await asyncio.sleep(0.002)
+            return [{"double": row["id"] * 2}]
+
+    spec = spec_for(Slow(), None, capacity="auto", max_capacity=300)
+    ended: list[RunMetrics] = []
+    for _ in range(2):
+        list(run_partition(spec, batches(list(range(3000)), size=500), TaskInfo(),
+                           on_done=ended.append))  # fmt: skip
+        runtime = WorkerRuntime.get()
+        assert runtime.limits[spec.function_token] == ended[-1].capacity_limits[0]
+    first, second = (m.capacity_limits[0] for m in ended)
+    assert 16 < first <= 300 and 1 <= second <= 300  # grew from 16, within the bound
+    assert runtime.limiter(spec) is not None and runtime.limiter(spec).limit == second  # type: ignore[union-attr]
