@@ -23,11 +23,12 @@ requests of the previous limit); the next one judges the new limit.
   fails, startup ends at the last step if it still grew the rate by 15% (past
   the knee of the curve), else at the step before.
 - **Steady**: the limit is held; every fourth round a probe runs, alternately
-  x1.25 (kept if the probe round's rate beats the
-  held rate by 5% with latency under the guard: a service that scales) and
-  x0.8 (kept if the rate stays within 3%: fewer in flight, same throughput,
-  shorter queues at a saturated service; only when the held round's median
-  latency is 10% above the lowest, a sign of a queue).
+  x1.25 (kept if the probe round's rate beats the held rate, the mean of the
+  rounds held since the last probe, by 3% with latency under the guard: a
+  service that scales) and x0.8 (kept if the rate stays within 3%: fewer in
+  flight, same throughput, shorter queues at a saturated service; only when
+  the last held round's median latency is 10% above the lowest, a sign of a
+  queue; else that probe goes up too).
 - **Overload**: a timeout or an overload error cuts the limit to 0.7x at once
   (at most once per round) and restarts steady probing from there.
 
@@ -52,7 +53,7 @@ STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the rate this muc
 LATENCY_GUARD: Final = 2.0  # round median latency / lowest round median
 PROBE_UP: Final = 1.25
 PROBE_DOWN: Final = 0.8
-UP_GAIN: Final = 1.05  # a probe up is kept if the rate grows this much
+UP_GAIN: Final = 1.03  # a probe up is kept if the rate grows this much
 DOWN_KEEP: Final = 0.97  # a probe down is kept if the rate stays above this share
 QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the lowest: no queue
 OVERLOAD_CUT: Final = 0.7
@@ -73,9 +74,9 @@ class AdaptiveLimit:
     """The in-flight limit of one operator instance (see the module docstring)."""
 
     __slots__ = (
-        "_best_limit", "_best_rate", "_cut_in_round", "_held", "_latencies", "_max_in_flight",
-        "_min_latency", "_probe", "_rounds_held", "_started", "_startup", "_transition",
-        "changes", "limit", "maximum", "minimum", "rounds",
+        "_best_limit", "_best_rate", "_cut_in_round", "_down_next", "_held", "_latencies",
+        "_max_in_flight", "_min_latency", "_probe", "_rounds_held", "_started", "_startup",
+        "_transition", "changes", "limit", "maximum", "minimum", "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +100,7 @@ class AdaptiveLimit:
         self._held = 0.0  # the rate of the last held round
         self._rounds_held = 0
         self._probe = 0.0  # the factor being probed (0: none)
+        self._down_next = True  # probes alternate: up first
         self._transition = False  # the round after a change: requests of the old limit
 
     def __repr__(self) -> str:
@@ -176,7 +178,6 @@ class AdaptiveLimit:
         self._set(self._best_limit)
 
     def _steady_round(self, rate: float, calm: bool, median: float) -> None:
-        calm_enough = median <= QUEUE_FREE * self._min_latency
         if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
             keep = (rate >= UP_GAIN * self._held and calm) if up else rate >= DOWN_KEEP * self._held
@@ -185,17 +186,19 @@ class AdaptiveLimit:
             self._rounds_held = 0
             if keep:
                 self._best_limit = self.limit
-                self._held = rate
             else:
                 self._set(base)
             return
-        self._held = rate
+        # the held rate: the mean of the rounds held since the last probe (less noisy)
+        n = self._rounds_held
+        self._held = rate if n == 0 else (self._held * n + rate) / (n + 1)
         self._best_limit = self.limit
         self._rounds_held += 1
         if self._rounds_held >= PROBE_EVERY:
             # alternate up and down probes: up finds more throughput, down shorter
             # queues (only where latency says there is a queue to shorten)
-            down = (self.rounds // PROBE_EVERY) % 2 and not calm_enough
+            self._down_next = not self._down_next
+            down = self._down_next and median > QUEUE_FREE * self._min_latency
             self._probe = PROBE_DOWN if down else PROBE_UP
             before = self.limit
             self._set(math.ceil(self.limit * self._probe) if self._probe > 1
