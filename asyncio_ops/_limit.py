@@ -16,7 +16,8 @@ the operator had enough work to fill the limit (an *app-limited* round teaches
 nothing and changes nothing).
 
 After every change of the limit one round is skipped (it still finishes the
-requests of the previous limit); the next one judges the new limit.
+requests of the previous limit); the next one judges the new limit, except in
+startup, which ends at once when that round's latency already breaks the guard.
 
 - **Startup**: the limit doubles while the rate grows by at least 25% per step
   and the round's median latency stays under 2x the lowest seen. When either
@@ -155,11 +156,18 @@ class AdaptiveLimit:
         if median < self._min_latency:
             self._min_latency = median
         transition, self._transition = self._transition, False
+        calm = median <= LATENCY_GUARD * self._min_latency
+        if transition and self._startup and not calm and not cut:
+            # a queue shows already while the step is taken: end startup now rather
+            # than hold the longer queue for one more round
+            self._startup = False
+            self._held = self._best_rate
+            self._set(self._best_limit)
+            return
         if cut or app_limited or transition:
             # a round that was cut, not filled, or still finishing the requests of the
             # previous limit says nothing about this one
             return
-        calm = median <= LATENCY_GUARD * self._min_latency
         if self._startup:
             self._startup_round(rate, calm)
         else:
