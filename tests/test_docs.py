@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from examples import _pg
 from tests.connectors.conftest import pg_dsn
-from tests.connectors.support import run_isolated
+from tests.connectors.support import pg_execute, run_isolated
 from tests.spark.conftest import spark
 
 __all__ = ["pg_dsn", "spark"]
@@ -83,28 +83,13 @@ def test_every_fenced_block_has_a_known_kind() -> None:
 def docs_dsn(pg_dsn: str) -> Iterator[str]:
     """A DSN whose search path starts with a fresh schema holding the demo's customers."""
     schema = f"aops_docs_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        connection = await asyncpg.connect(pg_dsn, timeout=10)
-        try:
-            await connection.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}")
-            await connection.execute(_pg.seed_sql("customers", 1000), timeout=60)
-        finally:
-            await connection.close(timeout=5)
-
-    async def drop() -> None:
-        connection = await asyncpg.connect(pg_dsn, timeout=10)
-        try:
-            await connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE", timeout=60)
-        finally:
-            await connection.close(timeout=5)
-
-    run_isolated(create())
+    pg_execute(pg_dsn, f"CREATE SCHEMA {schema}; SET search_path = {schema}; "
+               + _pg.seed_sql("customers", 1000))  # fmt: skip
     separator = "&" if "?" in pg_dsn else "?"
     try:
         yield f"{pg_dsn}{separator}search_path={schema}"
     finally:
-        run_isolated(drop())
+        pg_execute(pg_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def given(document: str, spark: SparkSession, dsn: str) -> dict[str, Any]:

@@ -55,6 +55,21 @@ def run_isolated(coro: Coroutine[Any, Any, T]) -> T:
         loop.close()
 
 
+def pg_execute(dsn: str, *statements: str, timeout: float = 60) -> None:
+    """Run SQL statements on one fresh connection (setup and teardown of tests)."""
+    import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+    async def go() -> None:
+        connection = await asyncpg.connect(dsn, timeout=10)
+        try:
+            for statement in statements:
+                await connection.execute(statement, timeout=timeout)
+        finally:
+            await connection.close(timeout=5)
+
+    run_isolated(go())
+
+
 async def with_retry(
     attempt: Callable[[], Awaitable[Sequence[T]]],
     strategy: AsyncRetryStrategy,

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from asyncio_ops.connectors.postgres import PostgresLookup
 from pyspark.sql import SparkSession
@@ -23,7 +22,7 @@ from pyspark.sql import SparkSession
 from asyncio_ops.spark import ordered_wait
 from tests.spark.conftest import spark
 
-from .support import run_isolated
+from .support import pg_execute
 
 __all__ = ["spark"]
 
@@ -60,36 +59,20 @@ CASES: list[tuple[str, str, str, str, Any]] = [
 ]  # fmt: skip
 
 
-async def _create(dsn: str, table: str) -> None:
-    connection = await asyncpg.connect(dsn, timeout=10)
-    try:
-        columns = ", ".join(f"{c} {pg}" for c, pg, _, _, _ in CASES)
-        values = ", ".join(f"{lit}::{pg}" for _, pg, lit, _, _ in CASES)
-        await connection.execute(
-            f"CREATE TABLE {table} (id int PRIMARY KEY, {columns});"
-            f"INSERT INTO {table} VALUES (1, {values}), (2{', NULL' * len(CASES)})",
-            timeout=30,
-        )
-    finally:
-        await connection.close(timeout=5)
-
-
-async def _drop(dsn: str, table: str) -> None:
-    connection = await asyncpg.connect(dsn, timeout=10)
-    try:
-        await connection.execute(f"DROP TABLE IF EXISTS {table}", timeout=30)
-    finally:
-        await connection.close(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def typed_table(pg_dsn: str) -> Iterator[str]:
     table = f"aops_types_{uuid.uuid4().hex[:10]}"
-    run_isolated(_create(pg_dsn, table))
+    columns = ", ".join(f"{c} {pg}" for c, pg, _, _, _ in CASES)
+    values = ", ".join(f"{lit}::{pg}" for _, pg, lit, _, _ in CASES)
+    pg_execute(
+        pg_dsn,
+        f"CREATE TABLE {table} (id int PRIMARY KEY, {columns})",
+        f"INSERT INTO {table} VALUES (1, {values}), (2{', NULL' * len(CASES)})",
+    )
     try:
         yield table
     finally:
-        run_isolated(_drop(pg_dsn, table))
+        pg_execute(pg_dsn, f"DROP TABLE IF EXISTS {table}")
 
 
 def _lookup(dsn: str, table: str, columns: str) -> PostgresLookup:
