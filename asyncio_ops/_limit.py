@@ -130,11 +130,7 @@ class AdaptiveLimit:
         started = self._started
         floor = self._min_latency if self._min_latency < math.inf else MAX_ROUND / 2
         if started is not None and now - started >= 2 * floor:
-            self.rounds += 1
-            self._started = now
-            self._latencies = []
-            self._max_in_flight = 0
-            self._cut_in_round = False
+            self._next_round(now)
         if self._cut_in_round:
             return
         self._cut_in_round = True
@@ -144,15 +140,20 @@ class AdaptiveLimit:
         self._set(math.floor(self.limit * OVERLOAD_CUT))
 
     # -- rounds ----------------------------------------------------------------------------
-    def _end_round(self, rate: float, now: float) -> None:
-        latencies = sorted(self._latencies)
-        median = latencies[len(latencies) // 2]
-        app_limited = self._max_in_flight < 0.9 * self.limit
+    def _next_round(self, now: float) -> None:
+        """Start a new round at ``now``: nothing measured, nothing cut yet."""
         self.rounds += 1
         self._started = now
         self._latencies = []
         self._max_in_flight = 0
-        cut, self._cut_in_round = self._cut_in_round, False
+        self._cut_in_round = False
+
+    def _end_round(self, rate: float, now: float) -> None:
+        latencies = sorted(self._latencies)
+        median = latencies[len(latencies) // 2]
+        app_limited = self._max_in_flight < 0.9 * self.limit
+        cut = self._cut_in_round
+        self._next_round(now)
         if median < self._min_latency:
             self._min_latency = median
         transition, self._transition = self._transition, False

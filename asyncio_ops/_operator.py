@@ -812,8 +812,7 @@ class AsyncWaitOperator:
     def _on_error(self, entry: _Entry, exc: BaseException) -> bool:
         """Judge a failed attempt; True to try again at once."""
         if self.limiter is not None and isinstance(exc, SignalsOverload) and exc.overload:
-            self.limiter.on_overload(self._clock_now())
-            self._cap = self.limiter.limit
+            self._overloaded(self.limiter)
         retry = self._retry
         if (
             retry is not None
@@ -845,6 +844,11 @@ class AsyncWaitOperator:
         self._ready.append(entry)
         self._wake_workers()
 
+    def _overloaded(self, limiter: AdaptiveLimit) -> None:
+        """A timeout or an overload error: the adaptive limit is cut."""
+        limiter.on_overload(self._clock_now())
+        self._cap = limiter.limit
+
     # -- timeouts ----------------------------------------------------------------------
     def _on_timeout(self, entry: _Entry) -> None:
         if entry.done or entry.timed_out or self._closed:
@@ -852,8 +856,7 @@ class AsyncWaitOperator:
         entry.timed_out = True
         self._timed_out += 1
         if self.limiter is not None:
-            self.limiter.on_overload(self._clock_now())
-            self._cap = self.limiter.limit
+            self._overloaded(self.limiter)
         if entry.retry_at is not None:
             self._retries.delete_processing_time_timer(entry, entry.retry_at, entry.key)
             self._pending_retries.discard(entry)

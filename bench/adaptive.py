@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 
 from asyncio_ops.connectors.http import HttpLookup
@@ -43,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import AsyncMetrics, session, unordered_wait
+from bench._service import start_service, stop_service
 
 PARTITIONS = 2
 LATENCY_MS = 20.0
@@ -62,33 +60,6 @@ class Run:
     @property
     def rate(self) -> float:
         return self.rows / self.seconds
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_service(servers: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.http_service.app", "--host", "127.0.0.1",
-         "--port", str(port), "--latency-ms", str(LATENCY_MS), "--jitter-ms", str(JITTER_MS),
-         "--max-concurrent", str(servers)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return proc, url
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("the HTTP service did not start") from None
-            time.sleep(0.1)
 
 
 def orders(spark: SparkSession, n: int) -> DataFrame:
@@ -128,7 +99,8 @@ def main() -> None:
     mean = (LATENCY_MS + JITTER_MS / 2) / 1000
     checks: list[tuple[str, bool, str]] = []
     for mode, servers in (("scales", 0), ("saturates", args.servers)):
-        proc, url = start_service(servers)
+        proc, url = start_service(latency_ms=LATENCY_MS, jitter_ms=JITTER_MS,
+                                  max_concurrent=servers)  # fmt: skip
         try:
             run(spark, url, "warm-up", 64, 4_000)
             plan: list[tuple[str, int | str, int]] = [("unloaded (capacity 1)", 1, 200)]
@@ -142,8 +114,7 @@ def main() -> None:
                 for label, capacity, n in plan:
                     results[label].append(run(spark, url, label, capacity, n))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_service(proc)
         best = {label: max(rs, key=lambda r: r.rate) for label, rs in results.items()}
         print()
         print(f"service {mode}" + (f" beyond {servers} at once" if servers else ""))

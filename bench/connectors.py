@@ -68,8 +68,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -78,6 +76,7 @@ from statistics import median
 from typing import Any
 
 from bench import _cpu as cpu
+from bench._service import start_service, stop_service
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 STEP = 7919  # customer_id = (order * STEP) % customers + 1, as in examples/_common.orders
@@ -353,15 +352,7 @@ def http_suite(
 
     from asyncio_ops.spark import AsyncMetrics, unordered_wait
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "examples.http_service.app", "--host", "127.0.0.1",
-         "--port", str(port), "--latency-ms", str(latency_ms), "--customers", str(customers)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    server, base = start_service(latency_ms=latency_ms, customers=customers)
 
     def in_spark(count: int) -> Row:
         metrics = AsyncMetrics(spark)
@@ -384,14 +375,6 @@ def http_suite(
                    {"cpu": used})  # fmt: skip
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the customer service did not start")
-            time.sleep(0.1)
         runs: dict[str, list[Row]] = {}
         # Warm-up rounds, a tenth of the size: the Python workers import aiohttp and
         # open their sessions, the service and the JVM warm up.
@@ -405,8 +388,7 @@ def http_suite(
                 runs.setdefault(row.name, []).append(row)
         return [median_row(results) for results in runs.values()], runs
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_service(server)
 
 
 # -- orchestration -----------------------------------------------------------------------------

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from asyncio_ops.connectors.http import HttpBatch, HttpLookup
@@ -32,8 +28,7 @@ from pyspark.sql import functions as F
 from asyncio_ops import AsyncFunction, AsyncRetryStrategy, RuntimeContext
 from asyncio_ops.async_retry_predicates import exception_type_predicate
 from asyncio_ops.spark import AsyncMetrics, session, unordered_wait
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench._service import start_service, stop_service
 
 
 class InjectedTransientError(ConnectionError):
@@ -60,30 +55,6 @@ class Flaky(AsyncFunction[dict[str, Any], dict[str, Any]]):
         await self.inner.close()  # type: ignore[misc]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_service(customers: int, latency_ms: float) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "http_service" / "app.py"), "--host",
-         "127.0.0.1", "--port", str(port), "--latency-ms", str(latency_ms),
-         "--customers", str(customers)],
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            with urllib.request.urlopen(f"{base}/healthz", timeout=1):
-                return proc, base
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the HTTP lookup service did not start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000_000)
@@ -95,7 +66,7 @@ def main() -> None:
     parser.add_argument("--customers", type=int, default=100_000)
     args = parser.parse_args()
 
-    service, base = _start_service(args.customers, args.latency_ms)
+    service, base = start_service(latency_ms=args.latency_ms, customers=args.customers)
     spark = session("local[2]", app_name="asyncio_ops-soak")
     spark.sparkContext.setLogLevel("ERROR")
     lookup = HttpLookup(
@@ -147,8 +118,7 @@ def main() -> None:
             done += n
             chunk += 1
     finally:
-        service.terminate()
-        service.wait(10)
+        stop_service(service)
         spark.stop()
     total = time.monotonic() - started
     print(

@@ -58,7 +58,7 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        capacity: int,
+        capacity: int | str,
         output_type: str | StructType | None,
         retry: AsyncRetryStrategy | None,
         options: dict[str, Any],
@@ -81,7 +81,7 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        capacity: int = 100,
+        capacity: int | str = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -95,7 +95,7 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        capacity: int = 100,
+        capacity: int | str = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -110,7 +110,7 @@ class AsyncDataStream:
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
         async_retry_strategy: AsyncRetryStrategy | None,
-        capacity: int = 100,
+        capacity: int | str = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -127,7 +127,7 @@ class AsyncDataStream:
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
         async_retry_strategy: AsyncRetryStrategy | None,
-        capacity: int = 100,
+        capacity: int | str = 100,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
