@@ -27,9 +27,11 @@ from ._exceptions import (
     WatermarkNotSupportedError,
 )
 from ._functions import (
+    ArrowResult,
     AsyncFunction,
     CacheCounters,
     CheckpointedFunction,
+    PrefersChunkRows,
     RuntimeContext,
     SupportsCacheStatistics,
     SupportsInvokeArrow,
@@ -55,6 +57,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveLimit",
+    "ArrowResult",
     "AsyncFunction",
     "AsyncOperatorError",
     "AsyncOpsError",
@@ -77,6 +80,7 @@ __all__ = [
     "OrderedElementQueue",
     "OutputMode",
     "OutputSchemaError",
+    "PrefersChunkRows",
     "Record",
     "ResultHandle",
     "RuntimeContext",

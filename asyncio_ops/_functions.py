@@ -23,7 +23,11 @@ Optional abilities are declared as protocols, never probed by name:
   the first element, to ``initialize_function_state(tables)`` (the
   connectors' lookup cache uses this).
 - :class:`SupportsInvokeChunk` / :class:`SupportsInvokeArrow`: whole chunks of
-  rows per call, as dicts or as an Arrow batch (``chunk_size=``).
+  rows per call, as dicts or as an Arrow batch (``chunk_size=``). A columnar
+  function runs columnar by default (``chunk_size="auto"``), each chunk as many
+  rows as :class:`PrefersChunkRows` says (one request's worth), or one input
+  Arrow batch; ``async_invoke_arrow`` may answer an :class:`ArrowResult` that
+  fails single rows of the chunk on their own.
 - :class:`SupportsCacheStatistics`: cache counters that reach the operator
   metrics.
 
@@ -35,9 +39,10 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ._exceptions import AsyncTimeoutError, ConfigurationError
 
@@ -143,7 +148,36 @@ class SupportsInvokeChunk(Protocol):
 class SupportsInvokeArrow(Protocol):
     """Answers a chunk as an Arrow batch: ``(row_index, columns)`` (see docs/spark.md)."""
 
-    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any]: ...
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any] | ArrowResult: ...
+
+
+class ArrowResult(NamedTuple):
+    """What ``async_invoke_arrow`` returns when some rows of the chunk failed on their own.
+
+    ``row_index`` and ``columns`` as in the ``(row_index, columns)`` form (see
+    docs/spark.md); ``errors`` maps a row of the chunk (0-based) to the exception
+    that failed it alone (e.g. a key that matched several rows of a one-to-one
+    lookup). A failed row must not appear in ``row_index``; it becomes an error
+    row with ``on_error="error_column"``, or fails the partition naming it.
+    """
+
+    row_index: Any
+    columns: Any
+    errors: Mapping[int, BaseException] = MappingProxyType({})
+
+
+@runtime_checkable
+class PrefersChunkRows(Protocol):
+    """A columnar function that says how many rows one call should answer.
+
+    ``chunk_size="auto"`` (the default) cuts chunks of ``preferred_chunk_rows()``
+    rows: one request's worth (a connector's keys per query), so that a chunk
+    fails, times out and is retried as the one request it is. None: in its
+    current configuration the function answers rows one at a time (the
+    per-row path is used).
+    """
+
+    def preferred_chunk_rows(self) -> int | None: ...
 
 
 @runtime_checkable

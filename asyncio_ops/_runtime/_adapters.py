@@ -9,6 +9,14 @@ row; :class:`ChunkFunction` calls ``async_invoke_chunk(rows)`` once per chunk
 zero-copy slice of an input batch and merges columnar results. Every merge
 checks results against the declared output columns and names the input row
 in its errors.
+
+Per-row semantics of a chunk: its rows share one request, hence one
+deadline, one outcome and one retry; on a timeout each row's own
+``timeout(row)`` answers for it, and a row that fails alone (a ``timeout``
+that raises, an :class:`~asyncio_ops.ArrowResult` error) fails alone:
+:class:`RowErrors` carries the other rows' output, and :meth:`RowFunction.failed`
+gives the element's output with an error row for each failed row
+(``on_error="error_column"``).
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._exceptions import AsyncTimeoutError, InvalidResultError, OutputSchemaError
+from .._exceptions import AsyncOperatorError, InvalidResultError, OutputSchemaError
 from .._functions import (
+    ArrowResult,
     AsyncFunction,
     CoroutineFunction,
     SupportsInvokeArrow,
@@ -30,7 +39,7 @@ from .._functions import (
     SupportsOutputColumns,
 )
 from ._coerce import coerced_array, decimals_as_floats, has_fraction
-from ._spec import KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
+from ._spec import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
 if TYPE_CHECKING:
     from ._checkpointing import ReplayLog
@@ -80,6 +89,36 @@ class NamedRow(Protocol):
     def asDict(self) -> dict[str, Any]: ...
 
 
+class RowErrors(AsyncOperatorError):
+    """Rows of a chunk that failed on their own, beside the output of the others.
+
+    ``errors``: row of the chunk (0-based) -> its exception, in row order;
+    ``output``: the other rows' output (output dicts, or one Arrow batch);
+    ``rows``: the chunk row of each output row, in output order. Unhandled
+    (``on_error="fail"``), it fails the partition naming the first failed row.
+    """
+
+    def __init__(
+        self,
+        value: RowValue,
+        errors: Mapping[int, BaseException],
+        output: Any,
+        rows: Any,
+        describe: Callable[[int], str],
+    ) -> None:
+        self.errors = dict(sorted(errors.items()))
+        first, exc = next(iter(self.errors.items()))
+        more = len(self.errors) - 1
+        super().__init__(
+            f"input row {describe(first)} failed: {type(exc).__name__}: {exc}"
+            + (f" (and {more} more row(s) of its chunk)" if more else ""),
+            value,
+        )
+        self.__cause__ = exc
+        self.output = output
+        self.rows = rows
+
+
 _NO_MATCH: tuple[dict[str, Any]] = ({},)
 """The results of a row without any, with on_empty="keep": one row of null outputs."""
 
@@ -105,6 +144,7 @@ class RowFunction(AsyncFunction[Any, Any]):
         # on_empty="keep": a row without results is emitted once, its output columns null
         self.keep_empty = spec.on_empty == "keep"
         self.log: ReplayLog | None = None
+        self.error_rows = 0  # error rows made by failed() (on_error="error_column")
         user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
         self._invoke: Callable[[Any], Any] = user_fn
         self.row_factory = factory = spec.row_factory
@@ -217,6 +257,26 @@ class RowFunction(AsyncFunction[Any, Any]):
     async def _merge_later(self, value: Any, awaitable: Any) -> list[dict[str, Any]]:
         return self.merge(value, await awaitable)
 
+    # -- a failed element, with on_error="error_column" --------------------------------
+    def error_row(
+        self, row: Mapping[str, Any], late: bool | None, exc: BaseException, attempts: int
+    ) -> dict[str, Any]:
+        """The output row of a failed input row: its input columns (if kept), ``_error``."""
+        out = dict(row) if self.keep else {}
+        out[ERROR_COLUMN] = {
+            "exception": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "attempts": attempts,
+        }
+        if late is not None:
+            out[LATE_COLUMN] = late
+        self.error_rows += 1
+        return out
+
+    def failed(self, value: Any, exc: BaseException, attempts: int) -> list[Any]:
+        """The element's output when it failed with ``exc`` after ``attempts`` attempts."""
+        return [self.error_row(value.row, value.late, exc, attempts)]
+
 
 class ChunkFunction(RowFunction):
     """Vectorised: one call of the user's ``async_invoke_chunk(rows)`` per chunk of rows.
@@ -268,9 +328,93 @@ class ChunkFunction(RowFunction):
     async def async_invoke(self, value: Any) -> list[dict[str, Any]]:
         return self.record(value, await self._invoke(value.row))
 
+    # -- per-row semantics of a chunk ---------------------------------------------------
+    def rows_of(self, value: Any) -> list[dict[str, Any]]:
+        """The chunk's rows as dicts (slow paths only: timeouts, failures)."""
+        rows: list[dict[str, Any]] = value.row
+        return rows
+
+    def lateness(self, value: Any, n: int) -> list[bool | None]:
+        late = value.late
+        return list(late) if isinstance(late, list) else [None] * n
+
     def timeout(self, value: Any) -> Any:
-        n, first = self._chunk(value)
-        raise AsyncTimeoutError(f"a chunk of {n} rows timed out, starting with row {first}", value)
+        """The chunk ran out of time: each row's own ``timeout(row)`` answers for it."""
+        rows = self.rows_of(value)
+        factory = self.row_factory
+        answers: list[Any] = []
+        for row in rows:
+            try:
+                answers.append(self.user.timeout(row if factory is None else factory(row)))
+            except Exception as exc:
+                answers.append(exc)
+        if any(asyncio.iscoroutine(a) or asyncio.isfuture(a) for a in answers):
+            return self._timeouts_later(value, rows, answers)
+        return self._timed_out(value, rows, answers)
+
+    async def _timeouts_later(self, value: Any, rows: list[Any], answers: list[Any]) -> Any:
+        settled = []
+        for answer in answers:
+            if asyncio.iscoroutine(answer) or asyncio.isfuture(answer):
+                try:
+                    answer = await answer
+                except Exception as exc:
+                    answer = exc
+            settled.append(answer)
+        return self._timed_out(value, rows, settled)
+
+    def _timed_out(self, value: Any, rows: list[Any], answers: list[Any]) -> Any:
+        """Each row's timeout answer merged into it; RowErrors for the rows whose raised."""
+        output: list[dict[str, Any]] = []
+        index: list[int] = []
+        errors: dict[int, BaseException] = {}
+        lateness = self.lateness(value, len(rows))
+        for i, (row, answer) in enumerate(zip(rows, answers, strict=True)):
+            if isinstance(answer, BaseException):
+                errors[i] = answer
+                continue
+            if not isinstance(answer, list | tuple):
+                errors[i] = InvalidResultError(
+                    f"timeout() must return a list of results, got {type(answer).__name__}"
+                )
+                continue
+            merged = self.merge(RowValue(row, lateness[i]), answer)
+            output.extend(merged)
+            index.extend([i] * len(merged))
+        if errors:
+            describe = self._describe_row(value)
+            raise RowErrors(value, errors, self._as_output(output), index, describe)
+        return self._as_output(output)
+
+    def _as_output(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """Output dicts as this function's output (dicts here, a batch when columnar)."""
+        return rows
+
+    def _describe_row(self, value: Any) -> Callable[[int], str]:
+        rows = self.rows_of(value)
+        return lambda i: describe_row(rows[i])
+
+    def failed(self, value: Any, exc: BaseException, attempts: int) -> list[Any]:
+        """Every row of the chunk an error row, or (RowErrors) the failed rows only, in
+        row order among the others' output."""
+        rows = self.rows_of(value)
+        lateness = self.lateness(value, len(rows))
+        if isinstance(exc, RowErrors) and exc.element is value:
+            by_row: dict[int, list[dict[str, Any]]] = {}
+            for i, out_row in zip(exc.rows, self._output_dicts(exc.output), strict=True):
+                by_row.setdefault(i, []).append(out_row)
+            out: list[dict[str, Any]] = []
+            for i, row in enumerate(rows):
+                out.extend(by_row.get(i, ()))
+                if i in exc.errors:
+                    out.append(self.error_row(row, lateness[i], exc.errors[i], attempts))
+            return self._as_output(out)
+        return self._as_output(
+            [self.error_row(r, late, exc, attempts) for r, late in zip(rows, lateness, strict=True)]
+        )
+
+    def _output_dicts(self, output: Any) -> list[dict[str, Any]]:
+        return list(output)
 
     def describe(self, value: Any) -> str:
         n, first = self._chunk(value)
@@ -322,11 +466,33 @@ class ArrowChunkFunction(ChunkFunction):
         """``logged``: the output rows as a struct array (see ReplayLog)."""
         return [pa.RecordBatch.from_struct_array(logged).cast(self.schema)]
 
+    def rows_of(self, value: Any) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = value.row.to_pylist()
+        return rows
+
+    def _as_output(self, rows: list[dict[str, Any]]) -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pylist(rows, schema=self.schema)]
+
+    def _output_dicts(self, output: Any) -> list[dict[str, Any]]:
+        return [row for batch in output for row in batch.to_pylist()]
+
     def _merge_arrow(self, value: Any, results: Any) -> list[pa.RecordBatch]:
         batch: pa.RecordBatch = value.row
-        index, columns = self._unpack(batch, results)
-        if self.keep_empty and index is not None:
-            index, columns = self._keep_unmatched(batch.num_rows, index, columns)
+        index, columns, errors = self._unpack(batch, results)
+        if self.keep_empty and (index is not None or errors):
+            if index is None:  # every row once, but for the failed ones
+                index = pa.array(range(batch.num_rows), pa.int64())
+            index, columns = self._keep_unmatched(batch.num_rows, index, columns, errors)
+        if errors:
+            output = self._merged(value, batch, index, columns)
+            rows = range(batch.num_rows) if index is None else index.to_pylist()
+            raise RowErrors(value, errors, output, rows, self._describe_row(value))
+        return self._merged(value, batch, index, columns)
+
+    def _merged(
+        self, value: Any, batch: pa.RecordBatch, index: pa.Array | None, columns: Any
+    ) -> list[pa.RecordBatch]:
+        """The chunk's output batch: input columns taken by ``index``, output columns."""
         if index is None:
             n_out = batch.num_rows
             taken = batch
@@ -354,11 +520,17 @@ class ArrowChunkFunction(ChunkFunction):
         return [pa.RecordBatch.from_arrays(arrays, schema=self.schema)]
 
     def _keep_unmatched(
-        self, rows: int, index: pa.Array, columns: Mapping[str, Any]
+        self, rows: int, index: pa.Array, columns: Mapping[str, Any], failed: Mapping[int, Any]
     ) -> tuple[pa.Array, dict[str, pa.Array]]:
-        """on_empty="keep": the rows ``index`` leaves out, once each with null output
-        columns, in input-row order among the others (a stable sort by row)."""
-        missing = pc.indices_nonzero(pc.invert(pc.is_in(pa.array(range(rows)), value_set=index)))
+        """on_empty="keep": the rows ``index`` leaves out (but the ``failed`` ones), once
+        each with null output columns, in input-row order among the others (a stable sort
+        by row)."""
+        covered = (
+            index
+            if not failed
+            else pa.concat_arrays([index.cast(pa.int64()), pa.array(list(failed), pa.int64())])
+        )
+        missing = pc.indices_nonzero(pc.invert(pc.is_in(pa.array(range(rows)), value_set=covered)))
         if not len(missing):
             return index, dict(columns)
         n = len(index)
@@ -371,14 +543,25 @@ class ArrowChunkFunction(ChunkFunction):
             out[name] = pa.concat_arrays([column, pa.nulls(len(missing), type_)]).take(order)
         return index.take(order), out
 
-    def _unpack(self, batch: pa.RecordBatch, results: Any) -> tuple[pa.Array | None, Any]:
-        if not isinstance(results, tuple | list) or len(results) != 2:
+    def _unpack(
+        self, batch: pa.RecordBatch, results: Any
+    ) -> tuple[pa.Array | None, Any, Mapping[int, BaseException]]:
+        errors: Mapping[int, BaseException] = {}
+        if type(results) is ArrowResult:
+            index, columns, errors = results.row_index, results.columns, results.errors
+        elif not isinstance(results, tuple | list) or len(results) != 2:
             raise InvalidResultError(
-                f"async_invoke_arrow must return (row_index, columns), got {type(results).__name__}"
+                f"async_invoke_arrow must return (row_index, columns) or an ArrowResult, got "
+                f"{type(results).__name__}"
             )
-        index, columns = results
+        else:
+            index, columns = results
         if index is not None:  # None: every row once, in order
             index = _check_index(index, batch.num_rows)
+        if errors:
+            errors = _check_errors(errors, index, batch.num_rows)
+            if index is None:  # every row once, in order, but for the failed ones
+                index = pa.array([i for i in range(batch.num_rows) if i not in errors], pa.int64())
         if isinstance(columns, pa.RecordBatch | pa.Table):
             columns = {name: columns.column(name) for name in columns.column_names}
         elif not isinstance(columns, Mapping):
@@ -392,7 +575,7 @@ class ArrowChunkFunction(ChunkFunction):
                 f"result column(s) {unknown} are not in output_schema "
                 f"(declared: {sorted(self.allowed)})"
             )
-        return index, columns
+        return index, columns, errors
 
     def _chunk(self, value: Any) -> tuple[int, str]:
         batch = value.row
@@ -457,6 +640,33 @@ def _check_index(index: Any, rows: int) -> pa.Array:
                 f"{rows} rows"
             )
     return index
+
+
+def _check_errors(
+    errors: Mapping[int, BaseException], index: pa.Array | None, rows: int
+) -> dict[int, BaseException]:
+    """An ArrowResult's ``errors``: rows of the chunk, each failed by an exception, none
+    of them also answered in ``row_index``."""
+    if not isinstance(errors, Mapping):
+        raise InvalidResultError(
+            f"ArrowResult.errors must map a row of the chunk to an exception, got "
+            f"{type(errors).__name__}"
+        )
+    out: dict[int, BaseException] = {}
+    for row, exc in errors.items():
+        if type(row) is not int or not 0 <= row < rows or not isinstance(exc, BaseException):
+            raise InvalidResultError(
+                f"ArrowResult.errors must map rows 0..{rows - 1} of the chunk to exceptions, "
+                f"got {row!r}: {exc!r:.100}"
+            )
+        out[row] = exc
+    if (
+        index is not None
+        and len(index)
+        and pc.any(pc.is_in(index, value_set=pa.array(list(out), index.type))).as_py()
+    ):
+        raise InvalidResultError("ArrowResult answers a row in row_index that errors fails")
+    return out
 
 
 def _is_identity(index: pa.Array) -> bool:

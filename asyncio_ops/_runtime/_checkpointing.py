@@ -52,6 +52,7 @@ from ._inflight import (
     CarryOver,
     ElementSerializer,
     WatermarkState,
+    as_kind,
     in_order,
     to_stored,
 )
@@ -346,6 +347,15 @@ class PartitionCheckpoint:
                 raise CheckpointError(
                     f"checkpoint file {path} lacks the column(s) {sorted(missing)}"
                 )
+            if table.schema.field("results").type != self.log.results_type:
+                # written by the operator with another element kind (rows, chunks, or
+                # columnar chunks; chunk_size or the function changed): its lookups are
+                # requested again, never served as another kind's results
+                log.warning(
+                    "replay log %s was written for elements of another kind; its lookups "
+                    "are requested again", path,
+                )  # fmt: skip
+                continue
             positions = table.column("position").to_pylist()
             fps = table.column("fingerprint").to_pylist()
             column = table.column("results").combine_chunks()
@@ -363,10 +373,13 @@ class PartitionCheckpoint:
             return None
         return self.version - 1
 
-    def _carry_over(self, input_schema: pa.Schema | None, num_partitions: int) -> CarryOver:
+    def _carry_over(
+        self, input_schema: pa.Schema | None, num_partitions: int, kind: str | None = None
+    ) -> CarryOver:
+        """``kind``: the element kind to read (default: the one this operator writes)."""
         spec = self.spec
         return CarryOver(
-            ElementSerializer(self.kind, spec.output_schema, input_schema),
+            ElementSerializer(kind or self.kind, spec.output_schema, input_schema),
             max_parallelism=spec.max_parallelism,
             key_groups=compute_key_group_range_for_operator_index(
                 spec.max_parallelism, num_partitions, self.partition
@@ -376,11 +389,13 @@ class PartitionCheckpoint:
 
     def _check_manifests(
         self, manifests: list[pa.Table], paths: list[str], keyed: bool
-    ) -> pa.Schema | None:
-        """The input schema the old partitions wrote their elements with; CheckpointError
-        naming the file for a manifest of another key mode, element kind or schema."""
+    ) -> tuple[pa.Schema | None, str]:
+        """The input schema and the element kind the old partitions wrote their elements
+        with; CheckpointError naming the file for a manifest of another key mode, an
+        unknown element kind, or a kind or schema other than the other manifests'."""
         schema: pa.Schema | None = None
         schema_path = ""
+        kinds: dict[str, str] = {}
         for manifest, path in zip(manifests, paths, strict=True):
             meta = manifest.schema.metadata or {}
             if (meta.get(_KEYED) == b"1") != keyed:
@@ -390,11 +405,16 @@ class PartitionCheckpoint:
                     f"{'with' if keyed else 'without'} it: use another uid or location"
                 )
             kind = meta.get(_ELEMENT, b"?").decode(errors="replace")
-            if kind != self.kind:
+            if kind not in (ROW, ROWS, ARROW):
                 raise CheckpointError(
-                    f"checkpoint file {path} holds elements of kind {kind!r} and the operator "
-                    f"now makes {self.kind!r} (chunk_size or the function changed): use "
-                    "another uid or location"
+                    f"checkpoint file {path} holds elements of an unknown kind {kind!r}"
+                )
+            kinds.setdefault(kind, path)
+            if len(kinds) > 1:
+                (a, path_a), (b, path_b) = kinds.items()
+                raise CheckpointError(
+                    f"checkpoint files {path_a} and {path_b} hold elements of different kinds "
+                    f"({a!r} and {b!r})"
                 )
             raw = meta.get(_INPUT_SCHEMA)
             if not raw:
@@ -410,7 +430,7 @@ class PartitionCheckpoint:
                     f"checkpoint files {schema_path} and {path} were written with different "
                     f"input schemas ({schema} and {found})"
                 )
-        return schema
+        return schema, next(iter(kinds), self.kind)
 
     def restore(self) -> Restored | None:
         """The elements and watermark state the previous micro-batch left for this partition."""
@@ -423,14 +443,20 @@ class PartitionCheckpoint:
         found.check_operator(ASYNC_WAIT)
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
-        input_schema = self._check_manifests(found.manifests, found.paths, keyed)
-        carry = self._carry_over(input_schema, p_new)
+        input_schema, kind = self._check_manifests(found.manifests, found.paths, keyed)
+        carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
         watermarks, stored = carry.restore_operator(
             self.partition, p_new, found.operator_blobs(), where
         )
         if keyed:
             stored = carry.restore_keyed(found.key_group_blobs(carry.key_groups))
+        if kind != self.kind:  # rows carried into chunks, or chunks into rows
+            log.info(
+                "partition %s: restoring %d element(s) of kind %r as %r",
+                self.partition, len(stored), kind, self.kind,
+            )  # fmt: skip
+            stored = as_kind(stored, kind, self.kind)
         event_time = self.spec.event_time is not None
         entries = in_order(stored, self.kind, input_schema, self.spec.output_schema, event_time)
         current = watermarks.current

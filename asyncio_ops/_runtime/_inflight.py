@@ -245,6 +245,30 @@ def to_stored(
     return out
 
 
+def as_kind(elements: Sequence[StoredElement], old: str, new: str) -> list[StoredElement]:
+    """Elements written as ``old`` kind, as ``new`` kind (an operator whose element
+    changed: ``chunk_size``, or a function that became columnar).
+
+    A row becomes a chunk of one row. A chunk becomes its rows, each with the chunk's
+    place, event time, attempts and deadline; a completed chunk's output stays in one
+    piece, with its first row (the others complete with no output of their own), so
+    every output row leaves once, where the chunk's would have.
+    """
+    if old == new or {old, new} == {ROWS, ARROW}:  # both store a chunk as a list of rows
+        return list(elements)
+    if old == ROW:
+        return [
+            replace(e, row=[e.row], late=None if e.late is None else [e.late]) for e in elements
+        ]
+    out: list[StoredElement] = []
+    for e in elements:
+        late = e.late if isinstance(e.late, list) else [None] * len(e.row)
+        for j, (row, row_late) in enumerate(zip(e.row, late, strict=True)):
+            results = e.results if e.results is None or j == 0 else []
+            out.append(replace(e, row=row, late=row_late, results=results))
+    return out
+
+
 def in_order(
     stored: Iterable[StoredElement],
     kind: str,

@@ -39,7 +39,6 @@ from ._adapters import (
     ArrowChunkFunction,
     ChunkFunction,
     RowFunction,
-    RowValue,
     chunk_key_group,
     is_columnar,
 )
@@ -48,7 +47,7 @@ from ._feed import BoundedOutOfOrderness, Feeder
 from ._inflight import WatermarkState
 from ._metrics import RunMetrics
 from ._sink import ArrowSink
-from ._spec import ERROR_COLUMN, LATE_COLUMN, PartitionSpec, TaskInfo
+from ._spec import PartitionSpec, TaskInfo
 from ._worker import WorkerRuntime
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -56,8 +55,9 @@ log = logging.getLogger("asyncio_ops.runtime")
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
 
 
-def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandler | None:
-    """For ``on_error="error_column"``: a failed element becomes its input row plus ``_error``.
+def error_row_handler(spec: PartitionSpec, row_fn: RowFunction) -> FailureHandler | None:
+    """For ``on_error="error_column"``: a failed element becomes its input row plus ``_error``
+    (a chunk: each of its rows, or only the rows that failed alone; see RowFunction.failed).
 
     A result that does not fit the output schema and a checkpoint that cannot
     be written are not failed lookups: they fail the partition loudly.
@@ -65,39 +65,10 @@ def error_row_handler(spec: PartitionSpec, metrics: RunMetrics) -> FailureHandle
     if spec.on_error != "error_column":
         return None
 
-    chunked = spec.chunk_size is not None
-    columnar = chunked and is_columnar(spec.function)
-
     def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[Any]:
         if isinstance(exc, OutputSchemaError | CheckpointError):
             raise exc
-        value: RowValue = record.value
-        if chunked:  # a failed chunk: every row of it is an error row (with its lateness)
-            inputs = value.row.to_pylist() if columnar else value.row
-            late: list[bool | None] = (
-                list(value.late) if isinstance(value.late, list) else [None] * len(inputs)
-            )
-            rows = [
-                r
-                for row, row_late in zip(inputs, late, strict=True)
-                for r in one(RowValue(row, row_late), exc, attempts)
-            ]
-            if columnar:  # one batch with an error row per row of the chunk
-                return [pa.RecordBatch.from_pylist(rows, schema=spec.output_schema)]
-            return rows
-        return one(value, exc, attempts)
-
-    def one(value: RowValue, exc: BaseException, attempts: int) -> list[dict[str, Any]]:
-        out = dict(value.row) if spec.keep_input_columns else {}
-        out[ERROR_COLUMN] = {
-            "exception": type(exc).__name__,
-            "message": str(exc)[:2000],
-            "attempts": attempts,
-        }
-        if value.late is not None:
-            out[LATE_COLUMN] = value.late
-        metrics.error_rows += 1
-        return [out]
+        return row_fn.failed(record.value, exc, attempts)
 
     return handler
 
@@ -121,7 +92,6 @@ def _operator(
     row_fn: RowFunction,
     sink: ArrowSink,
     columnar: bool,
-    metrics: RunMetrics,
     limiter: AdaptiveLimit | None,
 ) -> AsyncWaitOperator:
     return AsyncWaitOperator(
@@ -133,7 +103,7 @@ def _operator(
         capacity=spec.capacity if limiter is None else limiter,
         mode=spec.mode,
         retry=spec.retry,
-        on_failure=error_row_handler(spec, metrics),
+        on_failure=error_row_handler(spec, row_fn),
         manage_function=False,
         key_selector=_key_selector(spec),
         # the user's coroutine is awaited directly and its results merged into
@@ -207,7 +177,7 @@ def run_partition(
     sink = ArrowSink(spec.output_schema, spec.added_columns, spec.batch_size)
     columnar = spec.chunk_size is not None and is_columnar(user_fn)
     row_fn = _row_function(spec, user_fn, columnar)
-    op = _operator(spec, row_fn, sink, columnar, metrics, runtime.limiter(spec))
+    op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec))
     ckpt = (
         PartitionCheckpoint(spec, task, row_fn.log_type(spec), columnar)
         if spec.checkpoint is not None
@@ -275,6 +245,7 @@ def run_partition(
         metrics.retried = stats.retried
         metrics.failed = stats.failed
         metrics.restored = stats.restored
+        metrics.error_rows = row_fn.error_rows
         metrics.latency = op.latency
         if op.limiter is not None:  # capacity="auto": where this partition's limit ended
             metrics.capacity_limits = [op.limiter.limit]

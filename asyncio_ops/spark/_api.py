@@ -37,6 +37,7 @@ from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import (
     AsyncFunction,
     CoroutineFunction,
+    PrefersChunkRows,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     as_async_function,
@@ -206,7 +207,7 @@ def _wait(
     checkpoint_version: int | None,
     drain_timeout: float | timedelta | str | None,
     retain_versions: int,
-    chunk_size: int | None,
+    chunk_size: int | str | None,
     output_buffer: int | None,
     checkpoint_flush_rows: int,
     checkpoint_flush_interval: float | timedelta | str,
@@ -291,20 +292,7 @@ def _wait(
         raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
     delay = seconds_or_zero(watermark_delay, "watermark_delay")
 
-    if chunk_size is not None:
-        positive_int(chunk_size, "chunk_size")
-        if not isinstance(function, SupportsInvokeArrow | SupportsInvokeChunk):
-            raise ConfigurationError(
-                f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
-                f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
-                f"asyncio_ops.connectors.postgres.PostgresLookup); {function!r} has neither"
-            )
-        _check_chunks_keep_the_contract(function)
-        if rows_as == "row":
-            raise ConfigurationError(
-                "rows_as='row' hands rows to async_invoke one at a time; with chunk_size the "
-                "function receives a chunk (dicts, or an Arrow batch): drop one of the two"
-            )
+    chunk_rows = chunk_rows_of(chunk_size, function, rows_as, retry, batch_size)
 
     operator_uid = (
         path_segment(uid, "uid")
@@ -380,7 +368,7 @@ def _wait(
         checkpoint_version=checkpoint_version,
         drain_timeout=drain,
         retain_versions=retain_versions,
-        chunk_size=chunk_size,
+        chunk_size=chunk_rows,
         output_buffer=output_buffer,
         max_capacity=max_capacity,
         flush_rows=flush_rows,
@@ -410,23 +398,95 @@ def row_of(values: dict[str, Any]) -> Row:
     return Row(**values)
 
 
-def _check_chunks_keep_the_contract(function: AsyncFunction[Any, Any]) -> None:
-    """Refuse chunks for a function whose per-row behaviour a subclass changed below the
-    class that answers chunks: chunk_size would bypass the override silently (a subclass
-    of a connector that answers misses in ``async_invoke`` gets them per row only)."""
-    cls = type(function)
-    chunk = (
+CHUNK_AUTO: Final = "auto"
+
+
+def chunk_rows_of(
+    chunk_size: int | str | None,
+    function: AsyncFunction[Any, Any],
+    rows_as: str,
+    retry: AsyncRetryStrategy | None,
+    batch_size: int,
+) -> int | None:
+    """Rows per chunk (None: one row per element) for ``chunk_size``.
+
+    ``"auto"``: columnar when the function answers Arrow chunks
+    (``async_invoke_arrow``) and nothing asks for rows one at a time: chunks of
+    the function's ``preferred_chunk_rows()`` (one request's worth), or of an
+    input Arrow batch (``batch_size``) if it states none. Rows one at a time
+    for ``rows_as="row"``, a retry strategy that judges results (it judges a
+    row's results), and a subclass that overrides ``async_invoke`` below the
+    class that answers chunks (a chunk would bypass it).
+    """
+    if chunk_size is None:
+        return None
+    if chunk_size == CHUNK_AUTO:
+        if not isinstance(function, SupportsInvokeArrow) or rows_as == "row":
+            return None
+        if retry is not None and retry.get_retry_predicate()[0] is not None:
+            return None
+        if _bypassed(function, "async_invoke") is not None:
+            return None
+        if not isinstance(function, PrefersChunkRows):
+            return batch_size
+        rows = function.preferred_chunk_rows()
+        if rows is None:
+            return None
+        if type(rows) is not int or rows < 1:
+            raise ConfigurationError(
+                f"{function!r}.preferred_chunk_rows() must return a positive int or None, "
+                f"got {rows!r}"
+            )
+        return rows
+    if isinstance(chunk_size, str):
+        raise ConfigurationError(
+            f"chunk_size must be 'auto', a positive int or None, got {chunk_size!r}"
+        )
+    positive_int(chunk_size, "chunk_size")
+    if not isinstance(function, SupportsInvokeArrow | SupportsInvokeChunk):
+        raise ConfigurationError(
+            f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
+            f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
+            f"asyncio_ops.connectors.postgres.PostgresLookup); {function!r} has neither"
+        )
+    if isinstance(function, PrefersChunkRows) and function.preferred_chunk_rows() is None:
+        raise ConfigurationError(
+            f"{function!r} answers rows one at a time as configured (its "
+            "preferred_chunk_rows() is None): drop chunk_size"
+        )
+    owner = _bypassed(function, "async_invoke")
+    if owner is not None:
+        raise ConfigurationError(
+            f"{owner.__qualname__} overrides async_invoke() but chunk_size calls "
+            f"{_chunk_method(function)}() of a class above it, which would bypass it: "
+            f"override {_chunk_method(function)}() too, or leave chunk_size at 'auto' (rows "
+            "one at a time for this function)"
+        )
+    if rows_as == "row":
+        raise ConfigurationError(
+            "rows_as='row' hands rows to async_invoke one at a time; with chunk_size the "
+            "function receives a chunk (dicts, or an Arrow batch): drop one of the two"
+        )
+    return chunk_size
+
+
+def _chunk_method(function: AsyncFunction[Any, Any]) -> str:
+    return (
         "async_invoke_arrow" if isinstance(function, SupportsInvokeArrow) else "async_invoke_chunk"
     )
+
+
+def _bypassed(function: AsyncFunction[Any, Any], method: str) -> type | None:
+    """The subclass that overrides ``method`` below the class answering chunks, if any:
+    chunks would bypass its override silently (a subclass of a connector that answers
+    misses in ``async_invoke`` gets them per row only)."""
+    cls = type(function)
+    chunk = _chunk_method(function)
     answers = next(c for c in cls.__mro__ if chunk in c.__dict__)
-    for method in ("async_invoke", "timeout"):
-        owner = next((c for c in cls.__mro__ if method in c.__dict__), None)
-        if owner is not None and owner is not answers and issubclass(owner, answers):
-            raise ConfigurationError(
-                f"{owner.__qualname__} overrides {method}() but chunk_size calls {chunk}() of "
-                f"{answers.__qualname__}, which would bypass it: override {chunk}() too, or "
-                f"drop chunk_size (on_empty='keep' keeps rows without a match on every path)"
-            )
+    owner = next((c for c in cls.__mro__ if method in c.__dict__), None)
+    if owner is not None and owner is not answers and issubclass(owner, answers):
+        return owner
+    return None
 
 
 def _task_info(num_partitions: int | None) -> TaskInfo:
@@ -530,7 +590,7 @@ def ordered_wait(
     checkpoint_version: int | None = None,
     drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = CHUNK_AUTO,
     output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
@@ -590,7 +650,7 @@ def unordered_wait(
     checkpoint_version: int | None = None,
     drain_timeout: float | timedelta | str | None = None,
     retain_versions: int = 10,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = CHUNK_AUTO,
     output_buffer: int | None = None,
     checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
 import aiohttp
@@ -31,6 +31,7 @@ from asyncio_ops import ConfigurationError
 from asyncio_ops.options import at_least, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
+from .._cache import MISS as _MISS
 from .._cache import LookupCache, _Miss
 from .._exceptions import (
     LookupConnectionError,
@@ -43,6 +44,9 @@ from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, u
 from .._resources import SharedResources
 from ._errors import aiohttp_error
 from ._template import JsonTemplate, ParamsTemplate, Template, text_of
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["HttpBatch", "HttpLookup", "active_sessions", "parse_retry_after"]
 
@@ -393,6 +397,68 @@ class HttpLookup(BaseLookup[_Runtime]):
         if self.include_input:
             return [{**value, **item} for item in items]
         return [dict(item) for item in items]
+
+    def preferred_chunk_rows(self) -> int | None:
+        """With a batch endpoint, one request's keys (``HttpBatch.max_size``) per chunk of
+        the columnar path; None without one (rows one at a time, by the templates)."""
+        return self.batch.max_size if self.batch is not None else None
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+        """The answers of a chunk of rows as Arrow columns (batch endpoint only).
+
+        The distinct keys of the ``HttpBatch.key`` column that the cache does not
+        hold go out as requests of at most ``max_size`` keys each, concurrently;
+        each row gets its key's items (several fan out, none drops the row). Only
+        the key column is read. Returns ``(row_index, columns)``: the declared
+        output columns (or the first item's fields), a field an item lacks null.
+        """
+        spec = self.batch
+        if spec is None:
+            raise ConfigurationError(
+                "HttpLookup answers Arrow chunks only with batch=HttpBatch(...): "
+                "without it every row renders its own request (leave chunk_size at 'auto')"
+            )
+        self._require_runtime()
+        if spec.key not in batch.schema.names:
+            raise ConfigurationError(
+                f"HttpBatch(key={spec.key!r}) is not a column of the input "
+                f"(columns: {batch.schema.names})"
+            )
+        keys = batch.column(spec.key).to_pylist()
+        self._rows += len(keys)
+        known: dict[Hashable, Rows] = {}
+        wanted: list[Hashable] = []
+        cache = self.cache
+        for key in keys:
+            if key is None:
+                self._null_keys += 1
+            elif key not in known:
+                cached = cache.get(key) if cache is not None else _MISS
+                if isinstance(cached, _Miss):
+                    known[key] = _EMPTY
+                    wanted.append(key)
+                else:
+                    known[key] = cached
+        size = spec.max_size
+        parts = await asyncio.gather(
+            *(self._fetch_batch(wanted[i : i + size]) for i in range(0, len(wanted), size))
+        )
+        for part in parts:
+            known.update(part)
+        if cache is not None:
+            for key in wanted:
+                cache.put(key, known[key], empty=not known[key])
+        index: list[int] = []
+        items: list[Row] = []
+        for i, key in enumerate(keys):
+            if key is not None:
+                found = known[key]
+                index.extend([i] * len(found))
+                items.extend(found)
+        names = self.output_columns
+        if names is None:
+            names = tuple(items[0]) if items else ()
+        return index, {name: [item.get(name) for item in items] for name in names}
 
     def bind_output_columns(self, columns: Sequence[str]) -> None:
         """Answer only the declared output columns: other JSON fields are left out, a

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-from asyncio_ops import ConfigurationError
+from asyncio_ops import ArrowResult, ConfigurationError
 from asyncio_ops.options import at_least, int_between, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
@@ -340,7 +340,9 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 out.append([output(value, match) for match in matches])
         return out
 
-    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+    async def async_invoke_arrow(
+        self, batch: pa.RecordBatch
+    ) -> tuple[Any, dict[str, Any]] | ArrowResult:
         """The matches of a chunk of rows as Arrow, for the columnar path.
 
         Returns ``(row_index, columns)``: for each output row, the input row it
@@ -358,6 +360,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
         known = await self._matches(keys)
         index: list[int] = []
         matched: list[Match] = []
+        errors: dict[int, BaseException] = {}
         get = known.get
         many = self.many
         for i, key in enumerate(keys):
@@ -369,17 +372,28 @@ class PostgresLookup(BaseLookup[_Runtime]):
             if len(matches) == 1:
                 index.append(i)
                 matched.append(matches[0])
-            elif not many:
-                raise self._ambiguous(key, len(matches))
+            elif not many:  # this row fails alone, as it would one row at a time
+                errors[i] = self._ambiguous(key, len(matches))
             else:
                 index.extend([i] * len(matches))
                 matched.extend(matches)
-        if not matched:
-            return index, {}
-        names = self.columns if self.columns is not None else tuple(matched[0].keys())
-        return index, {name: [m[name] for m in matched] for name in names}
+        names = self.columns if self.columns is not None else ()
+        if not names and matched:
+            names = tuple(matched[0].keys())
+        columns = {name: [m[name] for m in matched] for name in names}
+        if errors:
+            return ArrowResult(index, columns, errors)
+        return index, columns
 
-    async def _arrow_one_to_one(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+    def preferred_chunk_rows(self) -> int:
+        """Rows per chunk of the columnar path by default: one query per pooled
+        connection (``batch_size * pool_size``), so that a chunk is one round of the
+        pool and Spark's Arrow batches are answered a few chunks at a time."""
+        return self.batch_size * self.pool_size
+
+    async def _arrow_one_to_one(
+        self, batch: pa.RecordBatch
+    ) -> tuple[Any, dict[str, Any]] | ArrowResult:
         """The columnar path of the common case (one key column, one-to-one, no cache).
 
         Deduplication, matching and fan-out are Arrow compute kernels; Python
@@ -419,12 +433,14 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 f"the query's column {self.on.names[0]!r} cannot be matched to the key column "
                 f"{self.key.names[0]!r} ({column.type}): {exc} (cast it in SQL to the key's type)"
             ) from exc
+        ambiguous: dict[Any, int] = {}
         if len(pc.unique(value_set)) != len(value_set):
             counts: dict[Any, int] = {}
             for key in value_set.to_pylist():  # as matched: after the cast to the key's type
                 counts[key] = counts.get(key, 0) + 1
-            key, n = next((k, c) for k, c in counts.items() if c > 1)
-            raise self._ambiguous(key, n)
+            ambiguous = {k: c for k, c in counts.items() if c > 1}
+            # the rows of an ambiguous key fail alone (ArrowResult.errors), as they would
+            # one row at a time; the others are matched to the first of their key
         position = pc.index_in(column, value_set=value_set)
         if position.null_count == 0:
             row_index: Any = None  # every row matched once, in order
@@ -434,7 +450,31 @@ class PostgresLookup(BaseLookup[_Runtime]):
             row_index = pc.indices_nonzero(matched)
             take = position.filter(matched)
         names = self.columns if self.columns is not None else present
-        return row_index, {n: _to_arrow(columns[present.index(n)]).take(take) for n in names}
+        out = {n: _to_arrow(columns[present.index(n)]).take(take) for n in names}
+        if ambiguous:
+            return self._without_ambiguous(column, row_index, out, ambiguous)
+        return row_index, out
+
+    def _without_ambiguous(
+        self, column: pa.Array, row_index: Any, columns: dict[str, Any], ambiguous: dict[Any, int]
+    ) -> ArrowResult:
+        """The rows whose key matched several rows fail alone; the others keep their match."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys = pa.array(list(ambiguous), column.type)
+        failing = pc.is_in(column, value_set=keys).fill_null(False)
+        if row_index is None:
+            row_index = pa.array(range(len(column)), pa.int64())
+        keep = pc.invert(pc.array_take(failing, row_index))
+        rows = pc.indices_nonzero(failing).to_pylist()
+        errors = {
+            i: self._ambiguous(key, ambiguous[key])
+            for i, key in zip(rows, column.take(rows).to_pylist(), strict=True)
+        }
+        return ArrowResult(
+            row_index.filter(keep), {n: c.filter(keep) for n, c in columns.items()}, errors
+        )
 
     async def _columnar(self, runtime: _Runtime) -> Columnar | None:
         """The query's columnar form for this runtime (None: use records), probed once.

@@ -22,7 +22,7 @@ from asyncio_ops.connectors.postgres._columnar import aggregate_sql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from asyncio_ops import AsyncFunction, ConfigurationError
+from asyncio_ops import ArrowResult, AsyncFunction, ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
 from tests.spark.conftest import spark
 
@@ -205,14 +205,31 @@ def test_arrow_one_to_many_composite_and_cached_equal_the_per_row_path(
     assert cached.cache is not None and cached.cache.statistics().hits >= 3
 
 
-def test_arrow_one_to_one_with_two_matches_is_an_error(pg_tables: PgTables) -> None:
+@pytest.mark.parametrize("cached", [False, True], ids=["arrow kernels", "general path"])
+def test_arrow_one_to_one_with_two_matches_fails_those_rows_alone(
+    pg_tables: PgTables, cached: bool
+) -> None:
     ambiguous = PostgresLookup(
         pg_tables.dsn, f"SELECT customer_id, city FROM {pg_tables.addresses} "
         "WHERE customer_id = ANY($1)", key="customer_id", columns=("city",),
+        cache=LookupCache(ttl=60) if cached else None,
     )  # fmt: skip
-    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([1, 3], pa.int64())})
-    with pytest.raises(LookupAmbiguousError, match="key 3 matched 3 rows"):
-        columnar_pairs(ambiguous, batch)
+    batch = pa.RecordBatch.from_pydict({"customer_id": pa.array([3, 1, 3, 5], pa.int64())})
+
+    async def go() -> Any:
+        async with ambiguous:
+            return await ambiguous.async_invoke_arrow(batch)
+
+    result = run_isolated(go())
+    assert isinstance(result, ArrowResult)
+    assert sorted(result.errors) == [0, 2]  # the rows of key 3, as one row at a time
+    for exc in result.errors.values():
+        assert isinstance(exc, LookupAmbiguousError)
+        assert "key 3 matched 3 rows" in str(exc)
+    answered = pa.array(result.row_index).to_pylist()
+    assert answered == [1, 3]  # 1 and 5 have one address each
+    one_at_a_time = per_row_pairs(ambiguous, [{"customer_id": 1}, {"customer_id": 5}])
+    assert pa.array(result.columns["city"]).to_pylist() == [r["city"] for _, r in one_at_a_time]
 
 
 def test_arrow_key_column_errors_name_the_column(pg_tables: PgTables) -> None:

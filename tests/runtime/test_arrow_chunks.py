@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from asyncio_ops import (
+    ArrowResult,
     AsyncFunction,
     AsyncOperatorError,
     AsyncRetryStrategy,
@@ -195,11 +197,10 @@ def test_a_timed_out_chunk_becomes_error_rows() -> None:
     failed = [r for r in rows if r[ERROR_COLUMN] is not None]
     assert [r["id"] for r in failed] == list(range(7, 14))
     assert all(r["label"] is None for r in failed)
-    assert failed[0][ERROR_COLUMN]["exception"] == "AsyncTimeoutError"
-    assert (
-        "a chunk of 7 rows timed out, starting with row {'id': 7}"
-        in (failed[0][ERROR_COLUMN]["message"])
-    )
+    # each row of the chunk timed out as itself: the function's timeout(row) answered it
+    for r in failed:
+        assert r[ERROR_COLUMN]["exception"] == "AsyncTimeoutError"
+        assert f"timed out for input: {{'id': {r['id']}}}" in r[ERROR_COLUMN]["message"]
     assert all(
         r[ERROR_COLUMN] is None and r["label"] == str(r["id"]) for r in rows if r not in failed
     )
@@ -209,8 +210,89 @@ def test_a_timed_out_chunk_fails_the_partition_by_default() -> None:
     async def hang(batch: pa.RecordBatch) -> Any:
         await asyncio.sleep(3600)
 
-    with pytest.raises(AsyncTimeoutError, match="a chunk of 7 rows timed out"):
+    with pytest.raises(AsyncOperatorError, match=r"input row \{'id': 0\} failed") as info:
         run(spec(Columnar(hang), timeout=0.1), 10)
+    assert "(and 6 more row(s) of its chunk)" in str(info.value)
+    assert isinstance(info.value.__cause__, AsyncTimeoutError)
+
+
+class AnswersTimeouts(Columnar):
+    """Hangs every chunk; its own timeout() answers even rows, fails odd ones."""
+
+    def __init__(self) -> None:
+        super().__init__(self.hang)
+        self.timed_out: list[int] = []
+
+    async def hang(self, batch: pa.RecordBatch) -> Any:
+        await asyncio.sleep(3600)
+
+    def timeout(self, row: Any) -> Any:
+        self.timed_out.append(row["id"])
+        if row["id"] % 2:
+            raise LookupError(f"no default for {row['id']}")
+        return [{"label": "default"}]
+
+
+def test_a_timed_out_chunk_asks_the_functions_timeout_row_by_row() -> None:
+    fn = AnswersTimeouts()
+    rows = run(spec(fn, timeout=0.05, on_error="error_column"), 10)
+    assert sorted(fn.timed_out) == list(range(10))
+    assert [r["id"] for r in rows] == list(range(10))  # in row order, each row once
+    for r in rows:
+        if r["id"] % 2:
+            assert r["label"] is None
+            assert r[ERROR_COLUMN]["exception"] == "LookupError"
+            assert r[ERROR_COLUMN]["message"] == f"no default for {r['id']}"
+        else:
+            assert (r["label"], r[ERROR_COLUMN]) == ("default", None)
+
+    with pytest.raises(AsyncOperatorError, match=r"input row \{'id': 1\} failed: LookupError"):
+        run(spec(AnswersTimeouts(), timeout=0.05), 10)
+
+
+def fails_odd_rows(batch: pa.RecordBatch) -> Any:
+    """Even rows answered, odd rows failed alone (as an ambiguous key is)."""
+    ids = batch.column(0).to_pylist()
+    even = [i for i, v in enumerate(ids) if v % 2 == 0]
+    errors = {i: KeyError(f"row {v} is odd") for i, v in enumerate(ids) if v % 2}
+    return ArrowResult(even, {"label": [str(ids[i]) for i in even]}, errors)
+
+
+@pytest.mark.parametrize("on_empty", ["drop", "keep"])
+def test_rows_an_arrow_result_fails_are_error_rows_alone(on_empty: str) -> None:
+    rows = run(spec(Columnar(fails_odd_rows), on_error="error_column", on_empty=on_empty), 16)
+    assert [r["id"] for r in rows] == list(range(16))  # failed rows are not also kept
+    for r in rows:
+        if r["id"] % 2:
+            assert r["label"] is None
+            assert r[ERROR_COLUMN] == {
+                "exception": "KeyError", "message": f"'row {r['id']} is odd'", "attempts": 1,
+            }  # fmt: skip
+        else:
+            assert (r["label"], r[ERROR_COLUMN]) == (str(r["id"]), None)
+
+
+def test_a_row_an_arrow_result_fails_fails_the_partition_naming_it() -> None:
+    with pytest.raises(AsyncOperatorError, match=r"input row \{'id': 1\} failed: KeyError") as info:
+        run(spec(Columnar(fails_odd_rows)), 16)
+    assert "(and 2 more row(s) of its chunk)" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(
+    ("errors", "message"),
+    [
+        ({7: KeyError("x")}, r"rows 0\.\.6 of the chunk to exceptions"),
+        ({0: "not an exception"}, "to exceptions"),
+        ({1: KeyError("x")}, "answers a row in row_index that errors fails"),
+    ],
+)
+def test_bad_arrow_result_errors_are_errors(errors: Any, message: str) -> None:
+    result = ArrowResult([0, 1], {"label": ["a", "b"]}, errors)
+    with pytest.raises(AsyncOperatorError) as info:
+        run(spec(Columnar(lambda b: result)), 10)
+    assert isinstance(info.value.__cause__, InvalidResultError)
+    assert re.search(message, str(info.value.__cause__))
 
 
 def test_a_failed_chunk_is_retried_as_a_whole() -> None:
@@ -310,6 +392,29 @@ def test_a_retried_attempt_replays_completed_chunks(tmp_path: Any, kind: str) ->
     assert fn.chunks[0][0] == 150 and fn.chunks[-1][-1] == 299
 
 
+def test_a_replay_log_of_another_element_kind_is_not_served(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attempt retried with another element kind (rows, then columnar chunks) requests
+    every lookup again instead of reading the rows' log as chunks."""
+    from asyncio_ops._checkpoint import CheckpointStorage
+
+    fn = HangsOnceAnyPath()
+    fn.seen.update(range(300))  # nothing hangs
+    storage = CheckpointStorage(str(tmp_path), "op")
+    per_row = spec(fn, checkpoint=storage, checkpoint_version=2, chunk_size=None, flush_rows=5)
+    assert len(run(per_row, 60)) == 60  # its replay log holds 60 rows' lookups
+    fn = _fails_once_columnar(10_000)  # never fails; counts its chunks
+    columnar = spec(fn, checkpoint=storage, checkpoint_version=2)
+    with caplog.at_level("WARNING", logger="asyncio_ops.runtime"):
+        out = list(run_partition(columnar, iter(batches(60)), TaskInfo(attempt_number=1)))
+    assert [r for b in out for r in b.to_pylist()] == [
+        {"id": i, "label": f"c{i}"} for i in range(60) if i % 4
+    ]
+    assert sum(len(c) for c in fn.chunks) == 60  # every row requested again
+    assert "written for elements of another kind" in caplog.text
+
+
 def test_a_chunk_whose_input_changed_is_requested_again(tmp_path: Any) -> None:
     from asyncio_ops._checkpoint import CheckpointStorage
 
@@ -362,8 +467,13 @@ def test_chunks_in_flight_are_carried_to_the_next_micro_batch(
     from asyncio_ops._checkpoint import CheckpointStorage
 
     fn = cls()
-    s = spec(fn, checkpoint=CheckpointStorage(str(tmp_path), "op"), drain_timeout=2.0,
-             mode=OutputMode.UNORDERED, capacity=20)  # fmt: skip (healthy chunks: a margin)
+    s = spec(
+        fn,
+        checkpoint=CheckpointStorage(str(tmp_path), "op"),
+        drain_timeout=2.0,
+        mode=OutputMode.UNORDERED,
+        capacity=20,
+    )  # fmt: skip (healthy chunks: a margin)
     first = [r for b in run_partition(s, iter(batches(90)), TaskInfo(batch_id=0))
              for r in b.to_pylist()]  # fmt: skip
     hung = {i for c in ([0, 7], [37, 44], [74, 81]) for i in range(*c)}  # chunks of 0, 40, 80
@@ -372,6 +482,40 @@ def test_chunks_in_flight_are_carried_to_the_next_micro_batch(
               for r in b.to_pylist()]  # fmt: skip
     assert sorted(r["id"] for r in second) == sorted(hung)  # each row once, in its chunk
     assert all(r["label"] == f"r{r['id']}" for r in first + second)
+
+
+class HangsOnceAnyPath(HangsOnceArrow):
+    """Rows and Arrow chunks alike: a row or chunk holding row 0 hangs on its first request."""
+
+    async def async_invoke(self, row: Any) -> Any:
+        await self._hang_once([row["id"]])
+        return [{"label": f"r{row['id']}"}]
+
+
+@pytest.mark.parametrize("mode", [OutputMode.ORDERED, OutputMode.UNORDERED])
+@pytest.mark.parametrize(("before", "after"), [(None, 7), (7, None), (7, 4)])
+def test_elements_carried_over_change_kind_with_the_operator(
+    tmp_path: Any, mode: OutputMode, before: int | None, after: int | None
+) -> None:
+    """A streaming query restarted with another element kind (it became columnar, or
+    chunk_size changed) restores what the last micro-batch carried over: every row
+    once, the completed ones with their results, the pending ones requested again."""
+    from asyncio_ops._checkpoint import CheckpointStorage
+
+    storage = CheckpointStorage(str(tmp_path), "op")
+    kw = {"checkpoint": storage, "drain_timeout": 2.0, "mode": mode, "capacity": 20}
+    fn = HangsOnceAnyPath()
+    first = [r for b in run_partition(spec(fn, chunk_size=before, **kw), iter(batches(15)),
+                                      TaskInfo(batch_id=0)) for r in b.to_pylist()]  # fmt: skip
+    fn.seen.clear()  # a new worker: the carried-over request is made again, and answered
+    fn.seen.add(0)
+    second = [r for b in run_partition(spec(fn, chunk_size=after, **kw), iter(batches(0)),
+                                       TaskInfo(batch_id=1)) for r in b.to_pylist()]  # fmt: skip
+    ids = [r["id"] for r in first + second]
+    assert sorted(ids) == list(range(15))  # every row once
+    assert all(r["label"] == f"r{r['id']}" for r in first + second)
+    if mode is OutputMode.ORDERED:  # row 0 held everything behind it: all carried, in order
+        assert first == [] and [r["id"] for r in second] == list(range(15))
 
 
 # -- chunks with a key and with event time ----------------------------------------------------

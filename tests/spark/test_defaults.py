@@ -41,7 +41,7 @@ def documented(spark: SparkSession) -> dict[str, Any]:
         "batch_size": int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
         "keep_input_columns": True, "metrics": None, "uid": None,
         "checkpoint_location": None, "checkpoint_version": None, "drain_timeout": None,
-        "retain_versions": 10, "chunk_size": None, "output_buffer": 400,
+        "retain_versions": 10, "chunk_size": "auto", "output_buffer": 400,
         "checkpoint_flush_rows": 1000, "checkpoint_flush_interval": 1.0,
         "state_backend": "heap", "max_capacity": 1024,
     }  # fmt: skip
