@@ -316,6 +316,48 @@ def pg_lookup_row(
     return Row(name, emitted, seconds, note, {"cpu": used})
 
 
+def pg_defaults_row(spark: Any, name: str, dsn: str, table: str, n: int, customers: int) -> Row:
+    """PostgresLookup with nothing but the query, key and output schema (the README's first
+    example): its defaults choose the path (columnar chunks) and the sizes."""
+    from asyncio_ops.connectors.postgres import PostgresLookup
+
+    from asyncio_ops.spark import AsyncMetrics, ordered_wait
+
+    lookup = PostgresLookup(
+        dsn,
+        f'SELECT id AS customer_id, name, tier, country FROM "{table}" WHERE id = ANY($1)',
+        key="customer_id",
+    )
+    metrics = AsyncMetrics(spark)
+    df = ordered_wait(
+        orders_df(spark, n, customers), lookup, timeout=120.0, metrics=metrics,
+        output_schema="name string, tier string, country string",
+    )  # fmt: skip
+    seconds, used = run_noop_cpu(df)
+    emitted = metrics.summary()["emitted"]
+    note = f"no options (chunks of {lookup.preferred_chunk_rows():,} rows, capacity 100)"
+    return Row(name, emitted, seconds, note, {"cpu": used})
+
+
+def pg_handwritten_row(
+    spark: Any, name: str, dsn: str, table: str, n: int, customers: int, batch_size: int,
+    pool_size: int,
+) -> Row:  # fmt: skip
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from bench._pg_handwritten import handwritten_df
+
+    schema = StructType(
+        [StructField("order_id", LongType()), StructField("customer_id", LongType())]
+        + [StructField(c, StringType()) for c in ("name", "tier", "country")]
+    )
+    df = handwritten_df(orders_df(spark, n, customers), dsn, table, batch_size, pool_size, schema)
+    seconds, used = run_noop_cpu(df)
+    emitted = n  # every order's customer exists (1..customers): one output row per order
+    note = f"mapInArrow + asyncpg ANY($1) of {batch_size} keys, pool {pool_size}, per batch"
+    return Row(name, emitted, seconds, note, {"cpu": used})
+
+
 def jdbc_join_row(spark: Any, name: str, dsn: str, table: str, n: int, customers: int) -> Row:
     from pyspark.sql import functions as F
 
@@ -499,6 +541,13 @@ def pg_suite(
     warmup = max(0, args.warmup_rounds)
     for round_ in range(warmup + max(1, args.rounds)):
         kept = runs if round_ >= warmup else {}
+        defaults = pg_defaults_row(spark, "pg defaults (spark)", dsn, table, orders, customers)
+        kept.setdefault(defaults.name, []).append(defaults)
+        handwritten = pg_handwritten_row(
+            spark, "pg hand-written mapInArrow", dsn, table, orders, customers, args.batch_size,
+            args.pool_size,
+        )  # fmt: skip
+        kept.setdefault(handwritten.name, []).append(handwritten)
         chunked = pg_lookup_row(
             spark, "pg chunked (spark)", dsn, table, orders, customers, args.batch_size,
             args.chunk_capacity, args.pool_size, chunk_size=args.chunk_size,
@@ -529,6 +578,11 @@ def pg_suite(
     print_cpu(rows)
     by = {r.name: r for r in rows}
     print()
+    paired_line("defaults / asyncpg ceiling, round by round", runs.get("pg defaults (spark)"),
+                runs.get("pg asyncpg ceiling (2 procs)"))  # fmt: skip
+    paired_line("defaults / hand-written mapInArrow, round by round",
+                runs.get("pg defaults (spark)"),
+                runs.get("pg hand-written mapInArrow"))  # fmt: skip
     paired_line("chunked / asyncpg ceiling, round by round", runs.get("pg chunked (spark)"),
                 runs.get("pg asyncpg ceiling (2 procs)"))  # fmt: skip
     paired_line("chunked / columnar asyncpg ceiling, round by round",
@@ -536,6 +590,10 @@ def pg_suite(
                 runs.get("pg asyncpg ceiling, columnar"))  # fmt: skip
     cpu_line("CPU seconds per row, columnar ceiling / chunked",
              by.get("pg asyncpg ceiling, columnar"), by.get("pg chunked (spark)"))  # fmt: skip
+    ratio_line("defaults / asyncpg ceiling", by.get("pg defaults (spark)"),
+               by.get("pg asyncpg ceiling (2 procs)"), 0.85)  # fmt: skip
+    ratio_line("defaults / hand-written mapInArrow", by.get("pg defaults (spark)"),
+               by.get("pg hand-written mapInArrow"), 1.0)  # fmt: skip
     ratio_line("batched / per-row", by.get("pg batched (spark)"), by.get("pg per-row (spark)"), 10)
     ratio_line("batched / asyncpg ceiling", by.get("pg batched (spark)"),
                by.get("pg asyncpg ceiling (2 procs)"), 0.8)  # fmt: skip

@@ -6,9 +6,10 @@
 Without ``--url`` the customer service (``examples/http_service/app.py``) is
 started in this process on a free 127.0.0.1 port, answering after
 ``--latency-ms``. Each partition keeps up to ``--capacity`` requests in flight
-through ``HttpLookup`` (``GET /customers/{customer_id}``, or with ``--batch``
-the batch endpoint ``GET /customers?ids=...``), and ``unordered_wait`` emits
-each row as soon as its answer arrives.
+through ``HttpLookup``: one per row (``GET /customers/{customer_id}``), or with
+``--batch`` one per chunk of 100 rows to the batch endpoint
+(``GET /customers?ids=...``; the columnar path, the default for a lookup with a
+batch endpoint). ``unordered_wait`` emits each row as soon as its answer arrives.
 
 Prints a sample, the row count, the operator's metrics and rows/s; ``--json``
 adds one ``RESULT {...}`` line for programs. Orders whose customer does not

@@ -3,10 +3,11 @@
     python examples/enrich_orders_postgres.py            # throwaway Postgres, 100k orders
     python examples/enrich_orders_postgres.py --dsn postgresql://postgres:postgres@127.0.0.1:5432/asyncio_ops
 
-Each partition keeps up to ``--capacity`` orders in flight; ``PostgresLookup``
-gathers the customer ids of concurrent rows into one
-``SELECT ... WHERE id = ANY($1)`` query (up to ``--batch-size`` ids; 1 means one
-query per row), and ``ordered_wait`` emits the rows in their input order.
+``PostgresLookup`` runs columnar (its default): each chunk of
+``--batch-size`` x 4 (its pool) orders is answered by concurrent
+``SELECT ... WHERE id = ANY($1)`` queries of up to ``--batch-size`` distinct
+ids, up to ``--capacity`` chunks in flight per partition, and ``ordered_wait``
+emits the rows in their input order.
 
 The DSN is ``--dsn``, else ``ASYNCIO_OPS_PG_DSN``, else a throwaway server
 started from the local PostgreSQL binaries and seeded with ``--customers``

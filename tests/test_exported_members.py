@@ -8,6 +8,7 @@ import asyncio_ops.testing
 def test_public_names_are_pinned() -> None:
     assert set(asyncio_ops.__all__) == {
         "AdaptiveLimit",
+        "ArrowResult",
         "AsyncFunction",
         "AsyncOperatorError",
         "AsyncOpsError",
@@ -30,6 +31,7 @@ def test_public_names_are_pinned() -> None:
         "OrderedElementQueue",
         "OutputMode",
         "OutputSchemaError",
+        "PrefersChunkRows",
         "Record",
         "ResultHandle",
         "RuntimeContext",

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -359,6 +360,41 @@ async def test_batch_endpoint_with_json_body_and_size_cap(server: Server) -> Non
         )
     assert server.count("batch") == 3  # 4 + 4 + 2 keys
     assert [r[0]["name"] for r in results] == [f"customer-{i}" for i in range(1, 11)]
+
+
+@pytest.mark.asyncio
+async def test_batch_endpoint_answers_arrow_chunks_as_rows_do(server: Server) -> None:
+    """The columnar path: one request per max_size distinct keys, each row its key's
+    items; the same answers as one row at a time through the batcher."""
+    lookup = HttpLookup(
+        server.url("/batch"),
+        batch=HttpBatch(key="customer_id", result_key="id", param="ids", max_size=3),
+        result_path="items",
+        cache=LookupCache(ttl=60),
+    )
+    lookup.bind_output_columns(["name"])
+    keys = [1, 2, None, 2, 999, 3, 4, 1]
+    chunk = pa.RecordBatch.from_pydict({"customer_id": pa.array(keys, pa.int64())})
+    async with lookup:
+        assert lookup.preferred_chunk_rows() == 3
+        index, columns = await lookup.async_invoke_arrow(chunk)
+        per_row = [await lookup.async_invoke({"customer_id": k}) for k in keys]
+        again = await lookup.async_invoke_arrow(chunk)  # from the cache: no request
+    assert server.count("batch") == 2  # 1, 2, 999 | 3, 4: distinct keys, 3 per request
+    pairs = list(zip(index, columns["name"], strict=True))
+    assert pairs == [(i, r["name"]) for i, rs in enumerate(per_row) for r in rs]
+    assert pairs == [(0, "customer-1"), (1, "customer-2"), (3, "customer-2"),
+                     (5, "customer-3"), (6, "customer-4"), (7, "customer-1")]  # fmt: skip
+    assert again == (index, columns)
+
+
+@pytest.mark.asyncio
+async def test_without_a_batch_endpoint_rows_go_one_at_a_time(server: Server) -> None:
+    lookup = HttpLookup(server.url("/customers/{id}"))
+    assert lookup.preferred_chunk_rows() is None  # chunk_size="auto": the per-row path
+    async with lookup:
+        with pytest.raises(ConfigurationError, match="only with batch=HttpBatch"):
+            await lookup.async_invoke_arrow(pa.RecordBatch.from_pydict({"id": [1]}))
 
 
 def test_batch_requests_cannot_use_row_fields() -> None:
