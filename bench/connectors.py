@@ -390,7 +390,7 @@ def http_suite(
 ) -> tuple[list[Row], dict[str, list[Row]]]:  # fmt: skip
     """The HTTP case and its ceiling in ``rounds`` interleaved rounds after ``warmup``
     smaller ones (not kept): their median rows, and every kept round by case."""
-    from asyncio_ops.connectors.http import HttpLookup
+    from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 
     from asyncio_ops.spark import AsyncMetrics, unordered_wait
 
@@ -409,6 +409,24 @@ def http_suite(
         return Row("http per-row (spark)", metrics.summary()["emitted"], seconds, note,
                    {"cpu": used})  # fmt: skip
 
+    def batch_endpoint(count: int, chunk_size: str | None) -> Row:
+        """The batch endpoint (``GET /customers?ids=``, 100 ids per request), with the
+        defaults (columnar: a chunk of 100 rows per request) or row by row (the keys of
+        concurrent rows gathered into requests by the lookup's batcher)."""
+        metrics = AsyncMetrics(spark)
+        lookup = HttpLookup(
+            f"{base}/customers", result_path="items",
+            batch=HttpBatch(key="customer_id", result_key="id", param="ids"),
+        )  # fmt: skip
+        df = unordered_wait(
+            orders_df(spark, count, customers), lookup, timeout=60.0, chunk_size=chunk_size,
+            output_schema="id bigint, name string, tier string, country string", metrics=metrics,
+        )  # fmt: skip
+        seconds, used = run_noop_cpu(df)
+        name = "http batch, defaults (spark)" if chunk_size else "http batch, per-row (spark)"
+        note = "chunks of 100 rows, capacity 100" if chunk_size else "chunk_size=None, capacity 100"
+        return Row(name, metrics.summary()["emitted"], seconds, note, {"cpu": used})
+
     def ceiling(count: int) -> Row:
         rows, secs, used = two_processes(
             _http_ceiling_worker, lambda a, b: (base, a, b, customers, capacity), count
@@ -425,8 +443,8 @@ def http_suite(
             in_spark(small)
             ceiling(small)
         for _ in range(max(1, rounds)):
-            for case in (in_spark, ceiling):
-                row = case(n)
+            for row in (in_spark(n), ceiling(n), batch_endpoint(n, "auto"),
+                        batch_endpoint(n, None)):  # fmt: skip
                 runs.setdefault(row.name, []).append(row)
         return [median_row(results) for results in runs.values()], runs
     finally:
@@ -725,7 +743,12 @@ def main(argv: list[str] | None = None) -> None:
             "http spark / aiohttp ceiling, round by round",
             runs.get("http per-row (spark)"), runs.get("http aiohttp ceiling (2 procs)"),
         )  # fmt: skip
-        ratio_line("http spark / aiohttp ceiling", rows[0], rows[1], 0.8)
+        by = {r.name: r for r in rows}
+        ratio_line("http spark / aiohttp ceiling", by.get("http per-row (spark)"),
+                   by.get("http aiohttp ceiling (2 procs)"), 0.8)  # fmt: skip
+        ratio_line("http batch endpoint, defaults / per-row",
+                   by.get("http batch, defaults (spark)"),
+                   by.get("http batch, per-row (spark)"), None)  # fmt: skip
     spark.stop()
 
 
