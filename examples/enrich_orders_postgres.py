@@ -42,7 +42,7 @@ from examples._common import add_batch_options, orders, report, spark_session, t
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", help="PostgreSQL DSN (default: $ASYNCIO_OPS_PG_DSN, else throwaway)")
-    add_batch_options(p, orders=100_000, capacity=500, capacity_help="rows in flight per partition")
+    add_batch_options(p, orders=100_000, capacity=8, capacity_help="chunks in flight per partition")
     p.add_argument("--table", default="customers", help="customers table")
     p.add_argument("--seed", action="store_true", help="create/fill --table on a given DSN")
     p.add_argument("--batch-size", type=int, default=500, help="ids per query (1 = per row)")
