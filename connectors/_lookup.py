@@ -17,8 +17,9 @@ the operator.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from asyncio_ops import AsyncFunction, ConfigurationError, RuntimeContext, UnsupportedKeyError
 
 from ._batching import BatchStatistics
-from ._cache import CacheStatistics, LookupCache
+from ._cache import MISS, CacheStatistics, LookupCache
 from ._exceptions import ConnectorError, LookupKeyError
 
 if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
@@ -241,6 +242,39 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         if runtime is None:
             raise ConnectorError(f"{type(self).__name__} is not open; call open() first")
         return runtime
+
+    async def _matches_of(
+        self,
+        keys: Sequence[Hashable | None],
+        fetch: Callable[[Sequence[Hashable]], Awaitable[Mapping[Hashable, Any]]],
+        size: int,
+    ) -> dict[Hashable, Any]:
+        """The answers of every distinct non-null key in ``keys`` (a chunk's): the cache
+        first, then ``fetch`` of at most ``size`` keys per call, concurrently; a key
+        ``fetch`` does not answer gets ``()``. Counts null keys; fills the cache."""
+        cache = self.cache
+        known: dict[Hashable, Any] = {}
+        wanted: list[Hashable] = []
+        for key in keys:
+            if key is None:
+                self._null_keys += 1
+            elif key not in known:
+                cached = cache.get(key) if cache is not None else MISS
+                if cached is MISS:
+                    known[key] = ()
+                    wanted.append(key)
+                else:
+                    known[key] = cached
+        if wanted:
+            parts = await asyncio.gather(
+                *(fetch(wanted[i : i + size]) for i in range(0, len(wanted), size))
+            )
+            for part in parts:
+                known.update(part)
+            if cache is not None:
+                for key in wanted:
+                    cache.put(key, known[key], empty=not known[key])
+        return known
 
     @abc.abstractmethod
     async def _open_runtime(self) -> R: ...

@@ -31,7 +31,6 @@ from asyncio_ops import ConfigurationError
 from asyncio_ops.options import at_least, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
-from .._cache import MISS as _MISS
 from .._cache import LookupCache, _Miss
 from .._exceptions import (
     LookupConnectionError,
@@ -426,28 +425,7 @@ class HttpLookup(BaseLookup[_Runtime]):
             )
         keys = batch.column(spec.key).to_pylist()
         self._rows += len(keys)
-        known: dict[Hashable, Rows] = {}
-        wanted: list[Hashable] = []
-        cache = self.cache
-        for key in keys:
-            if key is None:
-                self._null_keys += 1
-            elif key not in known:
-                cached = cache.get(key) if cache is not None else _MISS
-                if isinstance(cached, _Miss):
-                    known[key] = _EMPTY
-                    wanted.append(key)
-                else:
-                    known[key] = cached
-        size = spec.max_size
-        parts = await asyncio.gather(
-            *(self._fetch_batch(wanted[i : i + size]) for i in range(0, len(wanted), size))
-        )
-        for part in parts:
-            known.update(part)
-        if cache is not None:
-            for key in wanted:
-                cache.put(key, known[key], empty=not known[key])
+        known = await self._matches_of(keys, self._fetch_batch, spec.max_size)
         index: list[int] = []
         items: list[Row] = []
         for i, key in enumerate(keys):

@@ -543,31 +543,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
     async def _matches(self, keys: Sequence[Hashable | None]) -> dict[Hashable, Rows]:
         """The matches of every distinct non-null key in ``keys``: cache first, then
         ``ANY($1)`` queries of at most ``batch_size`` keys each, concurrently."""
-        cache = self.cache
-        known: dict[Hashable, Rows] = {}
-        wanted: list[Hashable] = []
-        for key in keys:
-            if key is None:
-                self._null_keys += 1
-            elif key not in known:
-                cached = cache.get(key) if cache is not None else MISS
-                if cached is MISS:
-                    known[key] = _EMPTY
-                    wanted.append(key)
-                else:
-                    known[key] = cached  # type: ignore[assignment]
-        if wanted:
-            size = self.batch_size
-            parts = await asyncio.gather(
-                *(self._fetch(wanted[i : i + size]) for i in range(0, len(wanted), size))
-            )
-            for part in parts:
-                known.update(part)
-            if cache is not None:
-                for key in wanted:
-                    matches = known[key]
-                    cache.put(key, matches, empty=not matches)
-        return known
+        return await self._matches_of(keys, self._fetch, self.batch_size)
 
     def _output(self, value: Mapping[str, Any], match: Match) -> Row:
         # ``match`` is shared by every row with its key (and by the cache): each
