@@ -25,7 +25,7 @@ Optional abilities are declared as protocols, never probed by name:
 - :class:`SupportsInvokeChunk` / :class:`SupportsInvokeArrow`: whole chunks of
   rows per call, as dicts or as an Arrow batch (``chunk_size=``). A columnar
   function runs columnar by default (``chunk_size="auto"``), each chunk as many
-  rows as :class:`PrefersChunkRows` says (one request's worth), or one input
+  rows as :class:`PrefersChunks` says (one request's worth), or one input
   Arrow batch; ``async_invoke_arrow`` may answer an :class:`ArrowResult` that
   fails single rows of the chunk on their own.
 - :class:`SupportsCacheStatistics`: cache counters that reach the operator
@@ -167,17 +167,22 @@ class ArrowResult(NamedTuple):
 
 
 @runtime_checkable
-class PrefersChunkRows(Protocol):
-    """A columnar function that says how many rows one call should answer.
+class PrefersChunks(Protocol):
+    """A columnar function that says how it is best called in chunks.
 
     ``chunk_size="auto"`` (the default) cuts chunks of ``preferred_chunk_rows()``
-    rows: one request's worth (a connector's keys per query), so that a chunk
-    fails, times out and is retried as the one request it is. None: in its
-    current configuration the function answers rows one at a time (the
-    per-row path is used).
+    rows: one request's worth (a connector's keys per query, or per pool
+    round), so that a chunk fails, times out and is retried as the request it
+    is; None: in its current configuration the function answers rows one at a
+    time (the per-row path is used). ``preferred_capacity()``: the chunks to keep
+    in flight when ``capacity`` is not given (what keeps the service busy without
+    queueing chunks behind each other: a pool answers a few, an HTTP client as
+    many as it has connections).
     """
 
     def preferred_chunk_rows(self) -> int | None: ...
+
+    def preferred_capacity(self) -> int: ...
 
 
 @runtime_checkable

@@ -335,7 +335,8 @@ def pg_defaults_row(spark: Any, name: str, dsn: str, table: str, n: int, custome
     )  # fmt: skip
     seconds, used = run_noop_cpu(df)
     emitted = metrics.summary()["emitted"]
-    note = f"no options (chunks of {lookup.preferred_chunk_rows():,} rows, capacity 100)"
+    note = (f"no options (chunks of {lookup.preferred_chunk_rows():,} rows, capacity "
+            f"{lookup.preferred_capacity()})")  # fmt: skip
     return Row(name, emitted, seconds, note, {"cpu": used})
 
 

@@ -31,7 +31,7 @@ def test_public_names_are_pinned() -> None:
         "OrderedElementQueue",
         "OutputMode",
         "OutputSchemaError",
-        "PrefersChunkRows",
+        "PrefersChunks",
         "Record",
         "ResultHandle",
         "RuntimeContext",

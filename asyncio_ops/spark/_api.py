@@ -37,7 +37,7 @@ from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import (
     AsyncFunction,
     CoroutineFunction,
-    PrefersChunkRows,
+    PrefersChunks,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     as_async_function,
@@ -187,7 +187,7 @@ def _wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str,
+    capacity: int | str | None,
     retry: AsyncRetryStrategy | None,
     key: str | Sequence[str] | None,
     event_time: str | None,
@@ -219,14 +219,10 @@ def _wait(
     function = as_async_function(fn)
     timeout_s = positive_seconds(timeout, "timeout")
     positive_int(max_capacity, "max_capacity")
-    # "auto": an adaptive limit between 1 and max_capacity (asyncio_ops._limit)
-    fixed = capacity_or_auto(capacity)
-    bound = fixed if isinstance(fixed, int) else max_capacity
-    if output_buffer is None:
-        # finished rows may wait behind a slower one beyond capacity, which then bounds
-        # the lookups in flight: ordered mode at capacity / latency, memory still bounded
-        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * bound
-    non_negative_int(output_buffer, "output_buffer")
+    if capacity is not None:
+        capacity_or_auto(capacity)
+    if output_buffer is not None:
+        non_negative_int(output_buffer, "output_buffer")
     if retry is not None and not isinstance(retry, AsyncRetryStrategy):
         raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
     choice(on_error, "on_error", ON_ERROR)
@@ -293,6 +289,14 @@ def _wait(
     delay = seconds_or_zero(watermark_delay, "watermark_delay")
 
     chunk_rows = chunk_rows_of(chunk_size, function, rows_as, retry, batch_size)
+    if capacity is None:
+        capacity = default_capacity(function, chunk_size, chunk_rows)
+    # "auto": an adaptive limit between 1 and max_capacity (asyncio_ops._limit)
+    bound = capacity if isinstance(capacity, int) else max_capacity
+    if output_buffer is None:
+        # finished rows may wait behind a slower one beyond capacity, which then bounds
+        # the lookups in flight: ordered mode at capacity / latency, memory still bounded
+        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * bound
 
     operator_uid = (
         path_segment(uid, "uid")
@@ -399,6 +403,24 @@ def row_of(values: dict[str, Any]) -> Row:
 
 
 CHUNK_AUTO: Final = "auto"
+DEFAULT_CAPACITY: Final = 100
+"""``capacity`` when not given: elements in flight per partition (see default_capacity)."""
+
+
+def default_capacity(
+    function: AsyncFunction[Any, Any], chunk_size: int | str | None, chunk_rows: int | None
+) -> int:
+    """``capacity`` when not given: the function's ``preferred_capacity()`` when it
+    chose its chunks (``chunk_size="auto"``), else :data:`DEFAULT_CAPACITY`."""
+    if chunk_size == CHUNK_AUTO and chunk_rows is not None and isinstance(function, PrefersChunks):
+        preferred = function.preferred_capacity()
+        if type(preferred) is not int or preferred < 1:
+            raise ConfigurationError(
+                f"{function!r}.preferred_capacity() must return a positive int, got "
+                f"{preferred!r}"
+            )
+        return preferred
+    return DEFAULT_CAPACITY
 
 
 def chunk_rows_of(
@@ -427,7 +449,7 @@ def chunk_rows_of(
             return None
         if _bypassed(function, "async_invoke") is not None:
             return None
-        if not isinstance(function, PrefersChunkRows):
+        if not isinstance(function, PrefersChunks):
             return batch_size
         rows = function.preferred_chunk_rows()
         if rows is None:
@@ -449,7 +471,7 @@ def chunk_rows_of(
             f"columns) or async_invoke_chunk(rows) -> one result list per row (e.g. "
             f"asyncio_ops.connectors.postgres.PostgresLookup); {function!r} has neither"
         )
-    if isinstance(function, PrefersChunkRows) and function.preferred_chunk_rows() is None:
+    if isinstance(function, PrefersChunks) and function.preferred_chunk_rows() is None:
         raise ConfigurationError(
             f"{function!r} answers rows one at a time as configured (its "
             "preferred_chunk_rows() is None): drop chunk_size"
@@ -570,7 +592,7 @@ def ordered_wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str = 100,
+    capacity: int | str | None = None,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,
@@ -630,7 +652,7 @@ def unordered_wait(
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str = 100,
+    capacity: int | str | None = None,
     retry: AsyncRetryStrategy | None = None,
     key: str | Sequence[str] | None = None,
     event_time: str | None = None,

@@ -402,6 +402,10 @@ class HttpLookup(BaseLookup[_Runtime]):
         the columnar path; None without one (rows one at a time, by the templates)."""
         return self.batch.max_size if self.batch is not None else None
 
+    def preferred_capacity(self) -> int:
+        """Chunks (one request each) in flight by default: one per connection."""
+        return self.max_connections
+
     async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
         """The answers of a chunk of rows as Arrow columns (batch endpoint only).
 

@@ -11,7 +11,7 @@ from asyncio_ops.connectors.postgres import PostgresLookup
 
 from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
 from asyncio_ops.async_retry_predicates import empty_result_predicate, has_exception_predicate
-from asyncio_ops.spark._api import chunk_rows_of
+from asyncio_ops.spark._api import DEFAULT_CAPACITY, chunk_rows_of, default_capacity
 
 BATCH = 10_000  # the input Arrow batch's rows
 QUERY = "SELECT id, name FROM customers WHERE id = ANY($1)"
@@ -26,11 +26,15 @@ class Columnar(AsyncFunction[Any, Any]):
 
 
 class Prefers(Columnar):
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Any, capacity: Any = 3) -> None:
         self.rows = rows
+        self.capacity = capacity
 
     def preferred_chunk_rows(self) -> Any:
         return self.rows
+
+    def preferred_capacity(self) -> Any:
+        return self.capacity
 
 
 class OverridesAsyncInvoke(Columnar):
@@ -95,3 +99,19 @@ def test_an_explicit_chunk_size_is_checked() -> None:
         chunk_rows_of(8, HttpLookup("http://h/customers/{id}"), "dict", None, BATCH)
     with pytest.raises(ConfigurationError, match="rows_as='row'"):
         chunk_rows_of(8, Columnar(), "row", None, BATCH)
+
+
+def test_capacity_not_given_is_the_functions_when_it_chose_its_chunks() -> None:
+    pg = PostgresLookup("postgresql://h/db", QUERY, key="id")
+    assert default_capacity(pg, "auto", auto(pg)) == 4  # a few chunks fill the pool
+    batch = HttpBatch(key="id", result_key="id", param="ids")
+    http = HttpLookup("http://h/customers", batch=batch, max_connections=32)
+    assert default_capacity(http, "auto", auto(http)) == 32  # a request per connection
+    assert default_capacity(Prefers(64, 5), "auto", 64) == 5
+    # rows, a function without a preference, or chunks the user sized: the default
+    assert default_capacity(HttpLookup("http://h/c/{id}"), "auto", None) == DEFAULT_CAPACITY
+    assert default_capacity(Columnar(), "auto", BATCH) == DEFAULT_CAPACITY
+    assert default_capacity(pg, 10_000, 10_000) == DEFAULT_CAPACITY
+    assert default_capacity(pg, None, None) == DEFAULT_CAPACITY == 100
+    with pytest.raises(ConfigurationError, match="preferred_capacity"):
+        default_capacity(Prefers(64, 0), "auto", 64)
