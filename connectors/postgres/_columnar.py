@@ -5,11 +5,18 @@ that the server aggregates the result rows into one row, and asyncpg decodes a
 few large values instead of a record per result row:
 
 - a ``text`` or ``varchar`` column travels as two ``bytea`` values: the column's
-  values concatenated (``string_agg(col, '')::bytea``, the server's UTF-8 bytes)
-  and their byte lengths as big-endian int4 (``int4send``), -1 for NULL. Arrow's
-  string array is made from those two buffers, with no Python object per value;
-- any other column travels as an array (``array_agg(col)``), decoded by asyncpg
-  into a list.
+  values' UTF-8 bytes concatenated (``string_agg(convert_to(col, 'UTF8'), ''::bytea)``:
+  the bytes themselves, never read as bytea's input syntax, in which a backslash
+  starts an escape) and their byte lengths as big-endian int4 (``int4send``), -1
+  for NULL. Arrow's string array is made from those two buffers, with no Python
+  object per value;
+- a column of another type asyncpg decodes with a binary codec of its own
+  (:data:`ARRAY_OIDS`) travels as an array (``array_agg(col)``), decoded by asyncpg
+  into a list;
+- a query with a column of any other type (an extension's type such as citext, an
+  enum, tsvector: types asyncpg reads through their text form) is not wrapped:
+  asyncpg's text-form reading of an array of such a type turns an empty element
+  into a broken object that crashes the process, so those queries answer records.
 
 Every aggregate of one query level reads the same rows in the same order, so the
 i-th value of every column belongs to the i-th result row. A query with no rows
@@ -30,11 +37,21 @@ from .._exceptions import LookupQueryError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["TEXT_OIDS", "Columnar", "aggregate_sql", "decode"]
+__all__ = ["ARRAY_OIDS", "TEXT_OIDS", "Columnar", "aggregate_sql", "decode"]
 
 # pg_type OIDs of text and varchar: their columns travel as bytes (see the module).
 # Other string-like types do not: bpchar loses its padding when cast to text.
 TEXT_OIDS: Final = frozenset({25, 1043})
+
+# pg_type OIDs of the built-in types asyncpg decodes with a binary codec of its own,
+# so that an array of them (array_agg) decodes exactly as a value of them does: bool,
+# bytea, "char", name, int8, int2, int4, text, oid, json, float4, float8, bpchar,
+# varchar, date, time, timestamp, timestamptz, interval, timetz, bit, varbit,
+# numeric, uuid, jsonb, inet, cidr, macaddr.
+ARRAY_OIDS: Final = frozenset({
+    16, 17, 18, 19, 20, 21, 23, 25, 26, 114, 700, 701, 1042, 1043, 1082, 1083, 1114,
+    1184, 1186, 1266, 1560, 1562, 1700, 2950, 3802, 869, 650, 829,
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,17 +75,18 @@ def _quote_ident(name: str) -> str:
 def aggregate_sql(query: str, names: Sequence[str], text: frozenset[str] = frozenset()) -> str:
     """``query`` wrapped so that its whole result comes back as one row.
 
-    ``SELECT array_agg(q."a"), string_agg(q."b", '')::bytea, string_agg(int4send(
-    coalesce(octet_length(q."b"), -1)), '') FROM (<query>) AS q`` for a column
-    ``a`` and a text column ``b`` (in ``text``): an array per column, and two
-    values (bytes, lengths) per text column.
+    ``SELECT array_agg(q."a"), string_agg(convert_to(q."b", 'UTF8'), ''::bytea),
+    string_agg(int4send(coalesce(octet_length(q."b"), -1)), '') FROM (<query>) AS q``
+    for a column ``a`` and a text column ``b`` (in ``text``): an array per column,
+    and two values (bytes, lengths) per text column. Text travels as bytes only
+    from a UTF-8 database, where ``octet_length`` counts the UTF-8 bytes.
     """
     body = query.strip().rstrip(";").rstrip()
     aggregates = []
     for name in names:
         column = f"q.{_quote_ident(name)}"
         if name in text:
-            aggregates.append(f"string_agg({column}, '')::bytea")
+            aggregates.append(f"string_agg(convert_to({column}, 'UTF8'), ''::bytea)")
             aggregates.append(f"string_agg(int4send(coalesce(octet_length({column}), -1)), '')")
         else:
             aggregates.append(f"array_agg({column})")

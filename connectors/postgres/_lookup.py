@@ -42,8 +42,9 @@ from .._exceptions import LookupAmbiguousError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
-from ._columnar import TEXT_OIDS, Columnar, decode
+from ._columnar import ARRAY_OIDS, TEXT_OIDS, Columnar, decode
 from ._errors import is_query_error, map_asyncpg_errors
+from ._matching import arrow_kind, foreign_kind, not_asked, python_kind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -432,23 +433,32 @@ class PostgresLookup(BaseLookup[_Runtime]):
             columns = list(zip(*records, strict=True))
         if not columns or not len(columns[0]):
             return [], {}
-        found = columns[present.index(self.on.names[0])]
+        on = self.on.names[0]
+        found = columns[present.index(on)]
+        self._check_arrow_kind(found, column.type)
         try:
             value_set = _to_arrow(found, column.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise LookupQueryError(
-                f"the query's column {self.on.names[0]!r} cannot be matched to the key column "
+                f"the query's column {on!r} cannot be matched to the key column "
                 f"{self.key.names[0]!r} ({column.type}): {exc} (cast it in SQL to the key's type)"
             ) from exc
+        # NULL keys of the result match nothing (index_in's skip_nulls below); every
+        # other one must have been asked for (see ._matching).
+        keys = value_set.drop_null() if value_set.null_count else value_set
+        asked = pc.is_in(keys, value_set=column)
+        if not pc.all(asked).as_py():
+            stray = keys.filter(pc.invert(asked))[0].as_py()
+            raise not_asked(on, stray, distinct)
         ambiguous: dict[Any, int] = {}
-        if len(pc.unique(value_set)) != len(value_set):
+        if len(pc.unique(keys)) != len(keys):
             counts: dict[Any, int] = {}
-            for key in value_set.to_pylist():  # as matched: after the cast to the key's type
+            for key in keys.to_pylist():  # as matched: after the cast to the key's type
                 counts[key] = counts.get(key, 0) + 1
             ambiguous = {k: c for k, c in counts.items() if c > 1}
             # the rows of an ambiguous key fail alone (ArrowResult.errors), as they would
             # one row at a time; the others are matched to the first of their key
-        position = pc.index_in(column, value_set=value_set)
+        position = pc.index_in(column, value_set=value_set, skip_nulls=True)
         if position.null_count == 0:
             row_index: Any = None  # every row matched once, in order
             take = position
@@ -461,6 +471,25 @@ class PostgresLookup(BaseLookup[_Runtime]):
         if ambiguous:
             return self._without_ambiguous(column, row_index, out, ambiguous)
         return row_index, out
+
+    def _check_arrow_kind(self, found: Any, key_type: pa.DataType) -> None:
+        """The columnar form of :meth:`_check_kinds`: ``found`` (a result column: a list
+        or an Arrow array) is of the kind of the key column's type ``key_type``."""
+        import pyarrow as pa
+
+        key_kind = arrow_kind(key_type)
+        if isinstance(found, pa.Array):
+            if found.null_count == len(found):
+                return
+            kind = arrow_kind(found.type)
+            value = found.drop_null()[0].as_py()
+        else:
+            value = next((v for v in found if v is not None), None)
+            if value is None:
+                return
+            kind = python_kind(value)
+        if kind != key_kind:
+            raise foreign_kind(self.on.names[0], value, kind, key_kind)
 
     def _without_ambiguous(
         self, column: pa.Array, row_index: Any, columns: dict[str, Any], ambiguous: dict[Any, int]
@@ -498,9 +527,11 @@ class PostgresLookup(BaseLookup[_Runtime]):
     async def _probe_columnar(self, runtime: _Runtime) -> Columnar | None:
         """Whether the query's result can come back as one row, and the query that does it.
 
-        Prepares the query (no rows are read) and reads its result columns: none
-        may be an array (``array_agg`` of arrays makes one multi-dimensional
-        array, and fails on NULL or ragged ones) and their names must be distinct.
+        Prepares the query (no rows are read) and reads its result columns: each
+        must be of a type in :data:`._columnar.ARRAY_OIDS` (never an array:
+        ``array_agg`` of arrays makes one multi-dimensional array, and fails on NULL
+        or ragged ones; never a type asyncpg reads through its text form) and their
+        names must be distinct.
         ``text`` and ``varchar`` columns travel as bytes when the server's encoding
         is UTF-8 (see :mod:`._columnar`). The wrapped query is prepared too. A
         query the server rejects gives None here: the records path then runs it
@@ -513,7 +544,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                     attributes = statement.get_attributes()
                     names = tuple(attribute.name for attribute in attributes)
                     if len(set(names)) != len(names) or any(
-                        attribute.type.kind == "array" for attribute in attributes
+                        attribute.type.oid not in ARRAY_OIDS for attribute in attributes
                     ):
                         return None
                     text: frozenset[str] = frozenset()
@@ -578,8 +609,17 @@ class PostgresLookup(BaseLookup[_Runtime]):
         composite = self.on.composite
         name = names[0]
         as_dicts = self.cache is not None
+        asked = set(keys)
+        kinds_checked = False
         for record in records:
             found = tuple([record[n] for n in names]) if composite else record[name]
+            if found is None or (composite and None in found):
+                continue  # a NULL key matches nothing (see ._matching)
+            if not kinds_checked:  # one SQL column, one type: its first value tells
+                self._check_kinds(found, keys[0])
+                kinds_checked = True
+            if found not in asked:
+                raise not_asked(", ".join(names), found, keys)
             match: Match = dict(record.items()) if as_dicts else record
             earlier = grouped.get(found)
             if earlier is None:
@@ -591,6 +631,15 @@ class PostgresLookup(BaseLookup[_Runtime]):
         for found, matches in several.items():
             grouped[found] = tuple(matches)
         return grouped
+
+    def _check_kinds(self, found: Any, key: Any) -> None:
+        """A result's ``on`` value ``found`` is of the kind of the keys (``key``, one of
+        them), part by part for a composite key; else a LookupQueryError."""
+        pairs = zip(found, key, strict=True) if self.on.composite else [(found, key)]
+        for column, (value, part) in zip(self.on.names, pairs, strict=True):
+            kind, key_kind = python_kind(value), python_kind(part)
+            if kind != key_kind:
+                raise foreign_kind(column, value, kind, key_kind)
 
     async def _query(
         self, keys: Sequence[Hashable], sql: str | None = None

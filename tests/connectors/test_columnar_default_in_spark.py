@@ -140,3 +140,24 @@ def test_fan_out(spark: SparkSession, pg_tables: PgTables) -> None:
     )
     assert auto == per_row
     assert len(auto) > len({r.id for r in auto})  # some orders fanned out
+
+
+def test_backslashes_an_outer_join_and_null_keys_answer_as_per_row(
+    spark: SparkSession, pg_tables: PgTables
+) -> None:
+    # Text with backslashes (bytea's escape character), an outer join whose unmatched
+    # keys come back with a NULL key, and input rows with a NULL key.
+    lookup = PostgresLookup(
+        pg_tables.dsn,
+        f"""SELECT c.id, c.name || E'\\\\temp\\\\x\\\\\\\\' AS name
+            FROM unnest($1::int[]) AS k(id) LEFT JOIN {pg_tables.customers} c ON c.id = k.id""",
+        key="customer_id", on="id",
+    )  # fmt: skip
+    df = orders(spark).withColumn(
+        "customer_id", F.when(F.col("id") % 11 == 0, None).otherwise(F.col("customer_id"))
+    )
+    auto, per_row = both(ordered_wait, df, lookup, output_schema="name string")
+    assert auto == per_row
+    matched = [i for i in range(N) if i % 11 and (i * 7) % 230 + 1 <= 200]
+    assert [r["id"] for r in auto] == matched
+    assert auto[0]["name"] == f"customer-{auto[0]['customer_id']}\\temp\\x\\\\"

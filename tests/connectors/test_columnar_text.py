@@ -21,7 +21,14 @@ from asyncio_ops.connectors.postgres._columnar import Columnar, aggregate_sql, d
 
 from tests.helpers import unavailable
 
-from .support import CountingLookup, PgTables, columnar_pairs, per_row_pairs, run_isolated
+from .support import (
+    CountingLookup,
+    PgTables,
+    columnar_pairs,
+    per_row_pairs,
+    pg_execute,
+    run_isolated,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -43,7 +50,7 @@ def test_aggregate_sql_sends_text_columns_as_bytes_and_lengths() -> None:
     sql = aggregate_sql("SELECT id, name FROM t WHERE id = ANY($1)", ["id", "name"],
                         frozenset({"name"}))  # fmt: skip
     assert sql == (
-        'SELECT array_agg(q."id"), string_agg(q."name", \'\')::bytea, '
+        "SELECT array_agg(q.\"id\"), string_agg(convert_to(q.\"name\", 'UTF8'), ''::bytea), "
         "string_agg(int4send(coalesce(octet_length(q.\"name\"), -1)), '')\n"
         "FROM (\nSELECT id, name FROM t WHERE id = ANY($1)\n) AS q"
     )
@@ -61,7 +68,8 @@ def test_text_columns_equal_the_per_row_path(pg_tables: PgTables) -> None:
     assert [i for i, _ in got] == [0, 1, 2, 4, 5, 7, 8]  # 9 has no row, None no key
     assert got[2][1] == {"k": 1, "s": "grüße ✓ 🙂", "v": "x", "c": "ab  ", "n": 7}
     sql = lookup.sql[0]
-    assert "string_agg(q.\"s\", '')::bytea" in sql and "string_agg(q.\"v\", '')::bytea" in sql
+    assert "string_agg(convert_to(q.\"s\", 'UTF8'), ''::bytea)" in sql
+    assert "string_agg(convert_to(q.\"v\", 'UTF8'), ''::bytea)" in sql
     assert 'array_agg(q."c")' in sql and 'array_agg(q."k")' in sql  # bpchar and int
     assert lookup.sent == [2, 2, 2]  # three queries, each with its piece of every column
 
@@ -76,7 +84,7 @@ def test_a_text_key_is_matched_from_the_bytes(pg_tables: PgTables) -> None:
         PostgresLookup(pg_tables.dsn, query, key="code", columns=("label",)), batch.to_pylist()
     )
     assert [r["label"] for _, r in got] == ["plain a", "a-umlaut", "empty", "plain a"]
-    assert lookup.sql[0].startswith("SELECT string_agg(q.\"code\", '')::bytea")
+    assert lookup.sql[0].startswith("SELECT string_agg(convert_to(q.\"code\", 'UTF8'), ''::bytea)")
 
 
 def test_decode_reads_nulls_empties_and_pieces() -> None:
@@ -139,12 +147,85 @@ def test_a_database_not_in_utf8_sends_text_as_arrays(pg_tables: PgTables) -> Non
         run_isolated(_drop(pg_tables.dsn, name))
 
 
-def test_a_text_column_that_cannot_become_the_key_type_names_both_columns(
+def test_a_text_column_matched_to_integer_keys_names_the_column_and_both_kinds(
     pg_tables: PgTables,
 ) -> None:
     # Matched on the text column "code" while the keys are integers.
     query = "SELECT k, code FROM (VALUES (1, 'x1')) AS t(k, code) WHERE k = ANY($1)"
     batch = pa.RecordBatch.from_pydict({"key": pa.array([1], pa.int64())})
     lookup = PostgresLookup(pg_tables.dsn, query, key="key", on="code")
-    with pytest.raises(LookupQueryError, match=r"'code' cannot be matched to the key column 'key'"):
+    with pytest.raises(
+        LookupQueryError, match=r"column 'code' returned 'x1' \(a string\) for a key that is a num"
+    ):
         columnar_pairs(lookup, batch)
+
+
+def _every_character() -> list[str]:
+    """Strings that together hold every byte value a Postgres UTF-8 text can hold
+    (1..0x7F as themselves, 0x80..0xFF as lead and continuation bytes of 2-, 3- and
+    4-byte characters) and the backslash sequences that bytea's input syntax would
+    read as escapes."""
+    ascii_ = "".join(chr(c) for c in range(1, 0x80))
+    two = "".join(chr(c) for c in range(0x80, 0x800, 7))
+    three = "".join(chr(c) for c in (0x800, 0xFFF, 0x1000, 0xD7FF, 0xE000, 0xFFFD, 0xFFFF))
+    four = "".join(chr(c) for c in (0x10000, 0x1F642, 0x10FFFF))
+    escapes = ["C:\\temp\\x", "\\\\", "\\x41", "\\101", "\\", "a\\b\\", "\\\\x"]
+    return [ascii_, two, three, four, *escapes, "", "plain"]
+
+
+# One table per text-like type a column can have: text and varchar travel as bytes,
+# the others as arrays; every one must answer exactly what was stored.
+TEXT_LIKE = {
+    "text": "text",
+    "varchar": "varchar",
+    "varchar(4000)": "varchar(4000)",
+    "char(600)": "char(600)",
+    "name": "name",
+    "citext": "citext",
+}
+
+
+@pytest.mark.parametrize("type_", list(TEXT_LIKE))
+def test_every_byte_and_backslash_of_a_text_like_type_comes_back_as_stored(
+    pg_tables: PgTables, type_: str
+) -> None:
+    table = f"aops_bytes_{pg_tables.suffix}_{abs(hash(type_)) % 10**6}"
+    values = _every_character()
+    if type_ == "name":  # a name holds at most 63 bytes
+        values = [v.encode()[:63].decode(errors="ignore") for v in values]
+    statements = []
+    if type_ == "citext":
+        statements.append("CREATE EXTENSION IF NOT EXISTS citext")
+    statements.append(f"CREATE TABLE {table} (k int PRIMARY KEY, s {TEXT_LIKE[type_]})")
+
+    async def fill() -> None:
+        connection = await asyncpg.connect(pg_tables.dsn, timeout=10)
+        try:
+            await connection.executemany(
+                f"INSERT INTO {table} VALUES ($1, $2)",
+                [(k, v) for k, v in enumerate(values)] + [(len(values), None)],
+            )
+        finally:
+            await connection.close(timeout=5)
+
+    try:
+        pg_execute(pg_tables.dsn, *statements)
+        run_isolated(fill())
+        query = f"SELECT k, s FROM {table} WHERE k = ANY($1)"
+        keys = [*range(len(values) + 1), 999, None]
+        batch = pa.RecordBatch.from_pydict({"key": pa.array(keys, pa.int64())})
+        lookup = CountingLookup(pg_tables.dsn, query, key="key", on="k")
+        got = columnar_pairs(lookup, batch)
+        # citext is read through its text form: its queries answer records.
+        assert ("_agg" in lookup.sql[0]) == (type_ != "citext")
+        per_row = per_row_pairs(
+            PostgresLookup(pg_tables.dsn, query, key="key", on="k"), batch.to_pylist()
+        )
+        assert got == per_row
+        stored = [r["s"] for _, r in got]
+        if type_ == "char(600)":  # bpchar pads to its length
+            stored = [s.rstrip(" ") if s is not None else None for s in stored]
+            values = [v.rstrip(" ") for v in values]
+        assert stored == [*values, None]
+    finally:
+        pg_execute(pg_tables.dsn, f"DROP TABLE IF EXISTS {table}")
