@@ -28,13 +28,39 @@
 
 Errors of the libraries underneath (asyncpg, aiohttp, pyarrow) are translated
 into these at one boundary per connector, with ``raise ... from``.
+
+A message is at most :data:`MAX_MESSAGE` characters: a longer one (a message
+quoting a 50 MB value from a row) keeps its beginning and its end around a note
+of how much was cut, so that logs, Spark's task errors and error rows stay
+readable whatever the data.
 """
 
 from __future__ import annotations
 
+from typing import Any, Final
+
+MAX_MESSAGE: Final = 4000
+"""Characters of an exception message at most (see the module docstring)."""
+_TAIL: Final = 1000  # of those, kept from the end (what failed is often said last)
+
+
+def clip_message(message: str) -> str:
+    """``message`` within :data:`MAX_MESSAGE` characters: its beginning and end kept."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    head = MAX_MESSAGE - _TAIL - 40  # 40: room for the note
+    cut = len(message) - head - _TAIL
+    return f"{message[:head]} ... [{cut} characters cut] ... {message[-_TAIL:]}"
+
 
 class AsyncOpsError(Exception):
-    """Base class of every exception asyncio_ops raises on purpose."""
+    """Base class of every exception asyncio_ops raises on purpose; its message is
+    clipped to :data:`MAX_MESSAGE` characters."""
+
+    def __init__(self, *args: Any) -> None:
+        if args and isinstance(args[0], str):
+            args = (clip_message(args[0]), *args[1:])
+        super().__init__(*args)
 
 
 class ConfigurationError(AsyncOpsError, ValueError):

@@ -19,6 +19,14 @@ def describe_record(record: Record[Any]) -> str:
     return text
 
 
+def one_result(results: Any) -> bool:
+    """A tuple subclass that is a row (a ``pyspark.sql.Row``, a namedtuple) is one result
+    where a list of results belongs: iterating it would take its fields for results.
+    (The operator itself passes such tuples on: a chunk's ``ArrowResult`` is one; the
+    row-producing adapters judge with this.)"""
+    return isinstance(results, tuple) and type(results) is not tuple
+
+
 def bad_results(results: Any) -> InvalidResultError | None:
     """Why ``results`` of an attempt are not a sequence of results, or None if they are."""
     if (

@@ -57,3 +57,15 @@ def test_every_class_has_the_parents_the_tree_draws() -> None:
         if isinstance(v, type) and issubclass(v, BaseException)
     }  # fmt: skip
     assert set(seen) == defined  # every exception of the module is in the tree, once
+
+
+def test_a_message_is_clipped_to_its_beginning_and_end() -> None:
+    from asyncio_ops._exceptions import MAX_MESSAGE
+
+    error = asyncio_ops.ConfigurationError("head " + "v" * 10_000_000 + " tail")
+    message = str(error)
+    assert len(message) <= MAX_MESSAGE
+    assert message.startswith("head vvv") and message.endswith("vvv tail")
+    cut = int(message.split("[", 1)[1].split(" ", 1)[0])
+    assert len(message) - len(f" ... [{cut} characters cut] ... ") + cut == 10_000_010
+    assert str(asyncio_ops.ConfigurationError("short")) == "short"

@@ -38,6 +38,7 @@ from .._functions import (
     SupportsInvokeChunk,
     SupportsOutputColumns,
 )
+from .._results import one_result
 from ._coerce import coerced_array, decimals_as_floats, has_fraction
 from ._spec import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
@@ -158,12 +159,14 @@ class RowFunction(AsyncFunction[Any, Any]):
     def merge(self, value: Any, results: Any) -> list[dict[str, Any]]:
         row = value.row
         late = value.late
-        if results is None or not isinstance(results, list | tuple):
+        if results is None or not isinstance(results, list | tuple) or one_result(results):
             # a failed lookup (an error row with on_error="error_column"), unlike a
             # result that does not fit the schema, which is a bug and always fails
             raise InvalidResultError(
-                f"the async function must return a list of dicts, got "
-                f"{type(results).__name__} for input row {describe_row(row)}"
+                f"the async function must return a list of results, got "
+                f"{type(results).__name__}: {results!r:.200}"
+                + (" (wrap a single result in a list)" if one_result(results) else "")
+                + f" for input row {describe_row(row)}"
             )
         if not results and self.keep_empty:
             results = _NO_MATCH
@@ -261,13 +264,15 @@ class RowFunction(AsyncFunction[Any, Any]):
     def error_row(
         self, row: Mapping[str, Any], late: bool | None, exc: BaseException, attempts: int
     ) -> dict[str, Any]:
-        """The output row of a failed input row: its input columns (if kept), ``_error``."""
-        out = dict(row) if self.keep else {}
-        out[ERROR_COLUMN] = {
-            "exception": type(exc).__name__,
-            "message": str(exc)[:2000],
-            "attempts": attempts,
-        }
+        """The output row of a failed input row: its input columns (if kept), ``_error``
+        (with the input columns as ``_error.input`` when they are not kept)."""
+        error = {"exception": type(exc).__name__, "message": str(exc)[:2000], "attempts": attempts}
+        if self.keep:
+            out = dict(row)
+        else:
+            out = {}
+            error["input"] = {k: v for k, v in row.items() if k != KEY_GROUP_COLUMN}
+        out[ERROR_COLUMN] = error
         if late is not None:
             out[LATE_COLUMN] = late
         self.error_rows += 1

@@ -85,6 +85,15 @@ ERROR_STRUCT: Final = StructType(
 )
 
 
+def _error_struct(df: DataFrame, keep_input_columns: bool) -> StructType:
+    """``_error``'s type: :data:`ERROR_STRUCT`, and when the input columns are not kept,
+    ``input``, the failed row's input columns, so that an error row names its row."""
+    if keep_input_columns:
+        return ERROR_STRUCT
+    inputs = StructType([f for f in df.schema.fields if f.name != KEY_GROUP_COLUMN])
+    return StructType([*ERROR_STRUCT.fields, StructField("input", inputs, True)])
+
+
 class _MetricsParam(AccumulatorParam[RunMetrics]):
     def zero(self, value: RunMetrics) -> RunMetrics:
         return RunMetrics()
@@ -337,7 +346,7 @@ def _wait(
     in_fields = list(df.schema.fields) if keep_input_columns else []
     out_fields = in_fields + list(added.fields)
     if on_error == "error_column":
-        out_fields.append(StructField(ERROR_COLUMN, ERROR_STRUCT, True))
+        out_fields.append(StructField(ERROR_COLUMN, _error_struct(df, keep_input_columns), True))
     if event_col is not None:
         out_fields.append(StructField(LATE_COLUMN, BooleanType(), True))
     spark_schema = StructType(out_fields)

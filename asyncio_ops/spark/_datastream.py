@@ -12,7 +12,8 @@ What a PyFlink function sees and returns is kept: each input row arrives as a
 ``pyspark.sql.Row`` (``value[0]``, ``value.name``), and the results may be
 ``Row``s, tuples or, with a one-column ``output_type``, bare values; the output
 is only what the function returns (PyFlink's output stream), not the input
-columns. The function subclasses ``asyncio_ops.AsyncFunction`` instead of
+columns (an error row of ``on_error="error_column"`` carries them as
+``_error.input``). The function subclasses ``asyncio_ops.AsyncFunction`` instead of
 PyFlink's; ``open``, ``async_invoke``, ``timeout`` and ``close`` keep their
 meaning. ``timeout`` is seconds, a ``timedelta``, an interval string, or
 anything with PyFlink's ``Time.to_milliseconds()``. Every other option of

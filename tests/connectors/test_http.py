@@ -28,6 +28,7 @@ from asyncio_ops.connectors import (
 from asyncio_ops.connectors.http import HttpBatch, HttpLookup, active_sessions, parse_retry_after
 
 from asyncio_ops import ConfigurationError
+from asyncio_ops._exceptions import MAX_MESSAGE
 from asyncio_ops.testing import ManualClock
 
 TOKEN = "tok-SECRET-8c1f2e"
@@ -514,3 +515,17 @@ def test_a_dot_segment_value_is_refused_in_a_url_naming_the_field(value: str) ->
     # dots inside a value stay (they do not make a dot segment), and outside URLs too
     assert template.render({"cid": "a..b"}, url=True) == "http://h/customers/a..b/orders"
     assert template.render({"cid": value}) == f"http://h/customers/{value}/orders"
+
+
+@pytest.mark.asyncio
+async def test_a_huge_value_in_the_url_gives_a_message_of_bounded_length(server: Server) -> None:
+    # 50 MB in one path segment: the server refuses the request line; the error names the
+    # request and what failed, and quotes the value only in part.
+    async with HttpLookup(f"{server.base}/customers/{{id}}", max_retries=0) as lookup:
+        with pytest.raises(LookupResponseError) as caught:
+            await lookup.async_invoke({"id": "x" * 50_000_000})
+    message = str(caught.value)
+    assert len(message) <= MAX_MESSAGE
+    assert message.startswith(f"GET {server.base}/customers/xxx")
+    assert "characters cut" in message
+    assert caught.value.status == 400

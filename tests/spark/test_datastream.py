@@ -62,3 +62,36 @@ def test_bare_values_with_a_one_column_output_type_and_retry(people: Any) -> Non
 def test_output_type_is_required(people: Any) -> None:
     with pytest.raises(ConfigurationError, match="output_type is required"):
         AsyncDataStream.ordered_wait(people, PlusOne(), 5)
+
+
+class BareRow(AsyncFunction):  # type: ignore[type-arg]
+    """Returns a bare Row instead of a list of Rows (a common porting slip); its
+    ``timeout`` does the same."""
+
+    async def async_invoke(self, value: Row) -> Any:
+        if value.id % 2:
+            await asyncio.sleep(30)  # times out: timeout() answers
+        return Row(value[0], value.name.upper())
+
+    async def timeout(self, value: Row) -> Any:
+        return Row(value[0], "late")
+
+
+@pytest.mark.parametrize("mode", ["ordered_wait", "unordered_wait"])
+def test_a_bare_row_is_a_failed_lookup_kept_as_an_error_row_with_its_input(
+    people: Any, mode: str
+) -> None:
+    wait = getattr(AsyncDataStream, mode)
+    out = wait(people, BareRow(), 0.5, 10, "id long, name string", on_error="error_column")
+    # only the output columns, as in PyFlink; an error row's input is in _error.input
+    assert out.columns == ["id", "name", "_error"]
+    rows = sorted(out.collect(), key=lambda r: r["_error"]["input"]["id"])
+    assert [r["_error"]["input"].asDict() for r in rows] == [
+        {"id": i, "name": f"n{i}"} for i in range(6)
+    ]
+    for r in rows:
+        assert (r["id"], r["name"]) == (None, None)
+        assert r["_error"]["exception"] == "InvalidResultError"
+        assert "must return a list of results" in r["_error"]["message"]
+        assert "got Row" in r["_error"]["message"]
+        assert "wrap a single result in a list" in r["_error"]["message"]
