@@ -108,6 +108,18 @@ def test_the_limit_recovers_from_an_overload_storm_as_fast_as_it_started(service
     assert min(out.limits[len(out.limits) * 7 // 8 :]) >= level
 
 
+@pytest.mark.parametrize("service", ["scaling", "saturating at 64", "saturating at 300"])
+def test_a_learned_limit_is_at_the_best_fixed_capacity_in_the_first_second(service: str) -> None:
+    # a worker's next partition of an operator starts where its previous one ended
+    # (the runtime passes the limit as ``initial``): no climb from 16 again
+    kw = SERVICES[service]
+    previous = AdaptiveLimit()
+    simulate(previous, 8.0, **kw)
+    best = max(simulate(c, 1.0, **kw).rate for c in FIXED)
+    first_second = simulate(AdaptiveLimit(initial=previous.limit), 1.0, **kw)
+    assert first_second.rate >= 0.9 * best, (first_second.rate, best, previous)
+
+
 def test_an_overload_cuts_the_limit_once_per_round() -> None:
     limit = AdaptiveLimit(initial=100)
     limit.on_overload(now=0.0)
