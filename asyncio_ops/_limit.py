@@ -1,37 +1,58 @@
 """``capacity="auto"``: an in-flight limit found from what the service answers.
 
 One :class:`AdaptiveLimit` per operator instance (per Spark partition). The
-operator reports each completion's latency (:meth:`AdaptiveLimit.on_complete`)
-and each sign of overload (:meth:`AdaptiveLimit.on_overload`: a timeout, or an
-error whose ``overload`` is true, e.g. a 429 or 503 answer); it reads
-:attr:`AdaptiveLimit.limit` as the number of lookups it may keep in flight.
+operator reports each completion's latency (:meth:`AdaptiveLimit.on_complete`,
+with ``failed=True`` when the element's result is an error, e.g. a row from
+``on_failure``) and each sign of overload (:meth:`AdaptiveLimit.on_overload`: a
+timeout, or an error whose ``overload`` is true, e.g. a 429 or 503 answer); it
+reads :attr:`AdaptiveLimit.limit` as the number of lookups it may keep in flight.
 
 The limit climbs the throughput curve, as TCP BBR probes for bandwidth, with a
 latency guard, as TCP Vegas keeps queues short. Time is cut into *rounds*: a
 round ends at the first completion after at least ``limit`` completions and
-twice the lowest round median latency seen (about one turn of the window), and
-after startup at least 100 ms (shorter rounds measure rates too noisily).
-Per round: the rate (completions / seconds), the median latency, and whether
-the operator had enough work to fill the limit (an *app-limited* round teaches
-nothing and changes nothing).
+twice the latency floor (about one turn of the window), and after startup at
+least 100 ms (shorter rounds measure rates too noisily). Per round: the
+*goodput* (completions that were not errors / seconds), the median latency of
+those completions, the share of completions that were errors, and whether the
+operator had enough work to fill the limit (an *app-limited* round teaches
+nothing and changes nothing). Errors are not goodput and not latency samples:
+an error answered at once would otherwise look like throughput and lower the
+latency floor.
+
+The *latency floor* is the lowest round median of the last 2.5 s (a windowed
+minimum, as BBR's min_rtt expires), so that it follows a service that got
+slower. When it rises past the latency guard (the service's own latency went up
+by more than 2x), startup is entered again from the current limit.
 
 After every change of the limit one round is skipped (it still finishes the
 requests of the previous limit); the next one judges the new limit, except in
 startup, which ends at once when that round's latency already breaks the guard.
 
-- **Startup**: the limit doubles while the rate grows by at least 25% per step
-  and the round's median latency stays under 2x the lowest seen. When either
-  fails, startup ends at the last step if it still grew the rate by 15% (past
-  the knee of the curve), else at the step before.
+- **Startup**: the limit doubles while the goodput grows by at least 25% per
+  step and the round's median latency stays under 2x the floor. When either
+  fails, startup ends at the last step if it still grew the goodput by 15%
+  (past the knee of the curve), else at the step before.
 - **Steady**: the limit is held; every fourth round a probe runs, alternately
-  x1.25 (kept if the probe round's rate beats the held rate, the mean of the
-  rounds held since the last probe, by 3% with latency under the guard: a
-  service that scales) and x0.8 (kept if the rate stays within 3%: fewer in
-  flight, same throughput, shorter queues at a saturated service; only when
-  the last held round's median latency is 10% above the lowest, a sign of a
-  queue; else that probe goes up too).
+  x1.25 (kept if the probe round's goodput beats the held goodput, the mean of
+  the rounds held since the last probe, by 3% with latency under the guard: a
+  service that scales) and x0.8 (kept if the goodput stays within 3%: fewer in
+  flight, same throughput, shorter queues at a saturated service; only when the
+  last held round's median latency is 10% above the floor or 1% of its
+  completions were errors, a sign of a queue or of a service past its knee;
+  else that probe goes up too).
 - **Overload**: a timeout or an overload error cuts the limit to 0.7x at once
-  (at most once per round) and restarts steady probing from there.
+  (at most once per round; in startup to the last step that was good, if
+  lower) and restarts steady probing from there. So does an error rate that
+  rises with the limit: once a round's errors exceed what the error share of
+  the rounds it is judged against (the last startup step, or the rounds held
+  since the last probe) predicts by at least 4, by 5% of its completions and by
+  4 standard deviations of chance (errors at a constant share, such as rows the
+  service does not know, are not overload); during a probe up that only ends
+  the probe, back at the held limit.
+- **Recovery**: once a round after cuts passes without one, if the cuts took
+  the limit below half of where it was held before them (a storm of overload,
+  not a touch of the knee), startup is entered again, at most up to that
+  former level: recovery is as fast as the first climb.
 
 The limit stays within ``[minimum, maximum]``. Nothing here reads a clock: the
 caller passes ``now`` (the operator's clock, so a ``ManualClock`` drives it in
@@ -41,6 +62,7 @@ tests), and nothing here awaits.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Final, Protocol, runtime_checkable
 
 from ._exceptions import ConfigurationError
@@ -49,15 +71,21 @@ from .options import positive_int
 DEFAULT_MAX_CAPACITY: Final = 1024
 """The default bound of an adaptive limit (and the queue size it needs)."""
 STARTUP_GROWTH: Final = 2.0
-STARTUP_GAIN: Final = 1.25  # the rate must grow this much per startup step
-STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the rate this much
-LATENCY_GUARD: Final = 2.0  # round median latency / lowest round median
+STARTUP_GAIN: Final = 1.25  # the goodput must grow this much per startup step
+STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the goodput this much
+LATENCY_GUARD: Final = 2.0  # round median latency / latency floor
+LATENCY_WINDOW: Final = 2.5  # seconds: the floor is the lowest round median of this window
 PROBE_UP: Final = 1.25
 PROBE_DOWN: Final = 0.8
-UP_GAIN: Final = 1.03  # a probe up is kept if the rate grows this much
-DOWN_KEEP: Final = 0.97  # a probe down is kept if the rate stays above this share
-QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the lowest: no queue
+UP_GAIN: Final = 1.03  # a probe up is kept if the goodput grows this much
+DOWN_KEEP: Final = 0.97  # a probe down is kept if the goodput stays above this share
+QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the floor: no queue
+ERRORS_FREE: Final = 0.01  # a held round's error share under this: not past the knee
+ERROR_RISE: Final = 0.05  # an error share this far above the one before: overload
+ERROR_EVIDENCE: Final = 4  # errors a round needs before their share can mean overload
+ERROR_SIGMAS: Final = 4.0  # and the excess is this many standard deviations past chance
 OVERLOAD_CUT: Final = 0.7
+RECOVER_BELOW: Final = 0.5  # cuts below this share of the held limit: recover by startup
 PROBE_EVERY: Final = 4  # held rounds between probes
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
 MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
@@ -75,9 +103,11 @@ class AdaptiveLimit:
     """The in-flight limit of one operator instance (see the module docstring)."""
 
     __slots__ = (
-        "_best_limit", "_best_rate", "_cut_in_round", "_down_next", "_held", "_latencies",
-        "_max_in_flight", "_min_latency", "_probe", "_rounds_held", "_started", "_startup",
-        "_transition", "changes", "limit", "maximum", "minimum", "rounds",
+        "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
+        "_completions", "_cut_in_round", "_down_next", "_errors", "_floors", "_held",
+        "_held_completions", "_held_errors", "_latencies", "_max_in_flight", "_min_latency",
+        "_probe", "_rounds_held", "_started", "_startup", "_transition", "changes", "limit",
+        "maximum", "minimum", "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -93,51 +123,100 @@ class AdaptiveLimit:
         self._startup = True
         self._best_rate = 0.0
         self._best_limit = self.limit
-        self._min_latency = math.inf
+        self._min_latency = math.inf  # the latency floor: the lowest median of the window
+        self._floors: deque[tuple[float, float]] = deque()  # (round end, median), rising
         self._started: float | None = None  # the current round's start
-        self._latencies: list[float] = []
+        self._latencies: list[float] = []  # of the round's completions that were not errors
+        self._completions = 0  # the round's completions, errors included
+        self._errors = 0  # the round's completions that were errors
+        # the errors and completions of the rounds this one's error share is judged
+        # against: the last startup round, or the rounds held since the last probe
+        self._base_errors = 0
+        self._base_completions = 0  # 0: none yet
         self._max_in_flight = 0
         self._cut_in_round = False
-        self._held = 0.0  # the rate of the last held round
+        self._held = 0.0  # the goodput of the rounds held since the last probe
+        self._held_errors = 0  # their errors and completions
+        self._held_completions = 0
         self._rounds_held = 0
         self._probe = 0.0  # the factor being probed (0: none)
         self._down_next = True  # probes alternate: up first
         self._transition = False  # the round after a change: requests of the old limit
+        self._ceiling = 0  # the limit held before a series of cuts (0: none)
 
     def __repr__(self) -> str:
         phase = "startup" if self._startup else f"probe x{self._probe}" if self._probe else "hold"
         return f"AdaptiveLimit(limit={self.limit}, {phase}, rounds={self.rounds})"
 
     # -- what the operator reports ---------------------------------------------------------
-    def on_complete(self, latency: float, in_flight: int, now: float) -> None:
+    def on_complete(self, latency: float, in_flight: int, now: float, failed: bool = False) -> None:
         """One element completed after ``latency`` seconds, with ``in_flight`` elements
-        (itself included) in flight just before it completed."""
+        (itself included) in flight just before it completed; ``failed``: its result is
+        an error (not goodput, not a latency sample)."""
         if self._started is None:
             self._started = now - latency
-        self._latencies.append(latency)
+        self._completions += 1
+        if failed:
+            self._errors += 1
+            if self._errors_rose():
+                if self._probe > 1 and not self._cut_in_round:
+                    self._failed_probe()  # the probe up did it: back to the held limit
+                else:
+                    self._cut()
+        else:
+            self._latencies.append(latency)
         if in_flight > self._max_in_flight:
             self._max_in_flight = in_flight
         elapsed = now - self._started
-        n = len(self._latencies)
+        n = self._completions
         floor = self._min_latency if self._min_latency < math.inf else 0.0
         shortest = 2 * floor if self._startup else max(2 * floor, MIN_ROUND)
         if (n >= self.limit and elapsed >= shortest) or elapsed >= MAX_ROUND:
-            self._end_round(n / elapsed if elapsed > 0 else math.inf, now)
+            good = len(self._latencies)
+            self._end_round(good / elapsed if elapsed > 0 else math.inf, now)
 
     def on_overload(self, now: float) -> None:
         """A timeout or an overload answer: cut the limit (once per round; when
-        nothing completes, a round is the time of two lowest round latencies)."""
+        nothing completes, a round is the time of two latency floors)."""
         started = self._started
         floor = self._min_latency if self._min_latency < math.inf else MAX_ROUND / 2
         if started is not None and now - started >= 2 * floor:
             self._next_round(now)
+        self._cut()
+
+    def _errors_rose(self) -> bool:
+        """The round's error share is past the one before it (with enough evidence)."""
+        m = self._base_completions
+        if not m:  # no share to compare with yet
+            return False
+        n = self._completions
+        excess = self._errors - self._base_errors / m * n
+        # past chance: at a constant share p the excess has a standard deviation of
+        # sqrt(p (1 - p) (n + n^2 / m)) (this round's count and the base's own estimate;
+        # p estimated with one error and one success more, so that 0 of m is not certain)
+        p = (self._base_errors + 1) / (m + 2)
+        chance = ERROR_SIGMAS * math.sqrt(p * (1 - p) * (n + n * n / m))
+        return excess >= max(ERROR_EVIDENCE, ERROR_RISE * n, chance)
+
+    def _failed_probe(self) -> None:
+        self._cut_in_round = True  # the round says nothing; no second cut in it
+        self._probe = 0.0
+        self._rounds_held = 0
+        self._set(self._best_limit)
+
+    def _cut(self) -> None:
         if self._cut_in_round:
             return
         self._cut_in_round = True
+        if not self._ceiling:
+            self._ceiling = self._best_limit
+        cut = math.floor(self.limit * OVERLOAD_CUT)
+        if self._startup:  # the step just taken did it: back to the last good one
+            cut = min(cut, self._best_limit)
         self._startup = False
         self._probe = 0.0
         self._rounds_held = 0
-        self._set(math.floor(self.limit * OVERLOAD_CUT))
+        self._set(cut)
 
     # -- rounds ----------------------------------------------------------------------------
     def _next_round(self, now: float) -> None:
@@ -145,48 +224,84 @@ class AdaptiveLimit:
         self.rounds += 1
         self._started = now
         self._latencies = []
+        self._completions = 0
+        self._errors = 0
         self._max_in_flight = 0
         self._cut_in_round = False
 
+    def _floor(self, median: float, now: float) -> None:
+        """Take a round's median into the windowed minimum; a floor that rose past the
+        guard (the service got slower, not our queue) starts startup again."""
+        floors = self._floors
+        while floors and floors[-1][1] >= median:
+            floors.pop()
+        floors.append((now, median))
+        while len(floors) > 1 and floors[0][0] < now - LATENCY_WINDOW:
+            floors.popleft()
+        before, self._min_latency = self._min_latency, floors[0][1]
+        if before < math.inf and self._min_latency > LATENCY_GUARD * before:
+            self._restart()
+
+    def _restart(self) -> None:
+        """Enter startup again from the current limit."""
+        self._startup = True
+        self._best_rate = 0.0
+        self._best_limit = self.limit
+        self._probe = 0.0
+        self._rounds_held = 0
+
     def _end_round(self, rate: float, now: float) -> None:
         latencies = sorted(self._latencies)
-        median = latencies[len(latencies) // 2]
+        median = latencies[len(latencies) // 2] if latencies else math.inf
+        errors, completions = self._errors, self._completions
         app_limited = self._max_in_flight < 0.9 * self.limit
         cut = self._cut_in_round
         self._next_round(now)
-        if median < self._min_latency:
-            self._min_latency = median
+        if latencies:
+            self._floor(median, now)
         transition, self._transition = self._transition, False
         calm = median <= LATENCY_GUARD * self._min_latency
         if transition and self._startup and not calm and not cut:
             # a queue shows already while the step is taken: end startup now rather
             # than hold the longer queue for one more round
-            self._startup = False
-            self._held = self._best_rate
-            self._set(self._best_limit)
+            self._end_startup(self._best_rate)
             return
         if cut or app_limited or transition:
             # a round that was cut, not filled, or still finishing the requests of the
             # previous limit says nothing about this one
             return
+        if self._ceiling:
+            # the first round after cuts that passed without one
+            if self.limit < RECOVER_BELOW * self._ceiling:
+                self._restart()  # a storm took it far down: climb as fast as startup
+            else:
+                self._ceiling = 0
         if self._startup:
+            self._base_errors, self._base_completions = errors, completions
             self._startup_round(rate, calm)
         else:
-            self._steady_round(rate, calm, median)
+            self._steady_round(rate, calm, median, errors, completions)
 
-    def _startup_round(self, rate: float, calm: bool) -> None:
-        if calm and rate >= STARTUP_GAIN * self._best_rate and self.limit < self.maximum:
-            self._best_rate, self._best_limit = rate, self.limit
-            self._set(math.ceil(self.limit * STARTUP_GROWTH))
-            return
-        if calm and rate >= STARTUP_KEEP * self._best_rate:
-            # at the maximum, or past the knee of the curve but still gaining: keep it
-            self._best_rate, self._best_limit = rate, self.limit
+    def _end_startup(self, rate: float) -> None:
         self._startup = False
-        self._held = max(rate, self._best_rate)
+        self._ceiling = 0
+        self._held = rate
         self._set(self._best_limit)
 
-    def _steady_round(self, rate: float, calm: bool, median: float) -> None:
+    def _startup_round(self, rate: float, calm: bool) -> None:
+        top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
+        if calm and rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
+            self._best_rate, self._best_limit = rate, self.limit
+            self._set(min(math.ceil(self.limit * STARTUP_GROWTH), top))
+            return
+        if calm and rate >= STARTUP_KEEP * self._best_rate:
+            # at the top, or past the knee of the curve but still gaining: keep it
+            self._best_rate, self._best_limit = rate, self.limit
+        self._end_startup(max(rate, self._best_rate))
+
+    def _steady_round(
+        self, rate: float, calm: bool, median: float, errors: int, completions: int
+    ) -> None:
         if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
             keep = (rate >= UP_GAIN * self._held and calm) if up else rate >= DOWN_KEEP * self._held
@@ -198,17 +313,26 @@ class AdaptiveLimit:
             else:
                 self._set(base)
             return
-        # the held rate: the mean of the rounds held since the last probe (less noisy)
+        # the held goodput: the mean of the rounds held since the last probe (less noisy)
         n = self._rounds_held
         self._held = rate if n == 0 else (self._held * n + rate) / (n + 1)
+        if n == 0:
+            self._held_errors, self._held_completions = 0, 0
+        self._held_errors += errors
+        self._held_completions += completions
+        self._base_errors, self._base_completions = self._held_errors, self._held_completions
         self._best_limit = self.limit
         self._rounds_held += 1
         if self._rounds_held >= PROBE_EVERY:
             # alternate up and down probes: up finds more throughput, down shorter
-            # queues (only where latency says there is a queue to shorten)
+            # queues or fewer errors (only where latency says there is a queue to
+            # shorten, or errors say the service is past its knee)
             self._down_next = not self._down_next
-            down = self._down_next and median > QUEUE_FREE * self._min_latency
-            self._probe = PROBE_DOWN if down else PROBE_UP
+            past = (
+                median > QUEUE_FREE * self._min_latency
+                or self._held_errors > ERRORS_FREE * self._held_completions
+            )
+            self._probe = PROBE_DOWN if self._down_next and past else PROBE_UP
             before = self.limit
             self._set(math.ceil(self.limit * self._probe) if self._probe > 1
                       else math.floor(self.limit * self._probe))  # fmt: skip

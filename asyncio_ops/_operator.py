@@ -240,7 +240,8 @@ class AsyncWaitOperator:
         capacity: maximum elements in flight (queue size, watermarks included), or
             ``"auto"``: an :class:`~asyncio_ops._limit.AdaptiveLimit` finds the
             number of elements in flight from the observed throughput and latency
-            (cut on timeouts and on errors whose ``overload`` is true), between 1
+            (errors are not throughput; cut on timeouts, on errors whose
+            ``overload`` is true and on an error rate that rises with it), between 1
             and ``max_capacity``, which then sizes the queue; or an
             :class:`~asyncio_ops._limit.AdaptiveLimit` of the caller's (a runtime
             that carries a limit from one operator instance to the next).
@@ -811,8 +812,9 @@ class AsyncWaitOperator:
 
     def _on_error(self, entry: _Entry, exc: BaseException) -> bool:
         """Judge a failed attempt; True to try again at once."""
-        if self.limiter is not None and isinstance(exc, SignalsOverload) and exc.overload:
-            self._overloaded(self.limiter)
+        limiter = self.limiter
+        if limiter is not None and isinstance(exc, SignalsOverload) and exc.overload:
+            self._overloaded(limiter)
         retry = self._retry
         if (
             retry is not None
@@ -820,6 +822,10 @@ class AsyncWaitOperator:
             and retry.can_retry(entry.attempts)
         ):
             entry.last_error = exc
+            if limiter is not None:  # an attempt that failed: not goodput
+                now = self._clock_now()
+                limiter.on_complete(now - entry.started, self._in_flight, now, failed=True)
+                self._cap = limiter.limit
             return self._schedule_retry(entry)
         self._fail_element(entry, exc)
         return False
@@ -894,14 +900,15 @@ class AsyncWaitOperator:
         self._complete(entry, results)
 
     # -- completion --------------------------------------------------------------------
-    def _complete(self, entry: _Entry, results: Sequence[Any]) -> None:
+    def _complete(self, entry: _Entry, results: Sequence[Any], failed: bool = False) -> None:
+        """``failed``: the results stand for an error (``on_failure``'s), not goodput."""
         if not entry.complete(results):
             return
         limiter = self.limiter
         grew = False
         if limiter is not None and not entry.timed_out:
             now = self._clock_now()
-            limiter.on_complete(now - entry.started, self._in_flight, now)
+            limiter.on_complete(now - entry.started, self._in_flight, now, failed)
             grew = limiter.limit > self._cap
             self._cap = limiter.limit
         self._in_flight -= 1
@@ -929,7 +936,7 @@ class AsyncWaitOperator:
             except Exception as handler_exc:
                 exc = handler_exc
             else:
-                self._complete(entry, results)
+                self._complete(entry, results, failed=True)
                 return
         self._timeouts.release(entry)
         error = element_failure(

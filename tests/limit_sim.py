@@ -7,13 +7,26 @@ Work is always waiting (the operator is never short of input). Services:
   server, then takes its log-normal time): throughput stops growing at ``n`` in flight
   and latency grows instead;
 - ``cpu_bound(rate)``: the client's own loop completes at most ``rate`` requests per
-  second: latency grows with the queue of completions (a busy event loop).
+  second: latency grows with the queue of completions (a busy event loop);
+- ``errors_beyond(n)``: at most ``n`` requests are served at once; one arriving beyond
+  them is answered at once (after ``error_latency``) with an error that does not
+  declare overload (an HTTP 500): the error rate rises with the limit;
+- ``error_share``: that share of requests, at random, are answered after their usual
+  time with an error (rows the service does not know): errors that do not rise with
+  the limit;
+- ``latency_step``: ``(t, median)``: from simulated time ``t`` on, requests take the
+  new median (a service that got slower or faster);
+- ``overload_storm``: ``(start, end)``: every request started in that window is
+  answered after ``error_latency`` with an error that declares overload (a 429).
 
+The limit sees what the operator shows it: a completion's latency (an error's with
+``failed=True``, which is not goodput), and ``on_overload`` before a 429's completion.
 Time is simulated: nothing sleeps.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
@@ -25,18 +38,35 @@ from asyncio_ops._limit import AdaptiveLimit
 
 @dataclass
 class Outcome:
-    completed: int
+    completed: int  # successful completions (goodput)
     seconds: float
-    latencies: list[float] = field(default_factory=list)
-    limits: list[int] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # of successful completions
+    limits: list[int] = field(default_factory=list)  # at each completion, errors included
+    errors: int = 0  # completions that were errors
+    times: list[float] = field(default_factory=list)  # of successful completions
+    limit_times: list[float] = field(default_factory=list)  # of each entry of ``limits``
 
     @property
     def rate(self) -> float:
         return self.completed / self.seconds
 
+    @property
+    def error_fraction(self) -> float:
+        total = self.completed + self.errors
+        return self.errors / total if total else 0.0
+
     def quantile(self, q: float) -> float:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def rate_between(self, start: float, end: float) -> float:
+        """Successful completions per second in ``[start, end)``."""
+        n = bisect.bisect_left(self.times, end) - bisect.bisect_left(self.times, start)
+        return n / (end - start)
+
+    def limit_at(self, t: float) -> int:
+        """The limit at the last completion before ``t``."""
+        return self.limits[max(0, bisect.bisect_left(self.limit_times, t) - 1)]
 
 
 def simulate(
@@ -47,18 +77,25 @@ def simulate(
     sigma: float = 0.3,
     servers: int | None = None,
     cpu_rate: float | None = None,
+    errors_beyond: int | None = None,
+    error_latency: float = 0.001,
+    error_share: float = 0.0,
+    latency_step: tuple[float, float] | None = None,
+    overload_storm: tuple[float, float] | None = None,
     seed: int = 1,
 ) -> Outcome:
     rng = random.Random(seed)
 
     def service_time() -> float:
-        return median * math.exp(sigma * rng.gauss(0.0, 1.0))
+        m = median if latency_step is None or now < latency_step[0] else latency_step[1]
+        return m * math.exp(sigma * rng.gauss(0.0, 1.0))
 
     now = 0.0
     events: list[tuple[float, int, str, float]] = []  # (time, seq, kind, started)
     seq = 0
     in_flight = 0
     busy = 0
+    serving = 0  # errors_beyond: requests being served (not answered with an error)
     waiting: deque[float] = deque()  # started times of requests queued for a server
     done_queue_free_at = 0.0  # cpu_bound: when the loop can complete the next one
     out = Outcome(0, seconds)
@@ -67,13 +104,21 @@ def simulate(
         return limit if isinstance(limit, int) else limit.limit
 
     def start() -> None:
-        nonlocal seq, in_flight, busy
+        nonlocal seq, in_flight, busy, serving
         in_flight += 1
+        seq += 1
+        if overload_storm is not None and overload_storm[0] <= now < overload_storm[1]:
+            heapq.heappush(events, (now + error_latency, seq, "overload", now))
+            return
+        if errors_beyond is not None:
+            if serving >= errors_beyond:
+                heapq.heappush(events, (now + error_latency, seq, "error", now))
+                return
+            serving += 1
         if servers is not None and busy >= servers:
             waiting.append(now)
             return
         busy += 1
-        seq += 1
         heapq.heappush(events, (now + service_time(), seq, "served", now))
 
     while True:
@@ -84,6 +129,8 @@ def simulate(
             break
         now = t
         if kind == "served":
+            if errors_beyond is not None:
+                serving -= 1
             if servers is not None:
                 busy -= 1
                 if waiting:
@@ -96,10 +143,18 @@ def simulate(
                 heapq.heappush(events, (done_queue_free_at, seq, "done", started))
                 continue
         latency = now - started
+        failed = kind in ("error", "overload") or (error_share > 0 and rng.random() < error_share)
         if not isinstance(limit, int):
-            limit.on_complete(latency, in_flight, now)
+            if kind == "overload":
+                limit.on_overload(now)
+            limit.on_complete(latency, in_flight, now, failed=failed)
         in_flight -= 1
-        out.completed += 1
-        out.latencies.append(latency)
+        if failed:
+            out.errors += 1
+        else:
+            out.completed += 1
+            out.latencies.append(latency)
+            out.times.append(now)
         out.limits.append(current())
+        out.limit_times.append(now)
     return out
