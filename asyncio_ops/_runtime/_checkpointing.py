@@ -187,6 +187,32 @@ def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles |
     return VersionFiles(storage, version, manifests, [storage.path(version, n) for n in expected])
 
 
+def read_previous(storage: CheckpointStorage, version: int) -> VersionFiles | None:
+    """The version a streaming micro-batch ``version + 1`` restores: ``version``'s files.
+
+    None only when the operator has no version yet (its first micro-batch, or an
+    operator new to a running query). A ``version`` that holds no manifest while an
+    earlier one does (deleted, or written where this executor cannot see it) is a
+    CheckpointError naming both: restoring the earlier one, or nothing, would drop
+    the changes of the micro-batches after it without a word.
+    """
+    found = read_version(storage, version)
+    if found is not None:
+        return found
+    earlier = [v for v in storage.versions() if v < version]
+    for older in sorted(earlier, reverse=True):
+        if storage.list_files(older, "subtask-"):
+            raise CheckpointError(
+                f"checkpoint version {version} of {storage.describe(storage.root)} holds no "
+                f"state ({storage.path(version, '')} is missing or empty) while version "
+                f"{older} does: micro-batch {version + 1} cannot start from version {version}. "
+                "Is checkpoint_location shared by every executor? To go back to version "
+                f"{older} on purpose, also roll the query's own checkpoint back to its batch "
+                f"{older + 1} (delete its offsets and commits from {older + 1} on)"
+            )
+    return None
+
+
 def write_version(
     storage: CheckpointStorage,
     version: Version,
@@ -437,7 +463,7 @@ class PartitionCheckpoint:
         previous = self._previous()
         if previous is None:
             return None
-        found = read_version(self.storage, previous)
+        found = read_previous(self.storage, previous)
         if found is None:
             return None
         found.check_operator(ASYNC_WAIT)

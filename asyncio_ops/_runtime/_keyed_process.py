@@ -44,7 +44,7 @@ from .._functions import RuntimeContext
 from .._keygroups import compute_key_group_range_for_operator_index
 from ..state import KeyedProcessOperator, KeyedStateBackend
 from ._adapters import describe_row
-from ._checkpointing import prune_versions, read_version, write_version
+from ._checkpointing import prune_versions, read_previous, write_version
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import (
     WatermarkState,
@@ -155,7 +155,7 @@ def _restore(spec: KeyedProcessSpec, task: TaskInfo, op: KeyedProcessOperator) -
     assert spec.checkpoint is not None and task.batch_id is not None
     if task.batch_id <= 0:
         return WatermarkState()
-    found = read_version(spec.checkpoint, task.batch_id - 1)
+    found = read_previous(spec.checkpoint, task.batch_id - 1)
     if found is None:
         return WatermarkState()
     found.check_operator(OPERATOR)

@@ -347,3 +347,27 @@ def test_an_adaptive_limit_starts_where_the_workers_last_partition_ended() -> No
     first, second = (m.capacity_limits[0] for m in ended)
     assert 16 < first <= 300 and 1 <= second <= 300  # grew from 16, within the bound
     assert runtime.limiter(spec) is not None and runtime.limiter(spec).limit == second  # type: ignore[union-attr]
+
+
+def test_a_deleted_previous_version_is_an_error_naming_it_not_empty_state(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    spec = _carried_keyed(Lookup(), tmp_path)  # version 0 carries 40 in-flight rows
+    list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+    shutil.rmtree(tmp_path / "op" / "v0000000001")  # the newest version, deleted
+    with pytest.raises(
+        CheckpointError, match=r"version 1 of .* holds no state .* while version 0 does"
+    ):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=2)))
+
+
+def test_an_operator_without_any_version_starts_empty_at_any_micro_batch(
+    tmp_path: Path,
+) -> None:
+    # an operator added to a running query: its first micro-batch is not batch 0
+    spec = spec_for(Lookup(), tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2,
+                    num_partitions=1)  # fmt: skip
+    out = rows_of(list(run_partition(spec, batches([1, 2]), TaskInfo(0, 1, batch_id=7))))
+    assert sorted(r["id"] for r in out) == [1, 2]
