@@ -154,8 +154,30 @@ class VersionFiles:
             out.append(_blob(self.storage.read(self.version, name), path))
         return out
 
-    def key_group_blobs(self, key_groups: KeyGroupRange) -> list[tuple[str, int, bytes]]:
-        """``(file, key group, blob)`` of the key groups in ``key_groups``."""
+    def key_group_blobs(
+        self, key_groups: KeyGroupRange, max_parallelism: int
+    ) -> list[tuple[str, int, bytes]]:
+        """``(file, key group, blob)`` of the key groups in ``key_groups``.
+
+        Every manifest is checked whole first: a key group outside
+        ``0 .. max_parallelism - 1`` (a version written with another max_parallelism,
+        or a damaged manifest), or one named by two manifests, is a CheckpointError
+        naming the file, since no partition would ever restore it.
+        """
+        seen: dict[int, str] = {}
+        for manifest, path in zip(self.manifests, self.paths, strict=True):
+            for kg in _column(manifest, "key_group", path):
+                if not 0 <= kg < max_parallelism:
+                    raise CheckpointError(
+                        f"checkpoint file {path} names key group {kg}, outside 0.."
+                        f"{max_parallelism - 1} (max_parallelism={max_parallelism}): was the "
+                        "version written with another max_parallelism?"
+                    )
+                if kg in seen:
+                    raise CheckpointError(
+                        f"checkpoint files {seen[kg]} and {path} both name key group {kg}"
+                    )
+                seen[kg] = path
         out = []
         for manifest, path in zip(self.manifests, self.paths, strict=True):
             groups = _column(manifest, "key_group", path)
@@ -476,7 +498,9 @@ class PartitionCheckpoint:
             self.partition, p_new, found.operator_blobs(), where
         )
         if keyed:
-            stored = carry.restore_keyed(found.key_group_blobs(carry.key_groups))
+            stored = carry.restore_keyed(
+                found.key_group_blobs(carry.key_groups, self.spec.max_parallelism)
+            )
         if kind != self.kind:  # rows carried into chunks, or chunks into rows
             log.info(
                 "partition %s: restoring %d element(s) of kind %r as %r",

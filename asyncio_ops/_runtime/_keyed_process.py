@@ -160,7 +160,9 @@ def _restore(spec: KeyedProcessSpec, task: TaskInfo, op: KeyedProcessOperator) -
         return WatermarkState()
     found.check_operator(OPERATOR)
     p = task.num_partitions or 1
-    for path, kg, blob in found.key_group_blobs(op.backend.key_group_range):
+    for path, kg, blob in found.key_group_blobs(
+        op.backend.key_group_range, spec.max_parallelism
+    ):
         try:
             op.restore({kg: blob})
         except (CheckpointError, ValueError, TypeError) as exc:

@@ -371,3 +371,24 @@ def test_an_operator_without_any_version_starts_empty_at_any_micro_batch(
                     num_partitions=1)  # fmt: skip
     out = rows_of(list(run_partition(spec, batches([1, 2]), TaskInfo(0, 1, batch_id=7))))
     assert sorted(r["id"] for r in out) == [1, 2]
+
+
+@pytest.mark.parametrize("rewrite", ["outside the range", "named twice"])
+def test_a_manifest_naming_a_stray_key_group_is_an_error_naming_it(
+    tmp_path: Path, rewrite: str
+) -> None:
+    from asyncio_ops._checkpoint import decode, encode
+
+    spec = _carried_keyed(Lookup(), tmp_path)
+    manifest = tmp_path / "op" / "v0000000000" / "subtask-00000.ckpt"
+    table = decode(manifest.read_bytes(), str(manifest))
+    groups = table.column("key_group").to_pylist()
+    assert len(groups) > 1
+    # one key group moved outside 0..max_parallelism-1, or renamed as another one there
+    groups[0] = spec.max_parallelism + 7 if rewrite == "outside the range" else groups[1]
+    stray = table.set_column(0, "key_group", pa.array(groups, pa.int32()))
+    manifest.write_bytes(encode(stray.replace_schema_metadata(table.schema.metadata)))
+    last = spec.max_parallelism - 1
+    message = rf"outside 0\.\.{last}" if rewrite == "outside the range" else "both name key group"
+    with pytest.raises(CheckpointError, match=rf"subtask-00000\.ckpt.*{message}"):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
