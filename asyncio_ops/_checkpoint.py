@@ -97,7 +97,11 @@ def decode(data: bytes, name: str) -> pa.Table:
         raise CorruptCheckpointError(f"checkpoint file {name} fails its checksum (corrupted)")
     try:
         with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
-            return reader.read_all()
+            table = reader.read_all()
+        # Full validation (offsets within their buffers, ...): a crafted stream with a
+        # valid checksum must be an error here, never a read outside memory later.
+        table.validate(full=True)
+        return table
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptCheckpointError(
             f"checkpoint file {name} verifies but is not a readable Arrow stream: {exc}"

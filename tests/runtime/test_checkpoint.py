@@ -163,3 +163,22 @@ def test_a_valid_frame_of_the_wrong_shape_names_the_file() -> None:
     two = pa.table({"blob": [b"a", b"b"]})  # a key-group file must hold one blob
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-00003 does not hold one"):
         _blob(two, "/ck/kg-00003")
+
+
+def test_arrow_offsets_pointing_outside_their_buffer_are_an_error_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    # A valid header and checksum around an Arrow stream whose string offsets point far
+    # past the data: reading its values would read outside the buffer (a crash).
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "results-p0-x-0.ckpt", t(v=["a", "bb", "ccc"]))
+    victim = tmp_path / "op" / "v0000000001" / "results-p0-x-0.ckpt"
+    body = victim.read_bytes()[struct.calcsize("<8sHQI") :]
+    offsets = struct.pack("<4i", 0, 1, 3, 6)
+    assert body.count(offsets) == 1
+    crafted = body.replace(offsets, struct.pack("<4i", 0, 1, 3, 0x7FFF0000))
+    victim.write_bytes(_framed(FORMAT_VERSION, crafted))
+    with pytest.raises(
+        CorruptCheckpointError, match=r"results-p0-x-0\.ckpt verifies but is not a readable"
+    ):
+        s.read(1, "results-p0-x-0.ckpt")
