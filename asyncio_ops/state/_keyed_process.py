@@ -22,6 +22,8 @@ Semantics:
   for processing-time timers (Flink's rule).
 - A watermark first advances event-time TTL, then fires every event-time
   timer ``<= watermark`` in timestamp order, and only then goes downstream.
+- An exception from ``on_timer`` carries a note naming the key, the timer's
+  timestamp and its time domain.
 - ``process_element`` and ``on_timer`` emit with ``out.collect(x)``, or,
   PyFlink style, return or yield their outputs (an iterable; None emits
   nothing more).
@@ -313,9 +315,16 @@ class KeyedProcessOperator:
         ctx._timestamp = timer.timestamp
         ctx._domain = domain
         self._out.timestamp = out_ts
-        emitted = self.function.on_timer(timer.timestamp, ctx, self._out)
-        if emitted is not None:
-            self._emit(emitted)
+        try:
+            emitted = self.function.on_timer(timer.timestamp, ctx, self._out)
+            if emitted is not None:
+                self._emit(emitted)
+        except Exception as exc:
+            exc.add_note(
+                f"keyed_process: key {timer.key!r:.100}, on_timer of the {domain.value} timer "
+                f"at {timer.timestamp!r}"
+            )
+            raise
 
     def _emit(self, values: Iterable[Any]) -> None:
         """What a function returned or yielded (PyFlink style), each value collected."""

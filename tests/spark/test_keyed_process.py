@@ -142,6 +142,24 @@ def test_an_error_names_the_key_and_the_row(spark: SparkSession) -> None:
         out.collect()
 
 
+class FailsOnTimer(KeyedProcessFunction[int, Row, Row]):
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        ctx.timer_service().register_event_time_timer(float(value["id"]))
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        if ctx.get_current_key() == 7:
+            raise ValueError("no sevens")
+
+
+def test_an_error_in_on_timer_names_the_key_and_the_timer(spark: SparkSession) -> None:
+    df = spark.range(10).selectExpr("id", "cast(id as double) as ts")
+    out = keyed_process(df, FailsOnTimer(), key="id", event_time="ts", output_schema="id long")
+    with pytest.raises(
+        Exception, match=r"(?s)no sevens.*keyed_process: key 7, on_timer of the event_time timer"
+    ):
+        out.collect()
+
+
 def test_options_are_checked_on_the_driver(spark: SparkSession, tmp_path: Path) -> None:
     df = spark.range(3)
     with pytest.raises(ConfigurationError, match="KeyedProcessFunction"):

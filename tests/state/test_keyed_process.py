@@ -238,3 +238,32 @@ def test_chains_after_the_async_operator(backend: KeyedStateBackend) -> None:
         Record(("a", 2, 12.0), 12.0),
         Watermark(100.0),
     ]
+
+
+class FailsOnTimer(KeyedProcessFunction[str, tuple[str, float], Any]):
+    def process_element(
+        self, value: tuple[str, float], ctx: KeyedProcessContext, out: Collector[Any]
+    ) -> None:
+        ctx.timer_service().register_event_time_timer(value[1])
+        ctx.timer_service().register_processing_time_timer(value[1])
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Any]) -> None:
+        raise ValueError(f"no timer for {ctx.current_key}")
+
+
+@pytest.mark.parametrize("domain", list(TimeDomain))
+def test_an_error_in_on_timer_names_the_key_the_timestamp_and_the_domain(
+    backend: KeyedStateBackend, clock: ManualClock, domain: TimeDomain
+) -> None:
+    op, _ = make_op(backend, clock, FailsOnTimer())  # type: ignore[arg-type]
+    op.open()
+    op(Record(("k1", 7.0), 7.0))
+    with pytest.raises(ValueError, match="no timer for k1") as info:
+        if domain is TimeDomain.EVENT_TIME:
+            op(Watermark(8.0))
+        else:
+            clock.advance(8)
+    assert info.value.__notes__ == [
+        f"keyed_process: key 'k1', on_timer of the {domain.value} timer at 7.0"
+    ]
+    op.close()
