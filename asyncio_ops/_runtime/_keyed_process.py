@@ -8,8 +8,10 @@ every ``watermark_interval`` rows: highest event time seen minus the delay),
 snapshot (streaming) → ``fn.close``.
 
 - **Batch job**: at the end of input the watermark goes to +inf, so every
-  event-time timer fires (Flink's rule for bounded input), and the
-  processing-time timers due by then fire; the state ends with the task.
+  event-time timer registered by then fires (Flink's rule for bounded input),
+  and the processing-time timers due by then fire; a timer ``on_timer``
+  registers during this final firing is dropped, never fired
+  (``KeyedProcessOperator.end_input``); the state ends with the task.
 - **Streaming** (``checkpoint`` required): micro-batch ``N`` restores the key
   groups of this partition from version ``N - 1`` (keyed state and timers,
   one blob per key group, whichever partition wrote them) and the watermark
@@ -104,13 +106,14 @@ def run_keyed_process(
             if sink.full():
                 yield from sink.take()
         if not streaming:
-            op.process_watermark(Watermark(math.inf))  # bounded input: every timer fires
-        elif watermarks is not None:
-            pending = watermarks.max_seen - watermarks.delay
-            if pending > watermarks.current:
-                watermarks.current = pending
-                op.process_watermark(Watermark(pending))
-        op.timer_service.fire_processing_time(time.time())
+            op.end_input(time.time())  # bounded input: the final firing
+        else:
+            if watermarks is not None:
+                pending = watermarks.max_seen - watermarks.delay
+                if pending > watermarks.current:
+                    watermarks.current = pending
+                    op.process_watermark(Watermark(pending))
+            op.timer_service.fire_processing_time(time.time())
         yield from sink.take()
         if streaming:
             state = WatermarkState(

@@ -142,6 +142,28 @@ def test_an_error_names_the_key_and_the_row(spark: SparkSession) -> None:
         out.collect()
 
 
+class Heartbeat(KeyedProcessFunction[str, Row, Row]):
+    """An event-time timer at each user's first event; each beat reports and registers the
+    next one 10 s later, for ever."""
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        ctx.timer_service().register_event_time_timer(value["ts"])
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        out.collect({"user": ctx.get_current_key(), "at": timestamp})
+        ctx.timer_service().register_event_time_timer(timestamp + 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_job_ends_when_on_timer_registers_timers_at_the_end(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("a", 1.0), ("b", 2.0)], "user string, ts double")
+    out = keyed_process(df, Heartbeat(), key="user", event_time="ts",
+                        output_schema="user string, at double", num_partitions=2)  # fmt: skip
+    # the final watermark fires the beats registered at the end of input (one per user);
+    # the beats those register are dropped with the input
+    assert sorted((r.user, r.at) for r in out.collect()) == [("a", 1.0), ("b", 2.0)]
+
+
 class FailsOnTimer(KeyedProcessFunction[int, Row, Row]):
     def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
         ctx.timer_service().register_event_time_timer(float(value["id"]))
