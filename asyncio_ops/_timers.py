@@ -15,6 +15,12 @@ Contract (Flink's InternalTimerService):
 - Event-time timers fire from :meth:`InternalTimerService.advance_watermark`,
   in timestamp order, for every timer ``<= watermark``; the caller emits the
   watermark downstream only after that returns.
+- The end of input (Flink's rule for bounded input): the watermark +inf fires
+  the event-time timers registered when it arrives, and
+  ``fire_processing_time(now, final=True)`` the processing-time timers due by
+  ``now`` registered when it is called; a timer a callback registers during
+  that final firing never fires (it is dropped when it comes due in it), so a
+  timer that re-registers itself ends with the input instead of firing forever.
 - Before a timer's callback runs, its key becomes the current key of the
   ``key_context`` (the keyed state backend), if one is given.
 - :meth:`InternalTimerService.snapshot` returns the live timers grouped by key
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
@@ -136,8 +143,16 @@ class TimerHeap:
             self._dead -= 1
         return heap[0][0] if heap else None
 
-    def poll_due(self, up_to: float) -> Timer | None:
-        """Remove and return the earliest timer with ``timestamp <= up_to``, if any."""
+    def mark(self) -> int:
+        """A registration mark: every timer added after this call has a sequence ``>=`` it."""
+        return next(self._seq)
+
+    def poll_due(self, up_to: float, added_before: int | None = None) -> Timer | None:
+        """Remove and return the earliest timer with ``timestamp <= up_to``, if any.
+
+        With ``added_before`` (a :meth:`mark`), a due timer added after the mark
+        is removed without being returned.
+        """
         heap = self._heap
         while heap:
             entry = heap[0]
@@ -150,6 +165,8 @@ class TimerHeap:
                 return None
             heapq.heappop(heap)
             del self._entries[(timer.key, timer.namespace, timer.timestamp)]
+            if added_before is not None and entry[1] >= added_before:
+                continue
             return timer  # type: ignore[no-any-return]
         return None
 
@@ -274,18 +291,20 @@ class InternalTimerService:
         self._armed_at = float("inf")
         self.fire_processing_time(self._clock.now())
 
-    def fire_processing_time(self, now: float) -> int:
+    def fire_processing_time(self, now: float, *, final: bool = False) -> int:
         """Fire every processing-time timer ``<= now``; returns how many fired.
 
         Normally called by the armed clock callback; public so that a drain can
-        fire timers at once.
+        fire timers at once. ``final``: the end of input, only the timers
+        registered before this call fire (module docstring).
         """
         fired = 0
         heap = self._processing
         ctx = self._key_context
         trigger = self._triggerable.on_processing_time
+        mark = heap.mark() if final else None
         while not self._closed:
-            timer = heap.poll_due(now)
+            timer = heap.poll_due(now, mark)
             if timer is None:
                 break
             if ctx is not None:
@@ -298,14 +317,18 @@ class InternalTimerService:
         return fired
 
     def advance_watermark(self, watermark: float) -> int:
-        """Set the watermark and fire every event-time timer ``<= watermark``, in order."""
+        """Set the watermark and fire every event-time timer ``<= watermark``, in order.
+
+        +inf is the end of input: only the timers registered before it fire.
+        """
         if watermark > self._watermark:
             self._watermark = watermark
         fired = 0
         ctx = self._key_context
         trigger = self._triggerable.on_event_time
+        mark = self._event.mark() if watermark == math.inf else None
         while not self._closed:
-            timer = self._event.poll_due(watermark)
+            timer = self._event.poll_due(watermark, mark)
             if timer is None:
                 break
             if ctx is not None:

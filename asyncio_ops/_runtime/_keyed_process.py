@@ -8,8 +8,10 @@ every ``watermark_interval`` rows: highest event time seen minus the delay),
 snapshot (streaming) → ``fn.close``.
 
 - **Batch job**: at the end of input the watermark goes to +inf, so every
-  event-time timer fires (Flink's rule for bounded input), and the
-  processing-time timers due by then fire; the state ends with the task.
+  event-time timer registered by then fires (Flink's rule for bounded input),
+  and the processing-time timers due by then fire; a timer ``on_timer``
+  registers during this final firing is dropped, never fired
+  (``KeyedProcessOperator.end_input``); the state ends with the task.
 - **Streaming** (``checkpoint`` required): micro-batch ``N`` restores the key
   groups of this partition from version ``N - 1`` (keyed state and timers,
   one blob per key group, whichever partition wrote them) and the watermark
@@ -22,6 +24,12 @@ snapshot (streaming) → ``fn.close``.
   micro-batches, so nothing fires while no batch runs).
 - TTL: processing-time TTL reads the wall clock; event-time TTL follows the
   restored and advancing watermark, across micro-batches and restarts.
+- Unclaimed state: restored states (by descriptor name) that no descriptor
+  registered by the time the micro-batch ends (``open``, ``process_element``
+  and ``on_timer`` may all register) are kept as restored, written into
+  version ``N`` again, and logged as a warning (logger
+  ``asyncio_ops.runtime``) naming them, the operator uid and the version they
+  came from: a renamed descriptor starts empty, and the warning says so.
 
 The function sees each row as a dict of the input columns; what it emits
 (``out.collect``, or returned or yielded) must fit ``output_schema``. An
@@ -31,6 +39,7 @@ the row.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -56,6 +65,8 @@ from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
 
 OPERATOR: bytes = b"keyed_process"
+
+log = logging.getLogger("asyncio_ops.runtime")
 
 
 def _key_of(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
@@ -104,13 +115,14 @@ def run_keyed_process(
             if sink.full():
                 yield from sink.take()
         if not streaming:
-            op.process_watermark(Watermark(math.inf))  # bounded input: every timer fires
-        elif watermarks is not None:
-            pending = watermarks.max_seen - watermarks.delay
-            if pending > watermarks.current:
-                watermarks.current = pending
-                op.process_watermark(Watermark(pending))
-        op.timer_service.fire_processing_time(time.time())
+            op.end_input(time.time())  # bounded input: the final firing
+        else:
+            if watermarks is not None:
+                pending = watermarks.max_seen - watermarks.delay
+                if pending > watermarks.current:
+                    watermarks.current = pending
+                    op.process_watermark(Watermark(pending))
+            op.timer_service.fire_processing_time(time.time())
         yield from sink.take()
         if streaming:
             state = WatermarkState(
@@ -118,6 +130,7 @@ def run_keyed_process(
                 watermarks.current if watermarks is not None else restored.current,
             )
             _snapshot(spec, task, op, state)
+            _warn_unclaimed(spec, task, backend)
     finally:
         op.close()
         backend.close()
@@ -170,6 +183,23 @@ def _restore(spec: KeyedProcessSpec, task: TaskInfo, op: KeyedProcessOperator) -
     where = spec.checkpoint.path(task.batch_id - 1, "")
     watermarks, _ = restore_operator_state(task.partition_id, p, found.operator_blobs(), where)
     return watermarks
+
+
+def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:
+    """Warn about restored states no descriptor claimed in this micro-batch (kept as they are)."""
+    unclaimed = backend.unclaimed_state_names()
+    if not unclaimed:
+        return
+    assert spec.checkpoint is not None and task.batch_id is not None
+    log.warning(
+        "keyed_process uid %r, partition %d: state(s) %s restored from checkpoint version %d "
+        "of %s were not claimed by any state descriptor of %s in micro-batch %d; they are "
+        "kept as they are (written to version %d again), but a descriptor under another name "
+        "starts empty: register the old name(s) to read them",
+        spec.checkpoint.uid, task.partition_id, unclaimed, task.batch_id - 1,
+        spec.checkpoint.describe(spec.checkpoint.root), type(spec.function).__qualname__,
+        task.batch_id, task.batch_id,
+    )  # fmt: skip
 
 
 def _snapshot(

@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark import AccumulatorParam, TaskContext
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
     AtomicType,
     BooleanType,
@@ -581,7 +582,14 @@ def _describe_operator(mode: OutputMode, function: AsyncFunction[Any, Any], toke
 
 
 def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
-    """Refuse a second operator under one location and uid in the same query."""
+    """Refuse a second operator under one location and uid: in the same query (upstream in
+    ``df``'s plan), or in another streaming query running in this session.
+
+    Every operator that keeps a checkpoint names its mapInArrow function after
+    :func:`_plan_tag` of its location and uid, so the tag in a plan is the
+    ownership record. A query restarted from its own Spark checkpoint is built
+    after the old run stopped, so it finds no running owner and goes on.
+    """
     tag = _plan_tag(location, uid)
     try:
         plan = df._jdf.queryExecution().logical().toString()
@@ -589,10 +597,27 @@ def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
         return
     if tag in plan:
         raise ConfigurationError(
-            f"two async operators write checkpoint_location {location!r} with uid {uid!r}: "
+            f"two operators write checkpoint_location {location!r} with uid {uid!r}: "
             f"{_DESCRIBED.get(tag, 'an operator upstream')} is already in this DataFrame's "
             "plan; give each operator its own uid="
         )
+    for query in df.sparkSession.streams.active:
+        if tag in _query_plan(query):
+            raise ConfigurationError(
+                f"checkpoint_location {location!r} with uid {uid!r} is in use by "
+                f"{_DESCRIBED.get(tag, 'an operator')} of the running streaming query "
+                f"{query.name or '(unnamed)'!r} (id {query.id}); a query of this DataFrame "
+                "would share its state and checkpoint versions: pass distinct uid= or "
+                "checkpoint_location= to the operators of the two queries"
+            )
+
+
+def _query_plan(query: StreamingQuery) -> str:
+    """The logical plan of a running streaming query, as text ('' if Spark hides it)."""
+    try:
+        return str(query._jsq.streamingQuery().logicalPlan().toString())
+    except Exception:  # Spark Connect, or a query that stopped meanwhile
+        return ""
 
 
 def ordered_wait(

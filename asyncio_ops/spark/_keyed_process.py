@@ -6,7 +6,11 @@ order. Inside each partition the function runs with a keyed state backend
 over the partition's key groups (see ``asyncio_ops._runtime._keyed_process``
 for the call order, timers and the checkpoint). On a streaming DataFrame the
 state and timers live under ``checkpoint_location`` between micro-batches and
-follow their key groups when the number of partitions changes.
+follow their key groups when the number of partitions changes. One
+``checkpoint_location`` and ``uid`` belong to one operator of one query: a
+second one upstream in the plan, or in another streaming query running in the
+session, is refused on the driver (as for the async operators); a query
+restarted from its own Spark checkpoint takes its state back.
 """
 
 from __future__ import annotations
@@ -30,7 +34,15 @@ from .._runtime import STATE_BACKENDS, KeyedProcessSpec
 from .._runtime._keyed_process import run_keyed_process
 from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
-from ._api import _as_struct, _task_info, event_time_column, key_columns
+from ._api import (
+    _DESCRIBED,
+    _as_struct,
+    _check_not_upstream,
+    _plan_tag,
+    _task_info,
+    event_time_column,
+    key_columns,
+)
 from ._keyed import partition_by_key_group
 
 
@@ -106,6 +118,8 @@ def keyed_process(
         )
         storage = CheckpointStorage(checkpoint_location, operator_uid)
         storage.check_writable()
+        # one operator per location and uid: in this plan, and among the running queries
+        _check_not_upstream(df, checkpoint_location, operator_uid)
     elif df.isStreaming:
         raise ConfigurationError(
             "keyed_process on a streaming DataFrame needs checkpoint_location=: state and "
@@ -131,6 +145,12 @@ def keyed_process(
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from run_keyed_process(spec, batches, _task_info(parts))
 
+    if storage is not None:
+        assert checkpoint_location is not None
+        # the plan names the operator's checkpoint (see _check_not_upstream)
+        partition.__name__ = _plan_tag(checkpoint_location, storage.uid)
+        kind = type(fn)
+        _DESCRIBED[partition.__name__] = f"keyed_process of {kind.__module__}.{kind.__qualname__}"
     return df.mapInArrow(partition, out_struct)
 
 

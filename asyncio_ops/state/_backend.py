@@ -391,6 +391,15 @@ class KeyedStateBackend(ABC):
         """Names of the registered and the restored-but-not-yet-registered states."""
         return sorted(set(self._tables) | set(self._pending))
 
+    def unclaimed_state_names(self) -> list[str]:
+        """Names of restored states no descriptor has registered (yet).
+
+        Their data is kept as restored and goes into every snapshot, so a
+        descriptor registered later (or a function rolled back to the old
+        name) still finds it.
+        """
+        return sorted(self._pending)
+
     def keys(self, state_name: str, namespace: Any = None) -> Iterator[Any]:
         """Keys with an entry in ``state_name`` and ``namespace``, each once.
 

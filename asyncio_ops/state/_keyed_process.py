@@ -6,6 +6,7 @@ Call order, per operator instance::
     op.restore(snapshot)         0..n times (once per old instance on rescale)
     op.open()                    fn.open(runtime_context): obtain state here
     op.process(element)          per Record / Watermark (also ``op(element)``)
+    op.end_input()               bounded input only: the final firing (below)
     op.snapshot()                -> {key_group: blob}, state and timers together
     op.close()                   fn.close(); timers stop
 
@@ -22,6 +23,15 @@ Semantics:
   for processing-time timers (Flink's rule).
 - A watermark first advances event-time TTL, then fires every event-time
   timer ``<= watermark`` in timestamp order, and only then goes downstream.
+- End of input (Flink's rule for bounded input): :meth:`end_input` sends the
+  watermark +inf, which fires the event-time timers registered at that moment,
+  then fires the processing-time timers due by then; a timer that ``on_timer``
+  registers during this final firing never fires (it is dropped), so a timer
+  that re-registers itself (a heartbeat) ends with the input. A stream that
+  does not end (a streaming micro-batch) never calls it: its timers stay
+  registered and go into the snapshot.
+- An exception from ``on_timer`` carries a note naming the key, the timer's
+  timestamp and its time domain.
 - ``process_element`` and ``on_timer`` emit with ``out.collect(x)``, or,
   PyFlink style, return or yield their outputs (an iterable; None emits
   nothing more).
@@ -41,6 +51,7 @@ Semantics:
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
@@ -300,6 +311,13 @@ class KeyedProcessOperator:
         self.timer_service.advance_watermark(watermark.timestamp)
         self._output(watermark)
 
+    def end_input(self, now: float | None = None) -> None:
+        """The input ended: the final firing (module docstring); ``now`` defaults to the clock."""
+        self._check()
+        self.process_watermark(Watermark(math.inf))
+        when = self.timer_service.current_processing_time() if now is None else now
+        self.timer_service.fire_processing_time(when, final=True)
+
     # -- timers (Triggerable) -----------------------------------------------------------
     def on_event_time(self, timer: Timer) -> None:
         self._fire(timer, TimeDomain.EVENT_TIME, timer.timestamp)
@@ -313,9 +331,16 @@ class KeyedProcessOperator:
         ctx._timestamp = timer.timestamp
         ctx._domain = domain
         self._out.timestamp = out_ts
-        emitted = self.function.on_timer(timer.timestamp, ctx, self._out)
-        if emitted is not None:
-            self._emit(emitted)
+        try:
+            emitted = self.function.on_timer(timer.timestamp, ctx, self._out)
+            if emitted is not None:
+                self._emit(emitted)
+        except Exception as exc:
+            exc.add_note(
+                f"keyed_process: key {timer.key!r:.100}, on_timer of the {domain.value} timer "
+                f"at {timer.timestamp!r}"
+            )
+            raise
 
     def _emit(self, values: Iterable[Any]) -> None:
         """What a function returned or yielded (PyFlink style), each value collected."""

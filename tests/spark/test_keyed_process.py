@@ -142,6 +142,46 @@ def test_an_error_names_the_key_and_the_row(spark: SparkSession) -> None:
         out.collect()
 
 
+class Heartbeat(KeyedProcessFunction[str, Row, Row]):
+    """An event-time timer at each user's first event; each beat reports and registers the
+    next one 10 s later, for ever."""
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        ctx.timer_service().register_event_time_timer(value["ts"])
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        out.collect({"user": ctx.get_current_key(), "at": timestamp})
+        ctx.timer_service().register_event_time_timer(timestamp + 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_job_ends_when_on_timer_registers_timers_at_the_end(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("a", 1.0), ("b", 2.0)], "user string, ts double")
+    out = keyed_process(df, Heartbeat(), key="user", event_time="ts",
+                        output_schema="user string, at double", num_partitions=2)  # fmt: skip
+    # the final watermark fires the beats registered at the end of input (one per user);
+    # the beats those register are dropped with the input
+    assert sorted((r.user, r.at) for r in out.collect()) == [("a", 1.0), ("b", 2.0)]
+
+
+class FailsOnTimer(KeyedProcessFunction[int, Row, Row]):
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        ctx.timer_service().register_event_time_timer(float(value["id"]))
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        if ctx.get_current_key() == 7:
+            raise ValueError("no sevens")
+
+
+def test_an_error_in_on_timer_names_the_key_and_the_timer(spark: SparkSession) -> None:
+    df = spark.range(10).selectExpr("id", "cast(id as double) as ts")
+    out = keyed_process(df, FailsOnTimer(), key="id", event_time="ts", output_schema="id long")
+    with pytest.raises(
+        Exception, match=r"(?s)no sevens.*keyed_process: key 7, on_timer of the event_time timer"
+    ):
+        out.collect()
+
+
 def test_options_are_checked_on_the_driver(spark: SparkSession, tmp_path: Path) -> None:
     df = spark.range(3)
     with pytest.raises(ConfigurationError, match="KeyedProcessFunction"):
@@ -263,3 +303,66 @@ def test_rocksdb_gives_the_same_output_as_the_heap(
     spark: SparkSession, tmp_path: Path, heap_output: list[tuple[int, str, int]]
 ) -> None:
     assert _stream_scenario(spark, tmp_path, "rocksdb") == heap_output
+
+
+class CountPerId(KeyedProcessFunction[int, Row, Row]):
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor[int]("count"))
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        self.count.update((self.count.value() or 0) + 1)
+        out.collect({"id": value["id"], "n": self.count.value()})
+
+
+def _count_query(spark: SparkSession, tmp: Path, name: str, state: Path) -> Any:
+    """A streaming count per id (rate source, 3 ids) writing parquet under ``tmp/name``."""
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+    stream = stream.selectExpr("value % 3 as id")
+    out = keyed_process(stream, CountPerId(), key="id", output_schema="id long, n long",
+                        checkpoint_location=str(state), num_partitions=2)  # fmt: skip
+    return (
+        out.writeStream.format("parquet").queryName(name)
+        .option("path", str(tmp / name / "out"))
+        .option("checkpointLocation", str(tmp / name / "spark"))
+        .trigger(processingTime="1 second").start()
+    )  # fmt: skip
+
+
+def _counts(spark: SparkSession, tmp: Path, name: str) -> list[tuple[int, int]]:
+    """(id, n) rows the query wrote so far."""
+    if not (tmp / name / "out" / "_spark_metadata").exists():
+        return []
+    out = spark.read.schema("id long, n long").parquet(str(tmp / name / "out"))
+    return [(r.id, r.n) for r in out.collect()]
+
+
+@pytest.mark.timeout(180)
+def test_two_streaming_queries_on_one_location_and_uid_are_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    first = _count_query(spark, tmp_path, "counts_one", state)
+    try:
+        while not _counts(spark, tmp_path, "counts_one"):  # a micro-batch has counted
+            first.awaitTermination(0.5)
+        with pytest.raises(ConfigurationError) as info:
+            _count_query(spark, tmp_path, "counts_two", state)
+        message = str(info.value)
+        assert f"checkpoint_location {str(state)!r}" in message
+        assert "uid 'keyed-process-" in message and "counts_one" in message
+        assert "distinct uid=" in message
+    finally:
+        first.stop()
+    # the same query restarted (its Spark checkpoint, so its query id) runs on, its counts
+    # going on from where it stopped
+    before = _counts(spark, tmp_path, "counts_one")
+    again = _count_query(spark, tmp_path, "counts_one", state)
+    try:
+        while len(_counts(spark, tmp_path, "counts_one")) == len(before):
+            again.awaitTermination(0.5)
+    finally:
+        again.stop()
+    rows = _counts(spark, tmp_path, "counts_one")
+    for i in range(3):  # per id, the counts run 1, 2, 3, ... across the restart, none twice
+        counts = sorted(n for id_, n in rows if id_ == i)
+        assert counts == list(range(1, len(counts) + 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -238,3 +239,95 @@ def test_chains_after_the_async_operator(backend: KeyedStateBackend) -> None:
         Record(("a", 2, 12.0), 12.0),
         Watermark(100.0),
     ]
+
+
+class Heartbeat(KeyedProcessFunction[str, tuple[str, float], Any]):
+    """A timer per record at the record's time; each firing emits (key, timestamp) and
+    registers the next beat: 10 later (event time) or now again (processing time), so it
+    re-registers itself for ever."""
+
+    def __init__(self, domain: TimeDomain) -> None:
+        self.domain = domain
+
+    def process_element(
+        self, value: tuple[str, float], ctx: KeyedProcessContext, out: Collector[Any]
+    ) -> None:
+        timers = ctx.timer_service()
+        if self.domain is TimeDomain.EVENT_TIME:
+            timers.register_event_time_timer(value[1])
+        else:
+            timers.register_processing_time_timer(timers.current_processing_time())
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Any]) -> None:
+        assert ctx.time_domain() is self.domain
+        out.collect((ctx.current_key, timestamp))
+        timers = ctx.timer_service()
+        if self.domain is TimeDomain.EVENT_TIME:
+            timers.register_event_time_timer(timestamp + 10)
+        else:
+            timers.register_processing_time_timer(timers.current_processing_time())
+
+
+@pytest.mark.timeout(20)
+def test_end_of_input_fires_the_event_time_timers_registered_then_and_drops_new_ones(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
+    out: list[StreamElement] = []
+    fn = Heartbeat(TimeDomain.EVENT_TIME)
+    op = KeyedProcessOperator(fn, lambda v: v[0], backend=backend, output=out.append, clock=clock)
+    op.open()
+    op(Record(("a", 1.0), 1.0))
+    op(Record(("b", 2.0), 2.0))
+    op(Watermark(15.0))  # a stream: a beats at 1 and 11, b at 2 and 12; the next ones stay
+    assert out[-1] == Watermark(15.0)
+    assert sorted(t.timestamp for t in op.timer_service.event_time_timers()) == [21.0, 22.0]
+    op.end_input()  # the final watermark fires 21 and 22; the beats they register never fire
+    assert out[5:] == [Record(("a", 21.0), 21.0), Record(("b", 22.0), 22.0), Watermark(math.inf)]
+    assert op.timer_service.num_event_time_timers() == 0
+    op.close()
+
+
+@pytest.mark.timeout(20)
+def test_end_of_input_fires_the_processing_time_timers_due_then_and_drops_new_ones(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
+    out: list[StreamElement] = []
+    fn = Heartbeat(TimeDomain.PROCESSING_TIME)
+    op = KeyedProcessOperator(fn, lambda v: v[0], backend=backend, output=out.append, clock=clock)
+    op.open()
+    op(Record(("a", 0.0)))
+    op(Record(("b", 0.0)))
+    now = clock.now()
+    op.end_input()  # due now: each fires once; the beat each registers (due now) never fires
+    assert out == [Watermark(math.inf), Record(("a", now)), Record(("b", now))]
+    assert op.timer_service.num_processing_time_timers() == 0
+    op.close()
+
+
+class FailsOnTimer(KeyedProcessFunction[str, tuple[str, float], Any]):
+    def process_element(
+        self, value: tuple[str, float], ctx: KeyedProcessContext, out: Collector[Any]
+    ) -> None:
+        ctx.timer_service().register_event_time_timer(value[1])
+        ctx.timer_service().register_processing_time_timer(value[1])
+
+    def on_timer(self, timestamp: float, ctx: KeyedProcessContext, out: Collector[Any]) -> None:
+        raise ValueError(f"no timer for {ctx.current_key}")
+
+
+@pytest.mark.parametrize("domain", list(TimeDomain))
+def test_an_error_in_on_timer_names_the_key_the_timestamp_and_the_domain(
+    backend: KeyedStateBackend, clock: ManualClock, domain: TimeDomain
+) -> None:
+    op, _ = make_op(backend, clock, FailsOnTimer())  # type: ignore[arg-type]
+    op.open()
+    op(Record(("k1", 7.0), 7.0))
+    with pytest.raises(ValueError, match="no timer for k1") as info:
+        if domain is TimeDomain.EVENT_TIME:
+            op(Watermark(8.0))
+        else:
+            clock.advance(8)
+    assert info.value.__notes__ == [
+        f"keyed_process: key 'k1', on_timer of the {domain.value} timer at 7.0"
+    ]
+    op.close()
