@@ -11,7 +11,8 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)
-    <uid>/run-<id>/...                  the same files for one run of a batch job
+    <uid>/run-<id>/...                  the same files for one run of a batch job; the id
+                                        starts with a sequence that orders the runs
 
 Streaming queries use their micro-batch ids as versions; a batch job writes
 one ``run-<id>`` directory per action (see ``docs/spark.md``).
@@ -51,6 +52,8 @@ _HEADER = struct.Struct("<8sHQI")
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
 _RUN_DIR: Final = "run-"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+# <application start, ms>-<e|s><execution or stage id>-<DataFrame token>
+_RUN_SEQUENCE = re.compile(r"^(\d{13})-[es](\d{10})-")
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
 
@@ -223,12 +226,18 @@ class CheckpointStorage:
         return sorted(found)
 
     def runs(self) -> list[str]:
-        """Batch run ids present, oldest first (by the directory's modification time)."""
-        found = []
+        """Batch run ids present, oldest first: by the sequence their names start with
+        (the application's start, then the execution id), never by modification time,
+        which object stores do not keep for directories. Names without that sequence
+        (written before it existed) count as older than every named run."""
+        found: list[tuple[tuple[int, int, int, str], str]] = []
         for info in self._entries(self.root):
             name = info.base_name
             if name.startswith(_RUN_DIR) and info.type == pafs.FileType.Directory:
-                found.append((info.mtime_ns or 0, name[len(_RUN_DIR) :]))
+                run = name[len(_RUN_DIR) :]
+                m = _RUN_SEQUENCE.match(run)
+                key = (1, int(m.group(1)), int(m.group(2)), run) if m else (0, 0, 0, run)
+                found.append((key, run))
         return [run for _, run in sorted(found)]
 
     def delete_versions(self, versions: Iterable[Version]) -> None:

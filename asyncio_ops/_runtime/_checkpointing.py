@@ -6,7 +6,10 @@ re-run batch is idempotent. A batch job writes one run directory per action:
 its id is the DataFrame's token (random, drawn on the driver when the
 DataFrame is built) and the action's SQL execution id, so every attempt of
 every task of one action shares it, a second action or a second DataFrame
-never does, and the run is chosen when the job runs, not when it is built.
+never does, and the run is chosen when the job runs, not when it is built. The
+run's name starts with the Spark application's start time and the zero-padded
+execution id, so that names sort in the order the runs ran (retention and the
+function state's source pick by that order, on object stores too).
 ``checkpoint_version=N`` pins an int version instead.
 
 What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``):
@@ -353,8 +356,13 @@ def run_version(spec: PartitionSpec, task: TaskInfo) -> Version:
         return task.batch_id
     if spec.checkpoint_version is not None:
         return spec.checkpoint_version
-    action = f"e{task.execution_id}" if task.execution_id is not None else f"s{task.stage_id}"
-    return f"{spec.run_token}-{action}"
+    # <start>-<action>-<token>: the name orders runs (CheckpointStorage.runs), never a
+    # modification time, which object stores do not keep for directories
+    if task.execution_id is not None:
+        action = f"e{int(task.execution_id):010d}"
+    else:
+        action = f"s{task.stage_id:010d}"
+    return f"{spec.run_epoch:013d}-{action}-{spec.run_token}"
 
 
 class PartitionCheckpoint:

@@ -46,7 +46,9 @@ class PartitionSpec:
     ``run_token`` identifies the DataFrame this spec was built for (random,
     chosen on the driver): with the task's SQL execution id it names a batch
     job's checkpoint run, so two DataFrames, or two actions on one, never
-    share one (see :class:`TaskInfo`).
+    share one (see :class:`TaskInfo`). ``run_epoch`` (milliseconds: the Spark
+    application's start, or the time the DataFrame was built where that is not
+    known) leads the run's name, so that runs sort in the order they ran.
     """
 
     function: AsyncFunction[Any, Any]
@@ -83,6 +85,7 @@ class PartitionSpec:
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     state_backend: str = "heap"
     run_token: str = ""
+    run_epoch: int = 0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -15,7 +16,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 from pyspark import AccumulatorParam, TaskContext
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
@@ -389,6 +390,7 @@ def _wait(
         flush_interval=flush_interval,
         state_backend=state_backend,
         run_token=uuid.uuid4().hex[:16],
+        run_epoch=run_epoch(df.sparkSession),
     )
     on_done = metrics._add if metrics is not None else None
 
@@ -519,6 +521,16 @@ def _bypassed(function: AsyncFunction[Any, Any], method: str) -> type | None:
     if owner is not None and owner is not answers and issubclass(owner, answers):
         return owner
     return None
+
+
+def run_epoch(spark: SparkSession) -> int:
+    """Milliseconds that lead a batch run's name (see PartitionSpec): the application's
+    start, so that runs of one application sort by execution id; the current time
+    where the session has no SparkContext (Spark Connect)."""
+    try:
+        return int(spark.sparkContext.startTime)
+    except (AttributeError, NotImplementedError):  # Spark Connect: no SparkContext here
+        return int(time.time() * 1000)
 
 
 def _task_info(num_partitions: int | None) -> TaskInfo:

@@ -1,0 +1,68 @@
+"""Checkpoints on an S3-compatible server (moto's, started by the tests on 127.0.0.1).
+
+Object stores keep no modification time for directories: the order of batch runs
+comes from their names (the application's start, then the execution id), so that
+retention keeps the newest runs and a function's state comes from the newest run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from asyncio_ops import AsyncFunction
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops.spark import ordered_wait
+
+pytestmark = pytest.mark.spark
+
+
+class Double(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)
+        return [{"twice": row["id"] * 2}]
+
+
+def test_retention_on_s3_keeps_the_newest_runs_in_the_order_they_ran(
+    spark: SparkSession, s3_server: Callable[[str], str]
+) -> None:
+    location = s3_server("retention")
+    storage = CheckpointStorage(location, "doubles")
+
+    def build() -> Any:
+        return ordered_wait(
+            spark.range(0, 20, numPartitions=2), Double(), timeout=10, uid="doubles",
+            output_schema="twice long", checkpoint_location=location, retain_versions=3,
+        )  # fmt: skip
+
+    ran: list[str] = []
+    reused = build()
+    for action in range(6):  # new DataFrames and a DataFrame run again
+        df = reused if action % 2 else build()
+        assert sorted(r.twice for r in df.collect()) == [2 * i for i in range(20)]
+        new = [r for r in storage.runs() if r not in ran]
+        assert len(new) == 1, new
+        ran.append(new[0])
+    assert storage.runs() == ran[-3:]  # the three newest, oldest first
+
+
+def test_runs_sort_by_the_sequence_in_their_names_not_by_time() -> None:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = CheckpointStorage(tmp, "op")
+        names = [
+            "1700000000000-e0000000009-ffff",  # an earlier application: older
+            "1800000000000-e0000000002-aaaa",
+            "1800000000000-e0000000010-0000",  # execution 10 after 2, whatever the token
+        ]
+        for name in reversed(names):  # created newest first: mtimes say the opposite
+            storage.write(name, "fnstate-p0.ckpt", pa.table({"x": [1]}))
+        (Path(tmp) / "op" / "run-legacytoken-e5").mkdir()  # a name without the sequence
+        assert storage.runs() == ["legacytoken-e5", *names]
