@@ -6,8 +6,9 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
                                         files, element kind and input schema
     <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (sealed blob): watermark
                                         state, and its in-flight elements (unkeyed)
-    <uid>/v<version>/kg-<kg>.ckpt       keyed state and timeout timers of one key group's
-                                        in-flight elements (sealed blob, keyed mode)
+    <uid>/v<version>/kg-p<i>.ckpt       keyed state and timeout timers of partition i's
+                                        key groups' in-flight elements: a sealed blob per
+                                        key group, a row each (keyed mode)
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)

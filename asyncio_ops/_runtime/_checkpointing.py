@@ -19,10 +19,12 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
   columns). Written every ``flush_rows`` lookups or ``flush_interval``
   seconds, so a retried attempt re-requests at most the elements in flight
   plus the lookups of one unflushed stretch.
-- ``kg-<kg>`` (streaming, keyed): the sealed state blob of one key group: the
-  keyed list state of its in-flight elements and their timeout timers
-  (``asyncio_ops._runtime._inflight``); it follows its key group to whichever
-  partition owns it next.
+- ``kg-p<i>`` (streaming, keyed): partition i's key groups, a row each: the key
+  group and its sealed state blob (its in-flight elements as one record batch
+  and their timeout timers, ``asyncio_ops._runtime._inflight``). A key group
+  follows to whichever partition owns it next, which reads the files its
+  manifest names for it (files of one key group each, ``kg-<kg>``, written by
+  earlier releases, still read).
 - ``ops-<i>`` (streaming): partition i's sealed operator-state blob: the
   watermark state (union) and, unkeyed, its in-flight elements (even split).
 - ``subtask-<i>`` (streaming): the manifest, written last: the key-group
@@ -70,6 +72,10 @@ _PARTITION: Final = b"aops.partition"
 _ELEMENT: Final = b"aops.element"
 _INPUT_SCHEMA: Final = b"aops.input_schema"
 _BLOB: Final = "blob"
+_KEY_GROUP: Final = "key_group"
+_KEY_GROUPS_SCHEMA: Final = pa.schema(
+    [pa.field(_KEY_GROUP, pa.int32(), nullable=False), pa.field(_BLOB, pa.binary(), nullable=False)]
+)
 _OPERATOR: Final = b"aops.operator"
 ASYNC_WAIT: Final = b"async_wait"
 
@@ -119,6 +125,23 @@ def _column(table: pa.Table, column: str, name: str) -> list[Any]:
 
 def _blob_table(blob: bytes) -> pa.Table:
     return pa.table({_BLOB: pa.array([blob], pa.binary())})
+
+
+def _key_group_file(table: pa.Table, name: str) -> dict[int, bytes] | None:
+    """``{key_group: blob}`` of a partition's key-group file; None for a file of one blob
+    (earlier releases). CheckpointError naming the file for anything else."""
+    if _KEY_GROUP not in table.column_names:
+        return None
+    if table.schema != _KEY_GROUPS_SCHEMA:
+        raise CheckpointError(
+            f"checkpoint file {name} has the columns {table.schema}, not {_KEY_GROUPS_SCHEMA}"
+        )
+    groups = table.column(_KEY_GROUP).to_pylist()
+    blobs = table.column(_BLOB).to_pylist()
+    held = dict(zip(groups, blobs, strict=True))
+    if len(held) != len(groups) or None in held or None in held.values():
+        raise CheckpointError(f"checkpoint file {name} repeats a key group, or holds a null")
+    return held
 
 
 def _blob(table: pa.Table, name: str) -> bytes:
@@ -182,13 +205,26 @@ class VersionFiles:
                     )
                 seen[kg] = path
         out = []
+        files: dict[str, dict[int, bytes] | None] = {}
         for manifest, path in zip(self.manifests, self.paths, strict=True):
             groups = _column(manifest, "key_group", path)
-            files = _column(manifest, "file", path)
-            for kg, file in zip(groups, files, strict=True):
-                if kg in key_groups:
-                    where = self.storage.path(self.version, file)
-                    out.append((where, kg, _blob(self.storage.read(self.version, file), where)))
+            names = _column(manifest, "file", path)
+            for kg, file in zip(groups, names, strict=True):
+                if kg not in key_groups:
+                    continue
+                where = self.storage.path(self.version, file)
+                if file not in files:
+                    files[file] = _key_group_file(self.storage.read(self.version, file), where)
+                held = files[file]
+                if held is None:  # one key group per file (earlier releases)
+                    blob = _blob(self.storage.read(self.version, file), where)
+                elif kg in held:
+                    blob = held[kg]
+                else:
+                    raise CheckpointError(
+                        f"checkpoint file {where} lacks key group {kg}, which {path} names"
+                    )
+                out.append((where, kg, blob))
         return out
 
 
@@ -249,14 +285,21 @@ def write_version(
     meta: dict[bytes, bytes],
     operator: bytes = b"",
 ) -> None:
-    """Write one partition's key-group files and operator state, then its manifest."""
-    groups: list[int] = []
+    """Write one partition's key-group file (one row per key group: the group and its
+    blob), its operator state, then its manifest (which file holds which key group)."""
+    groups = sorted(key_group_blobs)
     files: list[str] = []
-    for kg, blob in key_group_blobs.items():
-        name = f"kg-{kg:05d}.ckpt"
-        storage.write(version, name, _blob_table(blob))
-        groups.append(kg)
-        files.append(name)
+    if groups:
+        name = f"kg-p{partition:05d}.ckpt"
+        table = pa.Table.from_arrays(
+            [
+                pa.array(groups, pa.int32()),
+                pa.array([key_group_blobs[kg] for kg in groups], pa.binary()),
+            ],
+            schema=_KEY_GROUPS_SCHEMA,
+        )
+        storage.write(version, name, table)
+        files = [name] * len(groups)
     storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
     manifest = pa.table(
         {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
@@ -502,8 +545,12 @@ class PartitionCheckpoint:
         input_schema, kind = self._check_manifests(found.manifests, found.paths, keyed)
         carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
+        ops_blobs = found.operator_blobs()
+        names = [
+            self.storage.path(previous, f"ops-{i:05d}.ckpt") for i in range(len(ops_blobs))
+        ]
         watermarks, stored = carry.restore_operator(
-            self.partition, p_new, found.operator_blobs(), where
+            self.partition, p_new, ops_blobs, where, names
         )
         if keyed:
             stored = carry.restore_keyed(
@@ -542,7 +589,7 @@ class PartitionCheckpoint:
             triples = [(key, _key_group(e.row, self.kind), e) for key, e in stored]
             kg_blobs = carry.snapshot_keyed(triples)
         op_blob = carry.snapshot_operator(
-            self.partition, p, watermarks, [] if keyed else [e for _, e in stored]
+            self.partition, p, watermarks, None if keyed else [e for _, e in stored]
         )
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         write_version(

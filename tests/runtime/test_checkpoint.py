@@ -182,3 +182,33 @@ def test_arrow_offsets_pointing_outside_their_buffer_are_an_error_naming_the_fil
         CorruptCheckpointError, match=r"results-p0-x-0\.ckpt verifies but is not a readable"
     ):
         s.read(1, "results-p0-x-0.ckpt")
+
+
+def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_read(
+    tmp_path: Path,
+) -> None:
+    """One ``kg-p<i>`` file per partition, a row per key group; a partition owning some of
+    them reads just those; a one-blob ``kg-<kg>`` file of earlier releases still reads;
+    a key group the manifest names but the file lacks is an error naming both."""
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._checkpointing import _blob_table, read_version, write_version
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    write_version(s, 4, 0, 2, True, {3: b"three", 70: b"seventy"}, b"ops0", {})
+    write_version(s, 4, 1, 2, True, {}, b"ops1", {})
+    assert s.list_files(4, "kg-") == ["kg-p00000.ckpt"]
+    found = read_version(s, 4)
+    assert found is not None
+    assert [(kg, b) for _, kg, b in found.key_group_blobs(KeyGroupRange(64, 127), 128)] == [
+        (70, b"seventy")
+    ]
+    s.write(4, "kg-00005.ckpt", _blob_table(b"five"))  # an earlier release's file
+    manifest = pa.table({"key_group": pa.array([5, 9], pa.int32()),
+                         "file": ["kg-00005.ckpt", "kg-p00000.ckpt"]})  # fmt: skip
+    s.write(4, "subtask-00001.ckpt", manifest.replace_schema_metadata(
+        found.manifests[1].schema.metadata))  # fmt: skip
+    found = read_version(s, 4)
+    assert found is not None
+    assert [b for _, _, b in found.key_group_blobs(KeyGroupRange(0, 5), 128)] == [b"three", b"five"]
+    with pytest.raises(CheckpointError, match=r"kg-p00000\.ckpt lacks key group 9.*subtask-00001"):
+        found.key_group_blobs(KeyGroupRange(9, 9), 128)

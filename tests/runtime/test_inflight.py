@@ -108,3 +108,75 @@ def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
     assert {p[0] for p in parts} == {WatermarkState(30.0, 20.0)}
     assert [[e.seq for e in p[1]] for p in parts] == [[1], [2], [3]]
     assert parts[0][1][0].deadline == 100.0  # unkeyed: the deadline travels in the element
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_key_group_of_many_elements_is_one_record_batch(backend: str) -> None:
+    """300 elements of one key group (100 keys) are one value of one batch in its blob,
+    and come back with their deadlines; heap and RocksDB write the same rows."""
+    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL,
+                      state_backend=backend)  # fmt: skip
+    todo = [element(i, deadline=1000.0 + i if i % 3 else None) for i in range(300)]
+    blobs = carry.snapshot_keyed([(e.seq % 100, 9, e) for e in todo])
+    assert list(blobs) == [9]
+    from asyncio_ops.state._blob import KEYED_OPERATOR, KEYED_STATE, unseal
+
+    state_blob, timers = unseal(KEYED_OPERATOR, 9, blobs[9])
+    ((name, kind, _ttl, entries),) = unseal(KEYED_STATE, 9, state_blob)
+    assert (name, kind, len(entries)) == ("in-flight-batch", "value", 1)
+    (_key, _ns, (_ts, value)) = entries[0]
+    assert carry.batches.loads(value).num_rows == 300
+    assert len(timers) == 200
+    got = carry.restore_keyed([("/ck/kg-p00000.ckpt", 9, blobs[9])])
+    assert got == todo
+    heap = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
+    assert heap.restore_keyed([("f", 9, blobs[9])]) == todo
+
+
+def test_rescale_moves_the_elements_by_key_group() -> None:
+    """Written by one partition owning 0..127, read by two owning 0..63 and 64..127:
+    each gets exactly the elements of its key groups."""
+    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
+    todo = [(i, (i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
+    blobs = carry.snapshot_keyed(todo)
+    halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
+    for half in halves:
+        part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
+        got = part.restore_keyed([("f", kg, b) for kg, b in blobs.items() if kg in half])
+        want = [e for _, kg, e in todo if kg in half]
+        assert sorted(got, key=lambda e: e.seq) == want
+
+
+def test_a_corrupt_element_batch_is_an_error_naming_the_file() -> None:
+    """A batch whose structure reads but whose strings are not UTF-8 (only a full
+    validation sees it) is refused, naming the operator-state file."""
+    ser = ElementSerializer(ROW, OUT, IN)
+    carry = CarryOver(ser, max_parallelism=128, key_groups=ALL)
+    batch = carry.batches.to_batch([element(1), element(2)], deadlines=True)
+    name = batch.column("row").field("name")
+    offsets = pa.py_buffer(pa.array([0, 2, 4], pa.int32()).buffers()[1])
+    broken = pa.StringArray.from_buffers(2, offsets, pa.py_buffer(b"\xff\xfe\xfd\xfc"))
+    assert name.type == broken.type
+    row = pa.StructArray.from_arrays([batch.column("row").field("id"), broken],
+                                     fields=list(IN))  # fmt: skip
+    arrays = [row if f.name == "row" else batch.column(f.name) for f in batch.schema]
+    data = pa.RecordBatch.from_arrays(arrays, schema=batch.schema).serialize().to_pybytes()
+    with pytest.raises(CheckpointError, match=r"not a record batch of"):
+        carry.batches.loads(data)
+    from asyncio_ops._runtime._inflight import snapshot_operator_state
+
+    blob = snapshot_operator_state(0, 1, WatermarkState(), data)
+    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/ops-00000\.ckpt: in-flight"):
+        carry.restore_operator(0, 1, [blob], "/ck/", ["/ck/ops-00000.ckpt"])
+
+
+def test_unkeyed_batches_keep_their_partition_or_split_evenly() -> None:
+    carry = CarryOver(ElementSerializer(ROWS, OUT, IN), max_parallelism=128, key_groups=ALL)
+    a = [element(i, kind=ROWS) for i in range(5)]
+    b = [element(i, kind=ROWS, partition=1) for i in range(2)]
+    olds = [carry.snapshot_operator(0, 2, WatermarkState(), a),
+            carry.snapshot_operator(1, 2, WatermarkState(), b)]  # fmt: skip
+    assert [carry.restore_operator(i, 2, olds, "/ck")[1] for i in range(2)] == [a, b]
+    parts = [carry.restore_operator(i, 3, olds, "/ck")[1] for i in range(3)]
+    assert [len(p) for p in parts] == [3, 2, 2] and [e for p in parts for e in p] == a + b
+    assert carry.restore_operator(0, 1, olds, "/ck")[1] == a + b
