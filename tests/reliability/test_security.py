@@ -118,8 +118,11 @@ async def test_sql_injection_strings_as_keys_are_data(
 ) -> None:
     dsn, table, canary = injection_tables
     keys = [k.format(table=table, canary=canary) for k in INJECTIONS]
+    # a batch window far longer than submitting the rows takes on a loaded machine, so
+    # that they are sure to travel as one batch (the default 2 ms is not)
     lookup = PostgresLookup(
-        dsn, f"SELECT name, id FROM {table} WHERE name = ANY($1)", key="name", many=True
+        dsn, f"SELECT name, id FROM {table} WHERE name = ANY($1)", key="name", many=True,
+        max_batch_delay=1.0,
     )
     rows = [{"name": k} for k in [*keys, "alice"]]
     out = await run_async_wait(lookup, rows, timeout=10.0, capacity=100)
