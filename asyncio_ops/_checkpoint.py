@@ -22,7 +22,9 @@ Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
 (u32) | payload`` with an Arrow IPC stream as payload: typed columns and
 schema metadata, never pickle, so loading a checkpoint never runs code. A file
 is written to a temporary name and then moved into place, so a reader sees a
-whole file or none; a torn, truncated, bit-flipped, too-new or
+whole file or none (on S3 and GCS, where an object appears only once its
+upload completes, it is written under its final name: no temporary name, no
+rename, no directory markers); a torn, truncated, bit-flipped, too-new or
 not-Arrow file raises :class:`CorruptCheckpointError` naming it, never a silent
 loss. Format version 1 (pickle payloads, asyncio_ops 0.1) is refused by name.
 
@@ -55,6 +57,7 @@ _RUN_DIR: Final = "run-"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 # <application start, ms>-<e|s><execution or stage id>-<DataFrame token>
 _RUN_SEQUENCE = re.compile(r"^(\d{13})-[es](\d{10})-")
+_OBJECT_STORES: Final = frozenset({"s3", "gcs"})  # pyarrow FileSystem.type_name
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
 
@@ -131,6 +134,8 @@ class CheckpointStorage:
             fs, root = pafs.LocalFileSystem(), location
         self.fs: pafs.FileSystem = fs
         self.root = f"{root.rstrip('/')}/{uid}"
+        # objects appear whole once uploaded: no temporary name, no directories
+        self._object_store = fs.type_name in _OBJECT_STORES
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "uid": self.uid}
@@ -165,11 +170,21 @@ class CheckpointStorage:
             ) from exc
 
     def write(self, version: Version, name: str, table: pa.Table) -> None:
-        """Atomically write ``table`` as ``<version dir>/<name>`` (temp file + move)."""
+        """Atomically write ``table`` as ``<version dir>/<name>``.
+
+        On an object store (S3, GCS) the object is uploaded under its final name: it
+        appears whole when its upload completes or not at all, and the store has no
+        directories to create and no rename (a move there is a copy and a delete).
+        Elsewhere it goes to a temporary name and is moved into place.
+        """
         final = self.path(version, name)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         data = encode(table)
         try:
+            if self._object_store:
+                with self.fs.open_output_stream(final) as out:
+                    out.write(data)
+                return
+            tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             self.fs.create_dir(self.version_dir(version), recursive=True)
             with self.fs.open_output_stream(tmp) as out:
                 out.write(data)

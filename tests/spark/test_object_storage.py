@@ -8,7 +8,6 @@ retention keeps the newest runs and a function's state comes from the newest run
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +17,7 @@ from pyspark.sql import SparkSession
 from asyncio_ops import AsyncFunction
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops.spark import ordered_wait
+from tests.conftest import S3Server
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +29,7 @@ class Double(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 
 def test_retention_on_s3_keeps_the_newest_runs_in_the_order_they_ran(
-    spark: SparkSession, s3_server: Callable[[str], str]
+    spark: SparkSession, s3_server: S3Server
 ) -> None:
     location = s3_server("retention")
     storage = CheckpointStorage(location, "doubles")
@@ -66,3 +66,17 @@ def test_runs_sort_by_the_sequence_in_their_names_not_by_time() -> None:
             storage.write(name, "fnstate-p0.ckpt", pa.table({"x": [1]}))
         (Path(tmp) / "op" / "run-legacytoken-e5").mkdir()  # a name without the sequence
         assert storage.runs() == ["legacytoken-e5", *names]
+
+
+def test_a_checkpoint_file_on_s3_is_one_upload_under_its_final_name(s3_server: S3Server) -> None:
+    storage = CheckpointStorage(s3_server("uploads"), "op")
+    s3_server.requests.clear()
+    storage.write(3, "kg-p00000.ckpt", pa.table({"x": list(range(1000))}))
+    # one multipart upload (create, part, complete) of the final key: no temporary
+    # name, no copy, no delete, no directory marker
+    assert len(s3_server.requests) == 3, s3_server.requests
+    assert all("/aops-tests/uploads/op/v0000000003/kg-p00000.ckpt" in r
+               for r in s3_server.requests), s3_server.requests  # fmt: skip
+    assert storage.read(3, "kg-p00000.ckpt").column("x").to_pylist() == list(range(1000))
+    assert storage.list_files(3) == ["kg-p00000.ckpt"]
+    assert storage.versions() == [3]
