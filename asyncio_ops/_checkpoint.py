@@ -42,6 +42,7 @@ import uuid
 import zlib
 from collections.abc import Iterable
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -115,6 +116,23 @@ def decode(data: bytes, name: str) -> pa.Table:
         ) from exc
 
 
+_SECRET_PARAM = re.compile(r"key|secret|token|password|credential|signature", re.IGNORECASE)
+
+
+def shown_location(location: str) -> str:
+    """``location`` as messages show it: without credentials (a URI's user info, and
+    query parameters such as ``access_key``, ``secret_key`` or ``session_token``)."""
+    if "://" not in location:
+        return location
+    parts = urlsplit(location)
+    host = parts.netloc.rpartition("@")[2]
+    query = "&".join(
+        pair for pair in parts.query.split("&")
+        if pair and not _SECRET_PARAM.search(pair.partition("=")[0])
+    )  # fmt: skip
+    return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
+
+
 def check_run_id(run_id: str) -> str:
     """A batch run id is one path segment of letters, digits, ``_``, ``.`` and ``-``."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in (".", ".."):
@@ -153,7 +171,13 @@ class CheckpointStorage:
         return f"{self.version_dir(version)}/{name}"
 
     def describe(self, path: str) -> str:
-        return f"{self.location.rstrip('/')}/{path[len(self.root) - len(self.uid) :]}"
+        """``path`` (under this storage's root) as messages show it: under the location
+        as the user gave it, without credentials or query."""
+        base = shown_location(self.location)
+        if "://" in base:
+            parts = urlsplit(base)
+            base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        return f"{base.rstrip('/')}/{path[len(self.root) - len(self.uid) :]}"
 
     # -- writing ---------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -166,7 +190,7 @@ class CheckpointStorage:
             self.fs.delete_file(probe)
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(
-                f"checkpoint_location {self.location!r} is not writable: {exc}"
+                f"checkpoint_location {shown_location(self.location)!r} is not writable: {exc}"
             ) from exc
 
     def write(self, version: Version, name: str, table: pa.Table) -> None:

@@ -35,7 +35,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from .._checkpoint import CheckpointStorage
+from .._checkpoint import CheckpointStorage, shown_location
 from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import (
     AsyncFunction,
@@ -652,14 +652,15 @@ def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
         return
     if tag in plan:
         raise ConfigurationError(
-            f"two operators write checkpoint_location {location!r} with uid {uid!r}: "
+            f"two operators write checkpoint_location {shown_location(location)!r} with uid "
+            f"{uid!r}: "
             f"{_DESCRIBED.get(tag, 'an operator upstream')} is already in this DataFrame's "
             "plan; give each operator its own uid="
         )
     for query in df.sparkSession.streams.active:
         if tag in _query_plan(query):
             raise ConfigurationError(
-                f"checkpoint_location {location!r} with uid {uid!r} is in use by "
+                f"checkpoint_location {shown_location(location)!r} with uid {uid!r} is in use by "
                 f"{_DESCRIBED.get(tag, 'an operator')} of the running streaming query "
                 f"{query.name or '(unnamed)'!r} (id {query.id}); a query of this DataFrame "
                 "would share its state and checkpoint versions: pass distinct uid= or "

@@ -80,3 +80,35 @@ def test_a_checkpoint_file_on_s3_is_one_upload_under_its_final_name(s3_server: S
     assert storage.read(3, "kg-p00000.ckpt").column("x").to_pylist() == list(range(1000))
     assert storage.list_files(3) == ["kg-p00000.ckpt"]
     assert storage.versions() == [3]
+
+
+def test_credentials_in_a_location_never_reach_a_message(s3_server: S3Server) -> None:
+    from asyncio_ops import CheckpointError
+    from asyncio_ops._checkpoint import shown_location
+
+    secret = "wJalr-THE-SECRET"
+    location = s3_server("x").replace("testing:testing@aops-tests", f"AKID:{secret}@no-bucket")
+    with pytest.raises(CheckpointError) as caught:
+        CheckpointStorage(location, "op").check_writable()  # no such bucket
+    assert secret not in str(caught.value) and "no-bucket" in str(caught.value)
+    storage = CheckpointStorage(f"{location}&session_token=TOKEN-{secret}", "op")
+    described = storage.describe(storage.path(4, "subtask-00000.ckpt"))
+    assert described == "s3://no-bucket/x/op/v0000000004/subtask-00000.ckpt"
+    shown = shown_location(f"s3://id:{secret}@b/p?secret_key={secret}&region=eu-west-1")
+    assert shown == "s3://b/p?region=eu-west-1"
+
+
+def test_endpoint_region_and_credentials_can_come_from_the_environment(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what an executor gets from spark.executorEnv.AWS_* (or an instance role): the
+    # location itself holds no secret and no endpoint
+    endpoint = s3_server.options.split("&")[0].removeprefix("endpoint_override=")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{endpoint}")
+    storage = CheckpointStorage("s3://aops-tests/from-env", "op")
+    storage.check_writable()
+    storage.write(0, "fnstate-p0.ckpt", pa.table({"x": [7]}))
+    assert storage.read(0, "fnstate-p0.ckpt").column("x").to_pylist() == [7]
