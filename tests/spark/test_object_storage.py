@@ -8,6 +8,7 @@ retention keeps the newest runs and a function's state comes from the newest run
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -112,3 +113,50 @@ def test_endpoint_region_and_credentials_can_come_from_the_environment(
     storage.check_writable()
     storage.write(0, "fnstate-p0.ckpt", pa.table({"x": [7]}))
     assert storage.read(0, "fnstate-p0.ckpt").column("x").to_pylist() == [7]
+
+
+def test_streaming_keyed_state_lives_on_s3_across_restarts_and_rescaling(
+    spark: SparkSession, s3_server: S3Server, tmp_path: Path
+) -> None:
+    from asyncio_ops.spark import keyed_process
+    from tests.spark.test_keyed_process import RunningCount, _write
+
+    location = s3_server("keyed")
+
+    def run(partitions: int) -> None:
+        stream = (
+            spark.readStream.schema("event long, user string, ts double")
+            .option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+        )  # fmt: skip
+        out = keyed_process(
+            stream, RunningCount(), key="user", event_time="ts", uid="counts",
+            output_schema="event long, user string, n long, ok boolean",
+            checkpoint_location=location, num_partitions=partitions,
+        )  # fmt: skip
+        query = (
+            out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "spark"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(180)
+        assert query.exception() is None
+
+    (tmp_path / "in").mkdir()
+    users = ["a", "b", "c"]
+    for f in range(2):
+        _write(tmp_path / "in", f"a-{f}.json", [(f * 10 + i, u, f * 10.0 + i)
+                                                for i, u in enumerate(users)])  # fmt: skip
+    run(2)
+    _write(tmp_path / "in", "b-0.json", [(100 + i, u, 30.0) for i, u in enumerate(users)])
+    s3_server.requests.clear()
+    run(3)  # restarted at another number of partitions: state follows its key groups
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert sorted((r.event, r.user, r.n) for r in rows) == [
+        (0, "a", 1), (1, "b", 1), (2, "c", 1), (10, "a", 2), (11, "b", 2), (12, "c", 2),
+        (100, "a", 3), (101, "b", 3), (102, "c", 3),
+    ]  # fmt: skip
+    assert all(r.ok for r in rows)
+    # one small micro-batch at 3 partitions, read and written on S3 (the count is
+    # reported by bench.object_storage; here it only has to be small and bounded)
+    keyed = [r for r in s3_server.requests if "/aops-tests/keyed/" in r]
+    assert 0 < len(keyed) <= 3 * 40, keyed
