@@ -22,7 +22,9 @@ Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
 (u32) | payload`` with an Arrow IPC stream as payload: typed columns and
 schema metadata, never pickle, so loading a checkpoint never runs code. A file
 is written to a temporary name and then moved into place, so a reader sees a
-whole file or none; a torn, truncated, bit-flipped, too-new or
+whole file or none (on S3 and GCS, where an object appears only once its
+upload completes, it is written under its final name: no temporary name, no
+rename, no directory markers); a torn, truncated, bit-flipped, too-new or
 not-Arrow file raises :class:`CorruptCheckpointError` naming it, never a silent
 loss. Format version 1 (pickle payloads, asyncio_ops 0.1) is refused by name.
 
@@ -40,6 +42,7 @@ import uuid
 import zlib
 from collections.abc import Iterable
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -55,6 +58,7 @@ _RUN_DIR: Final = "run-"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 # <application start, ms>-<e|s><execution or stage id>-<DataFrame token>
 _RUN_SEQUENCE = re.compile(r"^(\d{13})-[es](\d{10})-")
+_OBJECT_STORES: Final = frozenset({"s3", "gcs"})  # pyarrow FileSystem.type_name
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
 
@@ -112,6 +116,23 @@ def decode(data: bytes, name: str) -> pa.Table:
         ) from exc
 
 
+_SECRET_PARAM = re.compile(r"key|secret|token|password|credential|signature", re.IGNORECASE)
+
+
+def shown_location(location: str) -> str:
+    """``location`` as messages show it: without credentials (a URI's user info, and
+    query parameters such as ``access_key``, ``secret_key`` or ``session_token``)."""
+    if "://" not in location:
+        return location
+    parts = urlsplit(location)
+    host = parts.netloc.rpartition("@")[2]
+    query = "&".join(
+        pair for pair in parts.query.split("&")
+        if pair and not _SECRET_PARAM.search(pair.partition("=")[0])
+    )  # fmt: skip
+    return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
+
+
 def check_run_id(run_id: str) -> str:
     """A batch run id is one path segment of letters, digits, ``_``, ``.`` and ``-``."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in (".", ".."):
@@ -131,6 +152,8 @@ class CheckpointStorage:
             fs, root = pafs.LocalFileSystem(), location
         self.fs: pafs.FileSystem = fs
         self.root = f"{root.rstrip('/')}/{uid}"
+        # objects appear whole once uploaded: no temporary name, no directories
+        self._object_store = fs.type_name in _OBJECT_STORES
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "uid": self.uid}
@@ -148,7 +171,13 @@ class CheckpointStorage:
         return f"{self.version_dir(version)}/{name}"
 
     def describe(self, path: str) -> str:
-        return f"{self.location.rstrip('/')}/{path[len(self.root) - len(self.uid) :]}"
+        """``path`` (under this storage's root) as messages show it: under the location
+        as the user gave it, without credentials or query."""
+        base = shown_location(self.location)
+        if "://" in base:
+            parts = urlsplit(base)
+            base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        return f"{base.rstrip('/')}/{path[len(self.root) - len(self.uid) :]}"
 
     # -- writing ---------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -161,15 +190,25 @@ class CheckpointStorage:
             self.fs.delete_file(probe)
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(
-                f"checkpoint_location {self.location!r} is not writable: {exc}"
+                f"checkpoint_location {shown_location(self.location)!r} is not writable: {exc}"
             ) from exc
 
     def write(self, version: Version, name: str, table: pa.Table) -> None:
-        """Atomically write ``table`` as ``<version dir>/<name>`` (temp file + move)."""
+        """Atomically write ``table`` as ``<version dir>/<name>``.
+
+        On an object store (S3, GCS) the object is uploaded under its final name: it
+        appears whole when its upload completes or not at all, and the store has no
+        directories to create and no rename (a move there is a copy and a delete).
+        Elsewhere it goes to a temporary name and is moved into place.
+        """
         final = self.path(version, name)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         data = encode(table)
         try:
+            if self._object_store:
+                with self.fs.open_output_stream(final) as out:
+                    out.write(data)
+                return
+            tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             self.fs.create_dir(self.version_dir(version), recursive=True)
             with self.fs.open_output_stream(tmp) as out:
                 out.write(data)

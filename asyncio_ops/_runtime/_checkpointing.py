@@ -71,6 +71,8 @@ _NUM_PARTITIONS: Final = b"aops.num_partitions"
 _PARTITION: Final = b"aops.partition"
 _ELEMENT: Final = b"aops.element"
 _INPUT_SCHEMA: Final = b"aops.input_schema"
+# capacity="auto": the limit a partition's operator ended the micro-batch with
+_LIMIT: Final = b"aops.limit"
 _BLOB: Final = "blob"
 _KEY_GROUP: Final = "key_group"
 _KEY_GROUPS_SCHEMA: Final = pa.schema(
@@ -424,6 +426,7 @@ class PartitionCheckpoint:
         self.version: Version = run_version(spec, task)
         self.partition = task.partition_id
         self.columnar = columnar
+        self._previous_read: tuple[VersionFiles | None] | None = None  # read once
         self.kind = ARROW if columnar else ROWS if spec.chunk_size is not None else ROW
         self.log = ReplayLog(
             self.storage, self.version, self.partition, log_type,
@@ -531,14 +534,39 @@ class PartitionCheckpoint:
                 )
         return schema, next(iter(kinds), self.kind)
 
-    def restore(self) -> Restored | None:
-        """The elements and watermark state the previous micro-batch left for this partition."""
-        previous = self._previous()
-        if previous is None:
-            return None
-        found = read_previous(self.storage, previous)
+    def _previous_files(self) -> VersionFiles | None:
+        """The previous micro-batch's version (read once per partition)."""
+        if self._previous_read is None:
+            previous = self._previous()
+            found = None if previous is None else read_previous(self.storage, previous)
+            self._previous_read = (found,)
+        return self._previous_read[0]
+
+    def previous_limit(self) -> int | None:
+        """capacity="auto": the limit this partition's operator ended the previous
+        micro-batch with, on whichever worker ran it (the median of all partitions'
+        when their number changed); None if the previous version holds none."""
+        found = self._previous_files()
         if found is None:
             return None
+        limits = [
+            int(raw) for m in found.manifests
+            if (raw := (m.schema.metadata or {}).get(_LIMIT)) is not None
+        ]  # fmt: skip
+        if not limits:
+            return None
+        if len(found.manifests) == (self.task.num_partitions or 1):
+            own = (found.manifests[self.partition].schema.metadata or {}).get(_LIMIT)
+            if own is not None:
+                return int(own)
+        return sorted(limits)[len(limits) // 2]
+
+    def restore(self) -> Restored | None:
+        """The elements and watermark state the previous micro-batch left for this partition."""
+        found = self._previous_files()
+        if found is None:
+            return None
+        previous = found.version
         found.check_operator(ASYNC_WAIT)
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
@@ -574,8 +602,10 @@ class PartitionCheckpoint:
         remaining: Sequence[SnapshotEntry],
         watermarks: WatermarkState,
         input_schema: pa.Schema | None,
+        limit: int | None = None,
     ) -> None:
-        """Write this partition's state, then its manifest (streaming); prune old versions."""
+        """Write this partition's state, then its manifest (streaming), with ``limit``
+        (capacity="auto": where the operator's limit ended); prune old versions."""
         self.log.flush()
         if not self.streaming:
             self._prune_runs()
@@ -594,7 +624,8 @@ class PartitionCheckpoint:
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         write_version(
             self.storage, self.version, self.partition, p, keyed, kg_blobs, op_blob,
-            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema},
+            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema,
+             **({_LIMIT: str(limit).encode()} if limit is not None else {})},
         )  # fmt: skip
         if self.partition == 0 and isinstance(self.version, int):
             prune_versions(self.storage, self.version, self.spec.retain_versions)

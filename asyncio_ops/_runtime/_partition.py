@@ -177,12 +177,15 @@ def run_partition(
     sink = ArrowSink(spec.output_schema, spec.added_columns, spec.batch_size)
     columnar = spec.chunk_size is not None and is_columnar(user_fn)
     row_fn = _row_function(spec, user_fn, columnar)
-    op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec))
     ckpt = (
         PartitionCheckpoint(spec, task, row_fn.log_type(spec), columnar)
         if spec.checkpoint is not None
         else None
     )
+    # capacity="auto" starts where this partition's operator ended the previous
+    # micro-batch (checkpointed: on any worker), else where this worker's last one did
+    start = ckpt.previous_limit() if ckpt is not None and spec.capacity == "auto" else None
+    op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec, start))
     started = time.perf_counter()
     cache_before = _cache_counters(user_fn)
     watermarks = (
@@ -230,7 +233,8 @@ def run_partition(
                 if watermarks is not None
                 else WatermarkState()
             )
-            ckpt.finish(remaining, state, input_schema)
+            limit = op.limiter.limit if op.limiter is not None else None
+            ckpt.finish(remaining, state, input_schema, limit)
             ckpt.snapshot_function_state(user_fn)
     except BaseException:
         if ckpt is not None:

@@ -108,13 +108,15 @@ class WorkerRuntime:
             self.functions[spec.function_token] = fn
         return fn
 
-    def limiter(self, spec: PartitionSpec) -> AdaptiveLimit | None:
-        """capacity="auto": a limit that starts where this worker's previous partition
-        of the same operator ended (a partition's first rounds then need not climb
-        from the bottom again); None for a fixed capacity."""
+    def limiter(self, spec: PartitionSpec, start: int | None = None) -> AdaptiveLimit | None:
+        """capacity="auto": a limit that starts at ``start`` (where the partition's
+        operator ended its previous micro-batch, from the checkpoint) or else where
+        this worker's previous partition of the same operator ended (a partition's
+        first rounds then need not climb from the bottom again); None for a fixed
+        capacity."""
         if spec.capacity != "auto":
             return None
-        last = self.limits.get(spec.function_token)
+        last = start if start is not None else self.limits.get(spec.function_token)
         if last is None:
             return AdaptiveLimit(maximum=spec.max_capacity)
         return AdaptiveLimit(initial=last, maximum=spec.max_capacity)

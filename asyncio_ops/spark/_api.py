@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +35,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from .._checkpoint import CheckpointStorage
+from .._checkpoint import CheckpointStorage, shown_location
 from .._exceptions import ConfigurationError, KeyGroupError
 from .._functions import (
     AsyncFunction,
@@ -319,18 +320,12 @@ def _wait(
     flush_rows = positive_int(checkpoint_flush_rows, "checkpoint_flush_rows")
     flush_interval = positive_seconds(checkpoint_flush_interval, "checkpoint_flush_interval")
     if checkpoint_location is not None:
-        if not isinstance(checkpoint_location, str) or not checkpoint_location:
-            raise ConfigurationError(
-                f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
-            )
-        storage = CheckpointStorage(checkpoint_location, operator_uid)
-        storage.check_writable()
         if checkpoint_version is not None:
             non_negative_int(checkpoint_version, "checkpoint_version")
         if drain_timeout is not None:
             drain = positive_seconds(drain_timeout, "drain_timeout")
         at_least(retain_versions, "retain_versions", 2)
-        _check_not_upstream(df, checkpoint_location, operator_uid)
+        storage = checkpoint_storage(df, checkpoint_location, operator_uid)
     elif checkpoint_version is not None or drain_timeout is not None:
         raise ConfigurationError("checkpoint_version and drain_timeout need checkpoint_location=")
 
@@ -593,6 +588,54 @@ def _describe_operator(mode: OutputMode, function: AsyncFunction[Any, Any], toke
     return f"{mode.value} wait of {_function_name(function)} (DataFrame {token})"
 
 
+def checkpoint_storage(df: DataFrame, location: object, uid: str) -> CheckpointStorage:
+    """The checkpoint storage of an operator (``uid``) under ``location``, checked on the
+    driver: a path or URI string, reachable by every executor
+    (:func:`_unshared_location`), writable, and not already an operator's of this plan
+    or of a running query (:func:`_check_not_upstream`)."""
+    if not isinstance(location, str) or not location:
+        raise ConfigurationError(
+            f"checkpoint_location must be a path or URI string, got {location!r}"
+        )
+    problem = _unshared_location(location, _master(df.sparkSession))
+    if problem is not None:
+        raise ConfigurationError(problem)
+    storage = CheckpointStorage(location, uid)
+    storage.check_writable()
+    _check_not_upstream(df, location, uid)
+    return storage
+
+
+def _master(spark: SparkSession) -> str | None:
+    """The session's master URL (None where the client cannot tell: Spark Connect)."""
+    try:
+        return str(spark.sparkContext.master)
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _unshared_location(location: str, master: str | None) -> str | None:
+    """Why ``location`` cannot hold checkpoints under ``master``, or None.
+
+    A plain path (no ``scheme://``) is a directory of whichever machine reads it:
+    with a master whose executors run on other machines (``spark://``, ``yarn``,
+    ``k8s://``, ...) each executor would write its own disk, and the next
+    micro-batch or retry, elsewhere, would find no state. Local masters
+    (``local``, ``local[N]``, ``local-cluster[...]``) run on one machine, and an
+    explicit ``file://`` URI is the user's word that the path is shared (a mount
+    every executor has).
+    """
+    if "://" in location or master is None or master.startswith("local"):
+        return None
+    return (
+        f"checkpoint_location {location!r} is a local path, but the master {master!r} "
+        "runs executors on other machines, whose disks do not share it: one executor's "
+        "state would be invisible to the next. Use storage every executor reaches "
+        "(s3://..., gs://..., abfs://..., hdfs://...), or, if every executor mounts this "
+        f"path, say so with file://{os.path.abspath(location)}"
+    )
+
+
 def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
     """Refuse a second operator under one location and uid: in the same query (upstream in
     ``df``'s plan), or in another streaming query running in this session.
@@ -609,14 +652,15 @@ def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
         return
     if tag in plan:
         raise ConfigurationError(
-            f"two operators write checkpoint_location {location!r} with uid {uid!r}: "
+            f"two operators write checkpoint_location {shown_location(location)!r} with uid "
+            f"{uid!r}: "
             f"{_DESCRIBED.get(tag, 'an operator upstream')} is already in this DataFrame's "
             "plan; give each operator its own uid="
         )
     for query in df.sparkSession.streams.active:
         if tag in _query_plan(query):
             raise ConfigurationError(
-                f"checkpoint_location {location!r} with uid {uid!r} is in use by "
+                f"checkpoint_location {shown_location(location)!r} with uid {uid!r} is in use by "
                 f"{_DESCRIBED.get(tag, 'an operator')} of the running streaming query "
                 f"{query.name or '(unnamed)'!r} (id {query.id}); a query of this DataFrame "
                 "would share its state and checkpoint versions: pass distinct uid= or "

@@ -37,9 +37,9 @@ from ..state import KeyedProcessFunction
 from ._api import (
     _DESCRIBED,
     _as_struct,
-    _check_not_upstream,
     _plan_tag,
     _task_info,
+    checkpoint_storage,
     event_time_column,
     key_columns,
 )
@@ -109,17 +109,10 @@ def keyed_process(
 
     storage: CheckpointStorage | None = None
     if checkpoint_location is not None:
-        if not isinstance(checkpoint_location, str) or not checkpoint_location:
-            raise ConfigurationError(
-                f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
-            )
         operator_uid = (
             path_segment(uid, "uid") if uid is not None else _default_uid(fn, key_cols, df)
         )
-        storage = CheckpointStorage(checkpoint_location, operator_uid)
-        storage.check_writable()
-        # one operator per location and uid: in this plan, and among the running queries
-        _check_not_upstream(df, checkpoint_location, operator_uid)
+        storage = checkpoint_storage(df, checkpoint_location, operator_uid)
     elif df.isStreaming:
         raise ConfigurationError(
             "keyed_process on a streaming DataFrame needs checkpoint_location=: state and "

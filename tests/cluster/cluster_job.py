@@ -5,7 +5,8 @@
 ``session()`` is called without a master, so spark-submit's must win. Each
 output row says where it was computed: the Python worker's working directory
 (an executor's lies under the standalone worker's work directory) and the file
-``asyncio_ops`` was imported from there (the shipped archive).
+``asyncio_ops`` was imported from there (the shipped archive). It also tries a
+plain checkpoint path (refused on a cluster) and runs with a ``file://`` one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 import asyncio_ops
+from asyncio_ops import ConfigurationError
 from asyncio_ops.spark import ordered_wait, session
 
 
@@ -34,8 +36,25 @@ def main() -> None:
         output_schema="doubled long, cwd string, module string",
     )  # fmt: skip
     result = [r.asDict() for r in enriched.orderBy("id").collect()]
+    # a plain checkpoint path is refused on a cluster; file:// says it is shared (it is:
+    # the test's workers run on this machine)
+    checkpoints = os.path.join(os.path.dirname(os.path.abspath(out)), "ckpt")
+    refused = None
+    try:
+        ordered_wait(df, enrich, timeout=30, output_schema="doubled long, cwd string, "
+                     "module string", checkpoint_location=checkpoints)  # fmt: skip
+    except ConfigurationError as exc:
+        refused = str(exc)
+    shared = ordered_wait(
+        df, enrich, timeout=30, output_schema="doubled long, cwd string, module string",
+        checkpoint_location=f"file://{checkpoints}", uid="shared",
+    ).count()  # fmt: skip
     with open(out, "w") as f:
-        json.dump({"master": spark.sparkContext.master, "rows": result}, f)
+        json.dump(
+            {"master": spark.sparkContext.master, "rows": result, "refused": refused,
+             "checkpointed_rows": shared},
+            f,
+        )  # fmt: skip
     spark.stop()
 
 

@@ -122,3 +122,7 @@ def test_a_submitted_job_runs_on_the_executor_with_the_shipped_package(
     assert [(r["id"], r["doubled"]) for r in rows] == [(i, 2 * i) for i in range(200)]
     assert all(Path(r["cwd"]).is_relative_to(work) for r in rows), rows[0]["cwd"]
     assert all("asyncio_ops.zip" in r["module"] for r in rows), rows[0]["module"]
+    assert "is a local path, but the master" in result["refused"]
+    assert f"file://{tmp_path / 'ckpt'}" in result["refused"]
+    assert result["checkpointed_rows"] == 200
+    assert list((tmp_path / "ckpt" / "shared").glob("run-*/results-*.ckpt"))

@@ -392,3 +392,26 @@ def test_a_manifest_naming_a_stray_key_group_is_an_error_naming_it(
     message = rf"outside 0\.\.{last}" if rewrite == "outside the range" else "both name key group"
     with pytest.raises(CheckpointError, match=rf"subtask-00000\.ckpt.*{message}"):
         list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+
+
+def test_an_adaptive_limit_starts_where_the_partition_ended_its_last_micro_batch(
+    tmp_path: Path,
+) -> None:
+    from asyncio_ops._runtime import RunMetrics, WorkerRuntime
+
+    class Slow(Lookup):
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            await asyncio.sleep(0.002)
+            return [{"double": row["id"] * 2}]
+
+    spec = spec_for(Slow(), tmp_path, capacity="auto", max_capacity=300, num_partitions=1)
+    ended: list[RunMetrics] = []
+    list(run_partition(spec, batches(list(range(3000)), size=500), TaskInfo(0, 1, batch_id=0),
+                       on_done=ended.append))  # fmt: skip
+    grown = ended[-1].capacity_limits[0]
+    assert grown > 16
+    WorkerRuntime.get().limits.clear()  # the next micro-batch runs on another worker
+    # too few rows for a round to end: the limit it ends with is the one it started with
+    list(run_partition(spec, batches(list(range(5))), TaskInfo(0, 1, batch_id=1),
+                       on_done=ended.append))  # fmt: skip
+    assert ended[-1].capacity_limits[0] == grown

@@ -8,7 +8,7 @@ retention keeps the newest runs and a function's state comes from the newest run
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from asyncio_ops import AsyncFunction
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops.spark import ordered_wait
+from tests.conftest import S3Server
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +30,7 @@ class Double(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 
 def test_retention_on_s3_keeps_the_newest_runs_in_the_order_they_ran(
-    spark: SparkSession, s3_server: Callable[[str], str]
+    spark: SparkSession, s3_server: S3Server
 ) -> None:
     location = s3_server("retention")
     storage = CheckpointStorage(location, "doubles")
@@ -66,3 +67,96 @@ def test_runs_sort_by_the_sequence_in_their_names_not_by_time() -> None:
             storage.write(name, "fnstate-p0.ckpt", pa.table({"x": [1]}))
         (Path(tmp) / "op" / "run-legacytoken-e5").mkdir()  # a name without the sequence
         assert storage.runs() == ["legacytoken-e5", *names]
+
+
+def test_a_checkpoint_file_on_s3_is_one_upload_under_its_final_name(s3_server: S3Server) -> None:
+    storage = CheckpointStorage(s3_server("uploads"), "op")
+    s3_server.requests.clear()
+    storage.write(3, "kg-p00000.ckpt", pa.table({"x": list(range(1000))}))
+    # one multipart upload (create, part, complete) of the final key: no temporary
+    # name, no copy, no delete, no directory marker
+    assert len(s3_server.requests) == 3, s3_server.requests
+    assert all("/aops-tests/uploads/op/v0000000003/kg-p00000.ckpt" in r
+               for r in s3_server.requests), s3_server.requests  # fmt: skip
+    assert storage.read(3, "kg-p00000.ckpt").column("x").to_pylist() == list(range(1000))
+    assert storage.list_files(3) == ["kg-p00000.ckpt"]
+    assert storage.versions() == [3]
+
+
+def test_credentials_in_a_location_never_reach_a_message(s3_server: S3Server) -> None:
+    from asyncio_ops import CheckpointError
+    from asyncio_ops._checkpoint import shown_location
+
+    secret = "wJalr-THE-SECRET"
+    location = s3_server("x").replace("testing:testing@aops-tests", f"AKID:{secret}@no-bucket")
+    with pytest.raises(CheckpointError) as caught:
+        CheckpointStorage(location, "op").check_writable()  # no such bucket
+    assert secret not in str(caught.value) and "no-bucket" in str(caught.value)
+    storage = CheckpointStorage(f"{location}&session_token=TOKEN-{secret}", "op")
+    described = storage.describe(storage.path(4, "subtask-00000.ckpt"))
+    assert described == "s3://no-bucket/x/op/v0000000004/subtask-00000.ckpt"
+    shown = shown_location(f"s3://id:{secret}@b/p?secret_key={secret}&region=eu-west-1")
+    assert shown == "s3://b/p?region=eu-west-1"
+
+
+def test_endpoint_region_and_credentials_can_come_from_the_environment(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what an executor gets from spark.executorEnv.AWS_* (or an instance role): the
+    # location itself holds no secret and no endpoint
+    endpoint = s3_server.options.split("&")[0].removeprefix("endpoint_override=")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{endpoint}")
+    storage = CheckpointStorage("s3://aops-tests/from-env", "op")
+    storage.check_writable()
+    storage.write(0, "fnstate-p0.ckpt", pa.table({"x": [7]}))
+    assert storage.read(0, "fnstate-p0.ckpt").column("x").to_pylist() == [7]
+
+
+def test_streaming_keyed_state_lives_on_s3_across_restarts_and_rescaling(
+    spark: SparkSession, s3_server: S3Server, tmp_path: Path
+) -> None:
+    from asyncio_ops.spark import keyed_process
+    from tests.spark.test_keyed_process import RunningCount, _write
+
+    location = s3_server("keyed")
+
+    def run(partitions: int) -> None:
+        stream = (
+            spark.readStream.schema("event long, user string, ts double")
+            .option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+        )  # fmt: skip
+        out = keyed_process(
+            stream, RunningCount(), key="user", event_time="ts", uid="counts",
+            output_schema="event long, user string, n long, ok boolean",
+            checkpoint_location=location, num_partitions=partitions,
+        )  # fmt: skip
+        query = (
+            out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "spark"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(180)
+        assert query.exception() is None
+
+    (tmp_path / "in").mkdir()
+    users = ["a", "b", "c"]
+    for f in range(2):
+        _write(tmp_path / "in", f"a-{f}.json", [(f * 10 + i, u, f * 10.0 + i)
+                                                for i, u in enumerate(users)])  # fmt: skip
+    run(2)
+    _write(tmp_path / "in", "b-0.json", [(100 + i, u, 30.0) for i, u in enumerate(users)])
+    s3_server.requests.clear()
+    run(3)  # restarted at another number of partitions: state follows its key groups
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert sorted((r.event, r.user, r.n) for r in rows) == [
+        (0, "a", 1), (1, "b", 1), (2, "c", 1), (10, "a", 2), (11, "b", 2), (12, "c", 2),
+        (100, "a", 3), (101, "b", 3), (102, "c", 3),
+    ]  # fmt: skip
+    assert all(r.ok for r in rows)
+    # one small micro-batch at 3 partitions, read and written on S3 (the count is
+    # reported by bench.object_storage; here it only has to be small and bounded)
+    keyed = [r for r in s3_server.requests if "/aops-tests/keyed/" in r]
+    assert 0 < len(keyed) <= 3 * 40, keyed

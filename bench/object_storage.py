@@ -1,0 +1,184 @@
+"""Benchmark: what a small streaming micro-batch costs on object storage and on local disk.
+
+Run: ``python -m bench.object_storage`` (``--keys 10000 100000 --touch 100
+--batches 4 --partitions 2``; needs the dev extra, which brings moto's S3 server).
+
+The job: ``keyed_process`` keeping a running count per key (a ValueState), one
+output row per event, into Spark's ``noop`` sink. A first micro-batch creates
+``--keys`` keys; then ``--batches`` small micro-batches each touch ``--touch``
+random keys (one Parquet file and one ``availableNow`` run per micro-batch, so
+that each count holds exactly one micro-batch). The state lives under
+``checkpoint_location``, once on local disk and once on an S3-compatible server
+started here on 127.0.0.1 (moto's ThreadedMotoServer), at ``--partitions``
+partitions. Printed per small
+micro-batch (median over the small batches): S3 requests, counted from the
+server's own log (all partitions together, and per partition), bytes written to
+the version the micro-batch wrote, and Spark's ``durationMs.triggerExecution``.
+
+A local S3 emulator answers in well under a millisecond; a real store takes
+20-50 ms per request, so the request count is the figure that carries over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import re
+import socket
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops.spark import keyed_process, session
+from asyncio_ops.state import (
+    Collector,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedRuntimeContext,
+    ValueStateDescriptor,
+)
+
+
+class Count(KeyedProcessFunction[int, dict[str, Any], dict[str, Any]]):
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor[int]("count"))
+
+    def process_element(
+        self, value: dict[str, Any], ctx: KeyedProcessContext, out: Collector[dict[str, Any]]
+    ) -> None:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        out.collect({"key": value["key"], "n": n})
+
+
+class _Requests(logging.Handler):
+    """Counts the S3 server's requests from its log (one line per request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage())
+        if line.count('"') >= 2:
+            self.lines.append(line.split('"')[1])
+
+
+def _s3(requests: _Requests) -> tuple[Any, str]:
+    from moto.server import ThreadedMotoServer
+
+    log = logging.getLogger("werkzeug")
+    log.addHandler(requests)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    fs, _ = pafs.FileSystem.from_uri(
+        f"s3://bench:bench@aops-bench/x?{options}&allow_bucket_creation=true"
+    )
+    fs.create_dir("aops-bench")
+    return server, f"s3://bench:bench@aops-bench/{{path}}?{options}"
+
+
+def _inputs(keys: int, touch: int, batches: int) -> list[pa.Table]:
+    """Micro-batch inputs: every key once, then ``batches`` tables of ``touch`` keys."""
+    rng = random.Random(7)
+    first = pa.table({"key": pa.array(range(keys), pa.int64())})
+    return [first] + [
+        pa.table({"key": pa.array([rng.randrange(keys) for _ in range(touch)], pa.int64())})
+        for _ in range(batches)
+    ]
+
+
+def _run(
+    spark: SparkSession, inputs: list[pa.Table], location: str, work: Path, partitions: int,
+    requests: _Requests,
+) -> list[tuple[int, int, float]]:  # fmt: skip
+    """(S3 requests, bytes written, seconds) of each small micro-batch.
+
+    One file is added and one ``availableNow`` run made per micro-batch, so that
+    each count holds exactly that micro-batch's requests (the driver's checks when
+    the DataFrame is built are left out: they are paid per query start).
+    """
+    source = work / "in"
+    source.mkdir(parents=True)
+    storage = CheckpointStorage(location, "counts")
+    seen: list[tuple[int, int, float]] = []
+    for batch, table in enumerate(inputs):
+        pq.write_table(table, source / f"{batch:04d}.parquet")
+        stream = spark.readStream.schema("key long").parquet(str(source))
+        out = keyed_process(
+            stream, Count(), key="key", output_schema="key long, n long", uid="counts",
+            checkpoint_location=location, num_partitions=partitions,
+        )  # fmt: skip
+        requests.lines.clear()
+        query = (
+            out.writeStream.format("noop").option("checkpointLocation", str(work / "spark"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(600)
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()))
+        (progress,) = [p for p in query.recentProgress if p["numInputRows"]]
+        assert progress["batchId"] == batch, progress["batchId"]
+        size = sum(
+            info.size or 0
+            for info in storage.fs.get_file_info(
+                pafs.FileSelector(storage.version_dir(batch), allow_not_found=True)
+            )
+        )
+        seen.append((len(requests.lines), size, progress["durationMs"]["triggerExecution"]))
+    return seen[1:]  # the small micro-batches
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--touch", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args()
+    spark = session(master="local[2]", app_name="bench-object-storage")
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+    requests = _Requests()
+    server, s3_template = _s3(requests)
+    print(
+        f"keyed_process running count, {args.partitions} partitions, small micro-batches of "
+        f"{args.touch} touched keys; median of {args.batches}"
+    )
+    print(f"{'keys':>9} {'storage':>8} {'requests':>9} {'per part.':>9} {'bytes':>11} "
+          f"{'seconds':>8}")  # fmt: skip
+    try:
+        for keys in args.keys:
+            inputs = _inputs(keys, args.touch, args.batches)
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, location in (
+                    ("local", str(Path(tmp) / "state")),
+                    ("s3", s3_template.format(path=f"k{keys}")),
+                ):
+                    small = _run(spark, inputs, location, Path(tmp) / name,
+                                 args.partitions, requests)  # fmt: skip
+                    reqs = statistics.median(r for r, _, _ in small) if name == "s3" else 0
+                    size = statistics.median(b for _, b, _ in small)
+                    secs = statistics.median(t for _, _, t in small) / 1000
+                    print(f"{keys:>9,} {name:>8} {reqs:>9.0f} {reqs / args.partitions:>9.1f} "
+                          f"{size:>11,.0f} {secs:>8.2f}")  # fmt: skip
+    finally:
+        server.stop()
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
