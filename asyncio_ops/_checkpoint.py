@@ -19,7 +19,10 @@ Streaming queries use their micro-batch ids as versions; a batch job writes
 one ``run-<id>`` directory per action (see ``docs/spark.md``).
 
 Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
-(u32) | payload`` with an Arrow IPC stream as payload: typed columns and
+(u32) | payload`` with an Arrow IPC stream as payload (and, with a signing key
+in ``ASYNCIO_OPS_STATE_SIGNING_KEY``, format version 3: an HMAC-SHA256 after
+the payload, over the file and its identity, ``<uid>/<version>/<name>``; see
+``asyncio_ops._signing``): typed columns and
 schema metadata, never pickle, so loading a checkpoint never runs code. A file
 is written to a temporary name and then moved into place, so a reader sees a
 whole file or none (on S3 and GCS, where an object appears only once its
@@ -48,9 +51,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ._exceptions import CheckpointError, CorruptCheckpointError
+from ._signing import MAC_SIZE, SIGNING_KEY_ENV, mac, signing_key, verifies
 
 MAGIC: Final = b"AOPSCKP1"
 FORMAT_VERSION: Final = 2
+SIGNED_FORMAT_VERSION: Final = 3  # FORMAT_VERSION's frame, then an HMAC-SHA256
 PICKLE_FORMAT_VERSION: Final = 1
 _HEADER = struct.Struct("<8sHQI")
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
@@ -66,17 +71,27 @@ Version = int | str
 """A streaming version (the micro-batch id, or a pinned int) or a batch job's run id."""
 
 
-def encode(table: pa.Table) -> bytes:
-    """The bytes of one checkpoint file holding ``table`` (Arrow IPC stream, framed)."""
+def encode(table: pa.Table, identity: str = "") -> bytes:
+    """The bytes of one checkpoint file holding ``table`` (Arrow IPC stream, framed).
+
+    With a signing key (``asyncio_ops._signing``) the file is signed over its bytes
+    and ``identity`` (the operator's uid, the version or run, and the file's name,
+    which says its kind and its partition or key group): format version 3, the
+    signature after the payload.
+    """
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     body: bytes = sink.getvalue().to_pybytes()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), zlib.crc32(body)) + body
+    key = signing_key()
+    version = FORMAT_VERSION if key is None else SIGNED_FORMAT_VERSION
+    framed = _HEADER.pack(MAGIC, version, len(body), zlib.crc32(body)) + body
+    return framed if key is None else framed + mac(key, identity.encode(), framed)
 
 
-def decode(data: bytes, name: str) -> pa.Table:
-    """Verify one checkpoint file and read its Arrow table; ``name`` is used in errors."""
+def decode(data: bytes, name: str, identity: str = "") -> pa.Table:
+    """Verify one checkpoint file and read its Arrow table; ``name`` is used in errors,
+    ``identity`` is what a signed file must have been written as (see :func:`encode`)."""
     if len(data) < _HEADER.size:
         raise CorruptCheckpointError(
             f"checkpoint file {name} is truncated: {len(data)} bytes, shorter than its header"
@@ -90,10 +105,32 @@ def decode(data: bytes, name: str) -> pa.Table:
             "it is not loaded, since loading a pickle can run code: delete the checkpoint "
             "location (or use another) to start afresh"
         )
-    if version > FORMAT_VERSION:
+    if version > SIGNED_FORMAT_VERSION:
         raise CorruptCheckpointError(
             f"checkpoint file {name} has format version {version}, newer than this asyncio_ops "
-            f"reads ({FORMAT_VERSION}); upgrade asyncio_ops to restore it"
+            f"reads ({SIGNED_FORMAT_VERSION}); upgrade asyncio_ops to restore it"
+        )
+    key = signing_key()
+    if version == SIGNED_FORMAT_VERSION:
+        if key is None:
+            raise CorruptCheckpointError(
+                f"checkpoint file {name} is signed; set {SIGNING_KEY_ENV} to the key that "
+                "signed it"
+            )
+        view = memoryview(data)
+        if len(data) < _HEADER.size + MAC_SIZE or not verifies(
+            key, view[-MAC_SIZE:], identity.encode(), view[:-MAC_SIZE]
+        ):
+            raise CorruptCheckpointError(
+                f"checkpoint file {name}: its signature does not verify: written with another "
+                "key, for another operator, version, partition or file, or altered; it is not "
+                "loaded"
+            )
+        data = data[:-MAC_SIZE]
+    elif key is not None:
+        raise CorruptCheckpointError(
+            f"checkpoint file {name} is not signed and is not loaded while {SIGNING_KEY_ENV} "
+            "is set"
         )
     body = data[_HEADER.size :]
     if len(body) != length:
@@ -202,7 +239,7 @@ class CheckpointStorage:
         Elsewhere it goes to a temporary name and is moved into place.
         """
         final = self.path(version, name)
-        data = encode(table)
+        data = encode(table, self.identity(version, name))
         try:
             if self._object_store:
                 with self.fs.open_output_stream(final) as out:
@@ -230,7 +267,12 @@ class CheckpointStorage:
             raise CheckpointError(f"checkpoint file {path} is missing") from exc
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
-        return decode(data, path)
+        return decode(data, path, self.identity(version, name))
+
+    def identity(self, version: Version, name: str) -> str:
+        """What a signed file is signed as: ``<uid>/<version or run dir>/<name>``, so that
+        a file copied to another operator, version or name does not verify."""
+        return f"{self.uid}/{self.version_dir(version).rsplit('/', 1)[1]}/{name}"
 
     def _entries(self, directory: str) -> list[pafs.FileInfo]:
         """What ``directory`` holds; [] if it does not exist.

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import struct
 import zlib
 from typing import Any, Final
 
 from .._exceptions import CorruptStateError
+from .._signing import MAC_SIZE, SIGNING_KEY_ENV, signing_key
 from . import _payloads
 
 __all__ = [
@@ -54,9 +54,7 @@ MAGIC: Final = b"AOSB"
 FORMAT_VERSION: Final = 3
 SIGNED_FORMAT_VERSION: Final = 4
 _PICKLE_VERSIONS: Final = (1, 2)
-SIGNING_KEY_ENV: Final = "ASYNCIO_OPS_STATE_SIGNING_KEY"
-"""The environment variable holding the key that signs and verifies state blobs."""
-_MAC_SIZE: Final = hashlib.sha256().digest_size
+_MAC_SIZE: Final = MAC_SIZE
 KEYED_STATE: Final = 1
 KEYED_OPERATOR: Final = 2
 OPERATOR_STATE: Final = 3
@@ -70,11 +68,6 @@ _HEADER: Final = struct.Struct(">4sBBHII")
 HEADER_SIZE: Final = _HEADER.size
 
 
-def _signing_key() -> bytes | None:
-    key = os.environ.get(SIGNING_KEY_ENV)
-    return key.encode("utf-8") if key else None
-
-
 def _mac(key: bytes, data: bytes | memoryview) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
@@ -83,7 +76,7 @@ def seal(kind: int, key_group: int, payload: Any) -> bytes:
     """Encode ``payload`` (typed, see ``_payloads``) in a verified header (signed if a
     key is set)."""
     body = _payloads.encode(_KIND_NAMES[kind], payload)
-    key = _signing_key()
+    key = signing_key()
     version = FORMAT_VERSION if key is None else SIGNED_FORMAT_VERSION
     blob = _HEADER.pack(MAGIC, version, kind, key_group, len(body), zlib.crc32(body)) + body
     return blob if key is None else blob + _mac(key, blob)
@@ -112,7 +105,7 @@ def unseal(kind: int, key_group: int, blob: object, *, what: str = "key group") 
             f"{where}: snapshot format version {version} is not supported "
             f"(this build reads versions {FORMAT_VERSION} and {SIGNED_FORMAT_VERSION})"
         )
-    key = _signing_key()
+    key = signing_key()
     if version == SIGNED_FORMAT_VERSION:
         if key is None:
             raise CorruptStateError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import struct
 import threading
 import zlib
@@ -13,7 +14,14 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
-from asyncio_ops._checkpoint import FORMAT_VERSION, MAGIC, CheckpointStorage, decode, encode
+from asyncio_ops._checkpoint import (
+    FORMAT_VERSION,
+    MAGIC,
+    SIGNED_FORMAT_VERSION,
+    CheckpointStorage,
+    decode,
+    encode,
+)
 
 
 def t(**columns: list[object]) -> pa.Table:
@@ -73,9 +81,9 @@ def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
 
 
 def test_newer_format_version_is_refused_by_name() -> None:
+    newer = SIGNED_FORMAT_VERSION + 1  # 3 is a signed file of FORMAT_VERSION's frame
     data = bytearray(encode(t(s=["future"])))
-    data[8] = FORMAT_VERSION + 1  # the u16 after the magic
-    newer = FORMAT_VERSION + 1
+    data[8] = newer  # the u16 after the magic
     with pytest.raises(CorruptCheckpointError, match=rf"format version {newer}.*upgrade"):
         decode(bytes(data), "some/file.ckpt")
 
@@ -212,3 +220,57 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_r
     assert [b for _, _, b in found.key_group_blobs(KeyGroupRange(0, 5), 128)] == [b"three", b"five"]
     with pytest.raises(CheckpointError, match=r"kg-p00000\.ckpt lacks key group 9.*subtask-00001"):
         found.key_group_blobs(KeyGroupRange(9, 9), 128)
+
+
+# -- signed files (a key in ASYNCIO_OPS_STATE_SIGNING_KEY) -----------------------------------
+
+
+@pytest.fixture
+def signing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCIO_OPS_STATE_SIGNING_KEY", "k-1")
+
+
+def test_a_signed_file_round_trips_and_needs_the_key(
+    tmp_path: Path, signing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "results-p0-a-0.ckpt", t(v=[1, 2]))
+    assert s.read(1, "results-p0-a-0.ckpt").column("v").to_pylist() == [1, 2]
+    monkeypatch.setenv("ASYNCIO_OPS_STATE_SIGNING_KEY", "another key")
+    with pytest.raises(CorruptCheckpointError, match=r"results-p0-a-0\.ckpt: its signature"):
+        s.read(1, "results-p0-a-0.ckpt")
+    monkeypatch.delenv("ASYNCIO_OPS_STATE_SIGNING_KEY")
+    with pytest.raises(CorruptCheckpointError, match=r"is signed; set ASYNCIO_OPS_STATE_SIGNING"):
+        s.read(1, "results-p0-a-0.ckpt")
+
+
+def test_a_forged_unsigned_replay_log_is_refused_while_a_key_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "results-p0-a-0.ckpt", t(v=[666]))  # written without a key: a forgery
+    monkeypatch.setenv("ASYNCIO_OPS_STATE_SIGNING_KEY", "k-1")
+    with pytest.raises(CorruptCheckpointError, match=r"results-p0-a-0\.ckpt is not signed"):
+        s.read(1, "results-p0-a-0.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        (("op", 0, "kg-p00000.ckpt"), ("op", 1, "kg-p00000.ckpt")),  # an older version
+        (("other", 1, "results-p0-a-0.ckpt"), ("op", 1, "results-p0-a-0.ckpt")),  # operator
+        (("op", 1, "ops-00001.ckpt"), ("op", 1, "ops-00000.ckpt")),  # another partition
+        (("op", 1, "subtask-00000.ckpt"), ("op", 1, "ops-00000.ckpt")),  # another kind
+    ],
+)
+def test_a_signed_file_copied_to_another_identity_does_not_verify(
+    tmp_path: Path, signing: None, source: tuple[str, int, str], target: tuple[str, int, str]
+) -> None:
+    uid, version, name = source
+    CheckpointStorage(str(tmp_path), uid).write(version, name, t(v=[3]))
+    to = CheckpointStorage(str(tmp_path), target[0])
+    to.write(target[1], target[2], t(v=[2]))
+    data = (tmp_path / uid / f"v{version:010d}" / name).read_bytes()
+    (tmp_path / target[0] / f"v{target[1]:010d}" / target[2]).write_bytes(data)
+    with pytest.raises(CorruptCheckpointError, match=rf"{re.escape(target[2])}: its signature"):
+        to.read(target[1], target[2])
