@@ -527,7 +527,7 @@ def test_retry_on_exception_then_exhausted(run: Runner[Any]) -> None:
         await settle()
         assert calls.count("permanent") == 3  # first attempt + 2 retries
         assert isinstance(op.failure, AsyncOperatorError)
-        assert "3 attempt(s)" in str(op.failure)
+        assert "3 operator attempt(s)" in str(op.failure)
         assert isinstance(op.failure.__cause__, ConnectionRefusedError)
         await op.close()
 
@@ -543,7 +543,7 @@ def test_non_matching_exception_is_not_retried(run: Runner[Any]) -> None:
     )
 
     async def main() -> None:
-        with pytest.raises(AsyncOperatorError, match="1 attempt"):
+        with pytest.raises(AsyncOperatorError, match="1 operator attempt"):
             await run_async_wait(lookup, [1], timeout=1, retry=retry)
 
     run(main())
@@ -1198,7 +1198,8 @@ def test_keyboard_interrupt_in_a_lookup_fails_naming_the_row(
         op, _ = make_op(bad, on_failure=lambda record, exc, attempts: [])
         await op.open()
         try:
-            with pytest.raises(AsyncOperatorError, match="for input 3 after 1 attempt") as info:
+            failed = "for input 3 after 1 operator attempt"
+            with pytest.raises(AsyncOperatorError, match=failed) as info:
                 await op.process_elements(range(5))
                 await op.end_input()
             assert isinstance(info.value.__cause__, exc_type)  # not an error row

@@ -31,7 +31,12 @@ from pyspark.sql.types import StructType
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, as_async_function
 from .._retry import AsyncRetryStrategy
-from ._api import _as_struct, ordered_wait, unordered_wait
+
+# aliased: inside the class body the names ordered_wait / unordered_wait are its methods
+from ._api import _as_struct
+from ._api import ordered_wait as _ordered_wait
+from ._api import unordered_wait as _unordered_wait
+from ._keywords import known_keywords
 
 
 @runtime_checkable
@@ -78,6 +83,7 @@ class AsyncDataStream:
         )  # fmt: skip
 
     @staticmethod
+    @known_keywords(forwards_to=_ordered_wait)
     def ordered_wait(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -92,6 +98,7 @@ class AsyncDataStream:
         )
 
     @staticmethod
+    @known_keywords(forwards_to=_unordered_wait)
     def unordered_wait(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -106,6 +113,7 @@ class AsyncDataStream:
         )
 
     @staticmethod
+    @known_keywords(forwards_to=_ordered_wait)
     def ordered_wait_with_retry(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -118,11 +126,12 @@ class AsyncDataStream:
         """:meth:`ordered_wait` with a retry strategy (PyFlink's argument order; None:
         no retries)."""
         return AsyncDataStream._apply(
-            ordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            _ordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
         )  # fmt: skip
 
     @staticmethod
+    @known_keywords(forwards_to=_unordered_wait)
     def unordered_wait_with_retry(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -135,6 +144,6 @@ class AsyncDataStream:
         """:meth:`unordered_wait` with a retry strategy (PyFlink's argument order;
         None: no retries)."""
         return AsyncDataStream._apply(
-            unordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            _unordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
         )  # fmt: skip
