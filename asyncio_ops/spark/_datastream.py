@@ -16,7 +16,8 @@ columns (an error row of ``on_error="error_column"`` carries them as
 ``_error.input``). The function subclasses ``asyncio_ops.AsyncFunction`` instead of
 PyFlink's; ``open``, ``async_invoke``, ``timeout`` and ``close`` keep their
 meaning. ``timeout`` is seconds, a ``timedelta``, an interval string, or
-anything with PyFlink's ``Time.to_milliseconds()``. Every other option of
+anything with PyFlink's ``Time.to_milliseconds()`` (``asyncio_ops.spark.Time``, or
+PyFlink's own). Every other option of
 :func:`ordered_wait` / :func:`unordered_wait` may follow as a keyword.
 """
 
