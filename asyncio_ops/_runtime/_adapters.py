@@ -70,6 +70,11 @@ class RowValue:
         return f"RowValue({describe_row(self.row)}, late={self.late}, position={self.position})"
 
 
+def chunk_rows(value: RowValue) -> int:
+    """The number of rows of a chunk (a list of rows or an Arrow batch)."""
+    return len(value.row)
+
+
 def chunk_key_group(value: RowValue) -> int:
     """The key group of a keyed chunk: every row of it has the same (the feeder's rule)."""
     rows = value.row
