@@ -171,6 +171,11 @@ class _Entry(ResultHandle):
         return f"_Entry({self.element!r}, attempts={self.attempts})"
 
 
+def _record_of(element: Any) -> Record[Any]:
+    """The record of a restored element or of a plain one."""
+    return element.record if type(element) is _Restored else element
+
+
 class _Restored:
     """Input restored from a snapshot: a completed element (``results``) or one in
     flight (its ``attempts`` and absolute ``deadline``)."""
@@ -274,6 +279,10 @@ class AsyncWaitOperator:
         close_grace: seconds :meth:`close` waits for cancelled tasks (an attempt
             that swallows ``CancelledError``) before abandoning them, logged with
             their rows (default 5).
+        weight: ``value -> int``, how many input rows an element stands for (the
+            Spark runtime's chunks): the counters of :meth:`statistics`
+            (received, completed, timed out, retried, failed, restored) then
+            count rows, and ``elements`` the elements themselves. Default: 1 each.
         output_buffer: completed elements that may wait, beyond ``capacity``,
             behind an earlier element still in flight (default 0: Flink's
             meaning, ``capacity`` bounds the whole queue). With ``N > 0`` the
@@ -303,6 +312,7 @@ class AsyncWaitOperator:
         output_buffer: int = 0,
         close_grace: float = CLOSE_GRACE,
         max_capacity: int = DEFAULT_MAX_CAPACITY,
+        weight: Callable[[Any], int] | None = None,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -369,7 +379,9 @@ class AsyncWaitOperator:
         self._closed = False
         self._draining = False
         # statistics
+        self._weight = weight
         self._received = 0
+        self._elements = 0
         self._emitted = 0
         self._completed = 0
         self._timed_out = 0
@@ -411,7 +423,9 @@ class AsyncWaitOperator:
                 replay.append(element)
             else:
                 replay.append(_Restored(element, None, entry.attempts, entry.deadline))  # type: ignore[arg-type]
-        self._restored += len(replay)
+        self._restored += sum(
+            1 if type(e) is Watermark else self._weigh(_record_of(e).value) for e in replay
+        )
         await self._enqueue(replay)
 
     async def close(self) -> None:
@@ -601,6 +615,7 @@ class AsyncWaitOperator:
         retry = self._retry
         map_results = self._map_results
         select = self._key_selector
+        weight = self._weight
         clock_now = self._clock_now
         timeout = self.timeout
         room = queue.capacity
@@ -632,8 +647,9 @@ class AsyncWaitOperator:
                     # once before it has a queue entry. One that completes without
                     # suspending (a cache hit), with results this queue would emit at
                     # once anyway, needs no entry, timer or bookkeeping at all.
-                    self._received += 1
                     value = element.value if t is Record else element
+                    self._elements += 1
+                    self._received += 1 if weight is None else weight(value)
                     key = select(value) if select is not None else None
                     started = clock_now()
                     try:
@@ -739,7 +755,7 @@ class AsyncWaitOperator:
                 t = type(element)
                 self._fail_element(self._put(element, t, key, self._clock_now(), 0.0), exc)
                 return
-        self._completed += 1
+        self._completed += 1 if self._weight is None else self._weight(value)
         self.latency.instant += 1
         if results:
             try:
@@ -769,7 +785,8 @@ class AsyncWaitOperator:
             return None
         assert type(element) is _Restored
         record = element.record
-        self._received += 1
+        self._elements += 1
+        self._received += self._weigh(record.value)
         key = self._key_selector(record.value) if self._key_selector is not None else None
         entry: _Entry | None = self._queue.try_put(record, key)  # type: ignore[assignment]
         assert entry is not None, "room was checked"
@@ -832,7 +849,7 @@ class AsyncWaitOperator:
 
     def _schedule_retry(self, entry: _Entry) -> bool:
         """True to retry at once; else a timer of ``async-retries`` hands it to a worker."""
-        self._retried += 1
+        self._retried += self._weigh(entry.record.value)
         assert self._retry is not None
         delay = 0.0 if self._draining else self._retry.backoff_seconds(entry.attempts, self._rng)
         if delay <= 0.0:
@@ -860,7 +877,7 @@ class AsyncWaitOperator:
         if entry.done or entry.timed_out or self._closed:
             return
         entry.timed_out = True
-        self._timed_out += 1
+        self._timed_out += self._weigh(entry.record.value)
         if self.limiter is not None:
             self._overloaded(self.limiter)
         if entry.retry_at is not None:
@@ -912,7 +929,7 @@ class AsyncWaitOperator:
             grew = limiter.limit > self._cap
             self._cap = limiter.limit
         self._in_flight -= 1
-        self._completed += 1
+        self._completed += 1 if self._weight is None else self._weight(entry.record.value)
         if entry.bucket is not None:
             self._timeouts.release(entry)
         self._latency_tick += 1
@@ -928,8 +945,8 @@ class AsyncWaitOperator:
         """The element failed: results from ``on_failure``, or the operator fails. A
         ``fatal`` failure (KeyboardInterrupt, SystemExit raised by the attempt) always
         fails the operator, naming the row, with the exception as cause."""
-        self._failed += 1
         record = entry.record
+        self._failed += self._weigh(record.value)
         if self._on_failure is not None and not fatal:
             try:
                 results = self._on_failure(record, exc, entry.attempts)
@@ -944,6 +961,10 @@ class AsyncWaitOperator:
         )
         entry.complete_exceptionally(error)
         self._fail(error)
+
+    def _weigh(self, value: Any) -> int:
+        """How many rows ``value`` counts for in :meth:`statistics` (1 without ``weight``)."""
+        return 1 if self._weight is None else self._weight(value)
 
     def _describe(self, record: Record[Any]) -> str:
         if self._describe_value is not None:
@@ -1046,6 +1067,7 @@ class AsyncWaitOperator:
     def statistics(self) -> OperatorStatistics:
         return OperatorStatistics(
             received=self._received,
+            elements=self._elements,
             emitted=self._emitted,
             in_flight=len(self._queue),
             completed=self._completed,

@@ -7,7 +7,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._elements import Record
-from ._exceptions import AsyncOperatorError, AsyncTimeoutError, InvalidResultError
+from ._exceptions import (
+    AsyncOperatorError,
+    AsyncOpsError,
+    AsyncTimeoutError,
+    InvalidResultError,
+    OutputSchemaError,
+)
 
 
 def describe_record(record: Record[Any]) -> str:
@@ -56,28 +62,39 @@ def element_failure(
     attempts: int,
     last: BaseException | None,
     describe: Callable[[], str],
-) -> AsyncOperatorError:
+) -> AsyncOpsError:
     """The error that fails the operator for ``value``.
 
     A timeout that ends a run of retries names the last attempt's error; an
-    operator error about this very element is kept; anything else is wrapped,
-    naming the input (``describe()``) and the attempts, with ``exc`` as cause.
+    operator error about this very element is kept; results that do not fit
+    the output schema stay an :class:`OutputSchemaError` (the lookup worked: no
+    "lookup failed"), naming the input; anything else is wrapped, naming the
+    input (``describe()``) and the attempts, with ``exc`` as cause.
+
+    ``attempts`` are the operator's own (its retry strategy's): a connector
+    that reconnects and retries inside one attempt counts as one, so the
+    message says "operator attempt(s)".
     """
-    error: AsyncOperatorError
+    error: AsyncOpsError
     if isinstance(exc, AsyncTimeoutError) and last is not None:
         # the budget ran out between retries: say why the attempts failed
         error = AsyncTimeoutError(
-            f"{exc}; {attempts} attempt(s) made, the last failed with "
+            f"{exc}; {attempts} operator attempt(s) made, the last failed with "
             f"{type(last).__name__}: {last}",
             value,
         )
         error.__cause__ = last
     elif isinstance(exc, AsyncOperatorError) and exc.element is value:
         error = exc
+    elif isinstance(exc, OutputSchemaError):
+        error = OutputSchemaError(
+            f"a result does not fit the output schema, for input {describe()}: {exc}"
+        )
+        error.__cause__ = exc
     else:
         error = AsyncOperatorError(
             f"async lookup failed for input {describe()} after "
-            f"{attempts} attempt(s): {type(exc).__name__}: {exc}",
+            f"{attempts} operator attempt(s): {type(exc).__name__}: {exc}",
             value,
         )
         error.__cause__ = exc

@@ -10,7 +10,12 @@ from typing import Final
 
 @dataclass(frozen=True)
 class OperatorStatistics:
-    """Counters of one operator instance (latencies in seconds, first invoke to completion)."""
+    """Counters of one operator instance (latencies in seconds, first invoke to completion).
+
+    With the operator's ``weight`` (the Spark runtime's chunks) the counters
+    count rows, ``elements`` the elements received (chunks); without, one
+    element is one row and ``elements == received``.
+    """
 
     received: int
     emitted: int
@@ -23,6 +28,7 @@ class OperatorStatistics:
     latency_p50: float | None
     latency_p99: float | None
     latency_max: float | None
+    elements: int = 0
 
 
 class LatencyHistogram:

@@ -68,6 +68,24 @@ def test_helper_modules_export_what_they_promise() -> None:
     assert asyncio_ops.testing.__all__ == ["ManualClock"]
 
 
+def test_spark_names_are_pinned() -> None:
+    import asyncio_ops.spark
+
+    assert set(asyncio_ops.spark.__all__) == {
+        "KEY_GROUP_COLUMN",
+        "AsyncDataStream",
+        "AsyncMetrics",
+        "Time",
+        "keyed_process",
+        "ordered_wait",
+        "route_values",
+        "session",
+        "unordered_wait",
+    }
+    for name in asyncio_ops.spark.__all__:
+        assert hasattr(asyncio_ops.spark, name), name
+
+
 def test_core_never_imports_pyspark() -> None:
     import subprocess
     import sys

@@ -527,7 +527,7 @@ def test_retry_on_exception_then_exhausted(run: Runner[Any]) -> None:
         await settle()
         assert calls.count("permanent") == 3  # first attempt + 2 retries
         assert isinstance(op.failure, AsyncOperatorError)
-        assert "3 attempt(s)" in str(op.failure)
+        assert "3 operator attempt(s)" in str(op.failure)
         assert isinstance(op.failure.__cause__, ConnectionRefusedError)
         await op.close()
 
@@ -543,7 +543,7 @@ def test_non_matching_exception_is_not_retried(run: Runner[Any]) -> None:
     )
 
     async def main() -> None:
-        with pytest.raises(AsyncOperatorError, match="1 attempt"):
+        with pytest.raises(AsyncOperatorError, match="1 operator attempt"):
             await run_async_wait(lookup, [1], timeout=1, retry=retry)
 
     run(main())
@@ -1198,7 +1198,8 @@ def test_keyboard_interrupt_in_a_lookup_fails_naming_the_row(
         op, _ = make_op(bad, on_failure=lambda record, exc, attempts: [])
         await op.open()
         try:
-            with pytest.raises(AsyncOperatorError, match="for input 3 after 1 attempt") as info:
+            failed = "for input 3 after 1 operator attempt"
+            with pytest.raises(AsyncOperatorError, match=failed) as info:
                 await op.process_elements(range(5))
                 await op.end_input()
             assert isinstance(info.value.__cause__, exc_type)  # not an error row
@@ -1223,3 +1224,36 @@ def test_one_element_is_enough_for_a_latency(run: Runner[Any]) -> None:
 
     stats = run(main())
     assert stats.latency_p50 is not None and abs(stats.latency_p50 - 0.25) <= 0.25 * 0.05
+
+
+def test_a_weight_makes_the_counters_count_rows(run: Runner[Any]) -> None:
+    """Elements that stand for several rows (the Spark runtime's chunks) are counted by
+    their weight; ``elements`` counts the elements themselves."""
+
+    async def main() -> tuple[Any, Any]:
+        async def f(chunk: list[int]) -> list[int]:
+            await asyncio.sleep(0)
+            if 13 in chunk:
+                raise LookupError("no 13")
+            if 99 in chunk:
+                await asyncio.sleep(3600)  # times out
+            return chunk
+
+        stats = []
+        for weight in (len, None):
+            op = AsyncWaitOperator(
+                f, output=lambda e: None, timeout=0.2, capacity=10, weight=weight,
+                on_failure=lambda record, exc, attempts: [],
+            )  # fmt: skip
+            await op.open()
+            await op.process_elements([[1, 2, 3], [13, 14], [99, 98, 97, 96], [5]])
+            await op.end_input()
+            await op.close()
+            stats.append(op.statistics())
+        return stats[0], stats[1]
+
+    rows, plain = run(main())
+    assert (rows.elements, rows.received, rows.completed) == (4, 10, 10)
+    assert (rows.timed_out, rows.failed) == (4, 6)  # 4 rows timed out, 2 + 4 failed
+    assert (plain.elements, plain.received, plain.completed) == (4, 4, 4)
+    assert (plain.timed_out, plain.failed) == (1, 2)

@@ -39,7 +39,7 @@ from .._functions import (
     SupportsOutputColumns,
 )
 from .._results import one_result
-from ._coerce import coerced_array, decimals_as_floats, has_fraction
+from ._coerce import coerced_array, decimals_as_floats, has_fraction, spark_type
 from ._spec import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
 if TYPE_CHECKING:
@@ -68,6 +68,11 @@ class RowValue:
 
     def __repr__(self) -> str:
         return f"RowValue({describe_row(self.row)}, late={self.late}, position={self.position})"
+
+
+def chunk_rows(value: RowValue) -> int:
+    """The number of rows of a chunk (a list of rows or an Arrow batch)."""
+    return len(value.row)
 
 
 def chunk_key_group(value: RowValue) -> int:
@@ -620,7 +625,9 @@ def _column(name: str, type_: pa.DataType, values: Any, n: int) -> pa.Array:
 
 def _unfit(name: str, type_: pa.DataType, values: Any, exc: Exception) -> OutputSchemaError:
     bad = _first_unfit(values, type_)
-    return OutputSchemaError(f"output column {name!r} ({type_}) cannot hold {bad}: {exc}")
+    return OutputSchemaError(
+        f"output column {name!r} ({spark_type(type_)}) cannot hold {bad}: {exc}"
+    )
 
 
 def _first_row(batch: pa.RecordBatch) -> Any:

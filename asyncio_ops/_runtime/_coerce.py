@@ -16,6 +16,9 @@ string in a number column stays an error that names the column and the value.
 The conversions run only after Arrow refused a batch, so output that needs none
 costs nothing; the per-row and the columnar path use the same ones, so both
 give the same values (``tests/connectors/test_types_in_spark.py``).
+
+Messages about a column name its type as the user declared it, in Spark's
+words (:func:`spark_type`: ``decimal(5,2)``, ``bigint``), not Arrow's.
 """
 
 from __future__ import annotations
@@ -99,3 +102,41 @@ def coerced_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str
     """``rows`` with every value converted for its column of ``schema`` (new dicts)."""
     types = {f.name: f.type for f in schema}
     return [{k: coerced(v, types[k]) if k in types else v for k, v in row.items()} for row in rows]
+
+
+_SPARK_NAMES: dict[pa.DataType, str] = {
+    pa.bool_(): "boolean",
+    pa.int8(): "tinyint",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.float32(): "float",
+    pa.float64(): "double",
+    pa.string(): "string",
+    pa.large_string(): "string",
+    pa.binary(): "binary",
+    pa.large_binary(): "binary",
+    pa.date32(): "date",
+    pa.null(): "void",
+}
+
+
+def spark_type(type_: pa.DataType) -> str:
+    """``type_`` as Spark names it (its ``simpleString``): ``decimal(5,2)`` for Arrow's
+    ``decimal128(5, 2)``, ``bigint`` for ``int64``, ``array<int>``, ``struct<a:string>``;
+    Arrow's own name for a type Spark does not have."""
+    name = _SPARK_NAMES.get(type_)
+    if name is not None:
+        return name
+    if pa.types.is_decimal(type_):
+        return f"decimal({type_.precision},{type_.scale})"
+    if pa.types.is_timestamp(type_):
+        return "timestamp" if type_.tz is not None else "timestamp_ntz"
+    if pa.types.is_map(type_):
+        return f"map<{spark_type(type_.key_type)},{spark_type(type_.item_type)}>"
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        return f"array<{spark_type(type_.value_type)}>"
+    if pa.types.is_struct(type_):
+        fields = ",".join(f"{f.name}:{spark_type(f.type)}" for f in type_)
+        return f"struct<{fields}>"
+    return str(type_)

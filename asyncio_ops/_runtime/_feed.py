@@ -252,7 +252,8 @@ class Feeder:
                 continue
             if start < i:
                 await op.process_elements(inputs[start:i])
-            self.metrics.replayed += 1
+            # a chunk counts its rows
+            self.metrics.replayed += len(value.row) if self.spec.chunk_size is not None else 1
             await op.process_completed_element(element, row_fn.replayed(value, stored[1]))
             start = i + 1
         if start < len(inputs):

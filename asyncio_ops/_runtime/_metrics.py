@@ -1,4 +1,9 @@
-"""Counters of one partition run, merged across tasks on the driver."""
+"""Counters of one partition run, merged across tasks on the driver.
+
+Every count is of rows, on the per-row path and on the chunk and columnar
+paths alike (a chunk that times out counts its rows as timed out); ``chunks``
+is the number of chunks the rows travelled in (0 on the per-row path).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ class RunMetrics:
 
     partitions: int = 0
     received: int = 0
+    chunks: int = 0
     emitted: int = 0
     completed: int = 0
     timed_out: int = 0
@@ -38,7 +44,7 @@ class RunMetrics:
 
     def merge(self, other: RunMetrics) -> RunMetrics:
         for name in (
-            "partitions", "received", "emitted", "completed", "timed_out", "retried",
+            "partitions", "received", "chunks", "emitted", "completed", "timed_out", "retried",
             "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
             "cache_expirations",
@@ -56,6 +62,7 @@ class RunMetrics:
         return {
             "partitions": self.partitions,
             "received": self.received,
+            "chunks": self.chunks,
             "emitted": self.emitted,
             "completed": self.completed,
             "timed_out": self.timed_out,

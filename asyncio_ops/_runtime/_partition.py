@@ -40,6 +40,7 @@ from ._adapters import (
     ChunkFunction,
     RowFunction,
     chunk_key_group,
+    chunk_rows,
     is_columnar,
 )
 from ._checkpointing import PartitionCheckpoint
@@ -113,6 +114,8 @@ def _operator(
         describe=row_fn.describe,
         output_buffer=spec.output_buffer,
         max_capacity=spec.max_capacity,
+        # a chunk counts its rows in the statistics (received, completed, ...)
+        weight=chunk_rows if spec.chunk_size is not None else None,
     )
 
 
@@ -227,7 +230,11 @@ def run_partition(
         drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
         if ckpt is not None:
             remaining = op.snapshot_state().entries if not drained else ()
-            metrics.carried_over = sum(1 for e in remaining if type(e.element) is Record)
+            metrics.carried_over = sum(
+                chunk_rows(e.element.value) if spec.chunk_size is not None else 1
+                for e in remaining
+                if type(e.element) is Record
+            )
             state = (
                 WatermarkState(watermarks.max_seen, watermarks.current)
                 if watermarks is not None
@@ -244,6 +251,7 @@ def run_partition(
         runtime.run(op.close())
         stats = op.statistics()
         metrics.received = stats.received
+        metrics.chunks = stats.elements if spec.chunk_size is not None else 0
         metrics.completed = stats.completed
         metrics.timed_out = stats.timed_out
         metrics.retried = stats.retried

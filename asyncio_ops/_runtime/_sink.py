@@ -10,7 +10,7 @@ import pyarrow as pa
 from .._elements import Record
 from .._exceptions import OutputSchemaError
 from ._adapters import describe_row
-from ._coerce import coerced_rows, has_fraction
+from ._coerce import coerced_rows, has_fraction, spark_type
 
 _UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
@@ -99,7 +99,7 @@ class ArrowSink:
             value = row.get(name)
             if has_fraction(value):
                 raise OutputSchemaError(
-                    f"output column {name!r} ({f.type}) cannot hold {value!r} "
+                    f"output column {name!r} ({spark_type(f.type)}) cannot hold {value!r} "
                     f"({type(value).__name__}) without truncating it, in output row "
                     f"{describe_row(row)}"
                 )
@@ -113,7 +113,8 @@ class ArrowSink:
                     pa.array([value], type=f.type)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
                     return OutputSchemaError(
-                        f"output column {f.name!r} ({f.type}) cannot hold {value!r:.100} "
-                        f"({type(value).__name__}) in output row {describe_row(row)}"
+                        f"output column {f.name!r} ({spark_type(f.type)}) cannot hold "
+                        f"{value!r:.100} ({type(value).__name__}) in output row "
+                        f"{describe_row(row)}"
                     )
         return OutputSchemaError(f"output rows do not fit the output schema: {exc}")

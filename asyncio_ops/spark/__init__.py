@@ -2,10 +2,11 @@
 
 ``ordered_wait`` / ``unordered_wait`` follow Flink's ``AsyncDataStream`` and
 PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
-porting); ``keyed_process`` runs a ``KeyedProcessFunction`` with keyed
-state and timers (Flink's ``KeyedProcessOperator``); ``session()`` builds a
-SparkSession whose Python workers run this interpreter; ``AsyncMetrics``
-collects operator metrics across tasks.
+porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
+``KeyedProcessFunction`` with keyed state and timers (Flink's
+``KeyedProcessOperator``); ``session()`` builds a SparkSession whose Python
+workers run this interpreter; ``AsyncMetrics`` collects operator metrics across
+tasks.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from ._datastream import AsyncDataStream
 from ._keyed import route_values
 from ._keyed_process import keyed_process
 from ._session import session
+from ._time import Time
 
 __all__ = [
     "KEY_GROUP_COLUMN",
     "AsyncDataStream",
     "AsyncMetrics",
+    "Time",
     "keyed_process",
     "ordered_wait",
     "route_values",

@@ -72,6 +72,7 @@ from ..options import (
     seconds_or_zero,
 )
 from ._keyed import partition_by_key_group
+from ._keywords import known_keywords
 
 log = logging.getLogger("asyncio_ops.spark")
 
@@ -676,6 +677,7 @@ def _query_plan(query: StreamingQuery) -> str:
         return ""
 
 
+@known_keywords()
 def ordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
@@ -736,6 +738,7 @@ def ordered_wait(
     )  # fmt: skip
 
 
+@known_keywords()
 def unordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],

@@ -16,7 +16,8 @@ columns (an error row of ``on_error="error_column"`` carries them as
 ``_error.input``). The function subclasses ``asyncio_ops.AsyncFunction`` instead of
 PyFlink's; ``open``, ``async_invoke``, ``timeout`` and ``close`` keep their
 meaning. ``timeout`` is seconds, a ``timedelta``, an interval string, or
-anything with PyFlink's ``Time.to_milliseconds()``. Every other option of
+anything with PyFlink's ``Time.to_milliseconds()`` (``asyncio_ops.spark.Time``, or
+PyFlink's own). Every other option of
 :func:`ordered_wait` / :func:`unordered_wait` may follow as a keyword.
 """
 
@@ -31,7 +32,12 @@ from pyspark.sql.types import StructType
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, as_async_function
 from .._retry import AsyncRetryStrategy
-from ._api import _as_struct, ordered_wait, unordered_wait
+
+# aliased: inside the class body the names ordered_wait / unordered_wait are its methods
+from ._api import _as_struct
+from ._api import ordered_wait as _ordered_wait
+from ._api import unordered_wait as _unordered_wait
+from ._keywords import known_keywords
 
 
 @runtime_checkable
@@ -78,6 +84,7 @@ class AsyncDataStream:
         )  # fmt: skip
 
     @staticmethod
+    @known_keywords(forwards_to=_ordered_wait)
     def ordered_wait(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -92,6 +99,7 @@ class AsyncDataStream:
         )
 
     @staticmethod
+    @known_keywords(forwards_to=_unordered_wait)
     def unordered_wait(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -106,6 +114,7 @@ class AsyncDataStream:
         )
 
     @staticmethod
+    @known_keywords(forwards_to=_ordered_wait)
     def ordered_wait_with_retry(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -118,11 +127,12 @@ class AsyncDataStream:
         """:meth:`ordered_wait` with a retry strategy (PyFlink's argument order; None:
         no retries)."""
         return AsyncDataStream._apply(
-            ordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            _ordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
         )  # fmt: skip
 
     @staticmethod
+    @known_keywords(forwards_to=_unordered_wait)
     def unordered_wait_with_retry(
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
@@ -135,6 +145,6 @@ class AsyncDataStream:
         """:meth:`unordered_wait` with a retry strategy (PyFlink's argument order;
         None: no retries)."""
         return AsyncDataStream._apply(
-            unordered_wait, data_stream, async_function, timeout, capacity, output_type,
+            _unordered_wait, data_stream, async_function, timeout, capacity, output_type,
             async_retry_strategy, options,
         )  # fmt: skip

@@ -44,8 +44,10 @@ from ._api import (
     key_columns,
 )
 from ._keyed import partition_by_key_group
+from ._keywords import known_keywords
 
 
+@known_keywords()
 def keyed_process(
     df: DataFrame,
     fn: KeyedProcessFunction[Any, Any, Any],

@@ -46,8 +46,9 @@ def session(
     ``sys.executable`` (``PYSPARK_PYTHON`` and ``spark.pyspark.python``) unless
     the caller's ``conf`` says otherwise. The master is the one given, else the
     one spark-submit, an active session or the environment chose, else
-    ``local[*]`` (:func:`resolve_master`). The UI is off, and shuffle
-    partitions are few on a local master, as suits a laptop or CI.
+    ``local[*]`` (:func:`resolve_master`). Shuffle partitions are few on a
+    local master, as suits a laptop; everything else is Spark's default, the
+    UI included (progress, stages and task times at port 4040 and on).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -57,12 +58,8 @@ def session(
     builder = SparkSession.builder.appName(app_name)
     if chosen is not None:
         builder = builder.master(chosen)
-    builder = (
-        builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-        .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
+    builder = builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+    builder = builder.config("spark.pyspark.driver.python", sys.executable)
     effective = chosen or str((conf or {}).get("spark.master", ""))
     if effective.startswith("local"):
         builder = builder.config("spark.sql.shuffle.partitions", "4")

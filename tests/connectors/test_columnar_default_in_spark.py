@@ -55,18 +55,22 @@ def addresses(t: PgTables, many: bool) -> PostgresLookup:
 
 
 def both(wait: Any, df: DataFrame, lookup: PostgresLookup, **options: Any) -> list[list[Row]]:
-    """The rows of the defaults and of the per-row path; the defaults ran as chunks."""
+    """The rows of the defaults and of the per-row path; the defaults ran as chunks.
+
+    The metrics count rows on both paths; ``chunks`` counts the chunks (none row by row).
+    """
     out = []
     for chunk_size in ("auto", None):
         metrics = AsyncMetrics(df.sparkSession)
         rows = wait(
             df, lookup, timeout=30, metrics=metrics, chunk_size=chunk_size, **options
         ).collect()
-        received = metrics.summary()["received"]
+        summary = metrics.summary()
+        assert summary["received"] == N and summary["completed"] == N, summary  # rows
         if chunk_size is None:
-            assert received == N  # one element per row
+            assert summary["chunks"] == 0, summary
         else:
-            assert received < N / 2  # chunks (keyed: one key group each)
+            assert 0 < summary["chunks"] < N / 2, summary  # chunks (keyed: one key group each)
         out.append(rows)
     return out
 

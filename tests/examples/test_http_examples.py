@@ -94,10 +94,9 @@ def test_enrich_http_example(run_example: Any, batch: bool) -> None:
     check_sample(result, 5)
     metrics = result["metrics"]
     assert metrics["emitted"] == 3000
-    if batch:  # columnar: an element per chunk of 100 rows (HttpBatch.max_size)
-        assert metrics["received"] == metrics["completed"] == 30
-    else:
-        assert metrics["received"] == 3000
+    assert metrics["received"] == metrics["completed"] == 3000  # rows, on either path
+    # columnar: a chunk of 100 rows per element (HttpBatch.max_size); per row: none
+    assert metrics["chunks"] == (30 if batch else 0)
     assert metrics["failed"] == 0 and metrics["timed_out"] == 0
 
 

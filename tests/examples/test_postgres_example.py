@@ -78,9 +78,10 @@ def test_enrich_orders_postgres_example(
     check_sample(result, 5)
     metrics = result["metrics"]
     assert metrics["emitted"] == 5000
-    # columnar: an element per chunk of batch_size * pool_size = 400 rows, cut from each
+    # rows, carried in chunks of batch_size * pool_size = 400 rows, cut from each
     # partition's Arrow batches (2,500 rows each: 7 chunks)
-    assert metrics["received"] == metrics["completed"] == 14
+    assert metrics["received"] == metrics["completed"] == 5000
+    assert metrics["chunks"] == 14
     assert metrics["failed"] == 0
     assert metrics["max_in_flight"] <= 200
     assert "sample (5 rows)" in run.stdout

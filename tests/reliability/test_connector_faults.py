@@ -322,7 +322,7 @@ async def test_pg_outage_beyond_the_attempts_fails_naming_the_cause(
     assert "LookupConnectionError" in message
     assert f"127.0.0.1:{throwaway_pg.port}" in message
     assert "{'id': 7}" in message  # the input is named
-    assert "after 4 attempt(s)" in message
+    assert "after 4 operator attempt(s)" in message
 
 
 @pytest.mark.postgres

@@ -179,10 +179,47 @@ def test_values_are_cast_to_the_declared_type() -> None:
     ],
 )
 def test_bad_results_are_errors_naming_the_chunk(result: Any, error: type, message: str) -> None:
-    with pytest.raises(AsyncOperatorError, match=message) as info:
+    with pytest.raises((AsyncOperatorError, OutputSchemaError), match=message) as info:
         run(spec(Columnar(lambda batch: result)), 10)
-    assert "failed for input a chunk of 7 rows starting with row {'id': 0}" in str(info.value)
+    chunk = "for input a chunk of 7 rows starting with row {'id': 0}"
+    if error is OutputSchemaError:  # the lookup worked: a schema error, under its own name
+        assert type(info.value) is OutputSchemaError
+        assert f"does not fit the output schema, {chunk}" in str(info.value)
+        assert "lookup failed" not in str(info.value)
+    else:
+        assert type(info.value) is AsyncOperatorError
+        assert f"failed {chunk}" in str(info.value)
     assert isinstance(info.value.__cause__, error)
+
+
+@pytest.mark.parametrize("columnar", [True, False])
+def test_a_decimal_too_wide_for_its_column_is_a_schema_error_naming_sparks_type(
+    columnar: bool,
+) -> None:
+    """decimal(5,2) holds at most 999.99: 1234.5 is refused, as a schema error (not a failed
+    lookup) that names the column's type as the user declared it in Spark, not Arrow's."""
+    from decimal import Decimal
+
+    class Prices(Columnar):
+        async def async_invoke(self, row: Any) -> Any:
+            return [{"price": Decimal("1234.5") if row["id"] == 3 else Decimal("1.25")}]
+
+    def prices(batch: pa.RecordBatch) -> Any:
+        values = [Decimal("1234.5") if i == 3 else Decimal("1.25") for i in range(batch.num_rows)]
+        return None, {"price": values}
+
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.decimal128(5, 2))])
+    s = spec(
+        Prices(prices), output_schema=schema, added_columns=("price",),
+        chunk_size=7 if columnar else None,
+    )  # fmt: skip
+    with pytest.raises(OutputSchemaError) as info:
+        run(s, 10)
+    message = str(info.value)
+    assert type(info.value) is OutputSchemaError
+    assert "output column 'price' (decimal(5,2)) cannot hold" in message, message
+    assert "1234.5" in message and "decimal128" not in message, message
+    assert "lookup failed" not in message, message
 
 
 def test_a_timed_out_chunk_becomes_error_rows() -> None:
@@ -323,8 +360,10 @@ def test_with_an_error_column_a_malformed_answer_is_error_rows_a_schema_misfit_f
     assert [r[ERROR_COLUMN]["exception"] for r in rows[:7]] == ["InvalidResultError"] * 7
     assert all(r[ERROR_COLUMN] is None for r in rows[7:])
 
-    with pytest.raises(AsyncOperatorError, match=r"\['other'\] are not in output_schema") as info:
+    # a schema misfit is no failed lookup: it fails, under its own name
+    with pytest.raises(OutputSchemaError, match=r"\['other'\] are not in output_schema") as info:
         run(spec(Columnar(lambda b: ([0], {"other": ["x"]})), on_error="error_column"), 10)
+    assert "does not fit the output schema, for input a chunk of 7 rows" in str(info.value)
     assert isinstance(info.value.__cause__, OutputSchemaError)
 
 

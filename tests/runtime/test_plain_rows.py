@@ -236,7 +236,7 @@ def test_retries_left_at_end_of_input_run_at_once() -> None:
     with pytest.raises(AsyncOperatorError) as info:
         run(spec(Probe(always), retry=retry, timeout=30), 5)
     # 2 s of delays, but end of input fires them at once: the retries run out, not the time
-    assert "after 101 attempt(s): ConnectionError: refused" in str(info.value)
+    assert "after 101 operator attempt(s): ConnectionError: refused" in str(info.value)
 
 
 def test_a_timeout_between_retries_names_the_last_error() -> None:
@@ -252,7 +252,7 @@ def test_a_timeout_between_retries_names_the_last_error() -> None:
         run(spec(Probe(refuses_row_2), retry=retry, timeout=0.1, capacity=2), 40)
     message = str(info.value)
     assert "timed out for input: {'id': 2}" in message, message
-    assert "attempt(s) made, the last failed with ConnectionError: refused" in message
+    assert "operator attempt(s) made, the last failed with ConnectionError: refused" in message
 
 
 def test_finished_rows_are_not_kept_until_their_deadline() -> None:

@@ -311,7 +311,7 @@ def test_a_float_in_an_integer_column_is_refused_not_truncated(chunked: bool) ->
 
     kw: dict[str, Any] = {"chunk_size": 4} if chunked else {}
     s = spec_for(Fractional(), None, **kw)  # type: ignore[arg-type]
-    with pytest.raises(OutputSchemaError, match=r"'double' \(int64\) cannot hold 1\.7") as info:
+    with pytest.raises(OutputSchemaError, match=r"'double' \(bigint\) cannot hold 1\.7") as info:
         list(run_partition(s, iter(batches(list(range(8)))), TaskInfo()))
     assert "'id': 3" in str(info.value)
     # whole floats fit, as in Arrow's safe cast

@@ -22,6 +22,8 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.shuffle.partitions": "4",
             "spark.default.parallelism": "2",
             "spark.sql.session.timeZone": "UTC",
+            # session() leaves the UI on, as Spark does; the tests need none
+            "spark.ui.enabled": "false",
         },
     )
     s.sparkContext.setLogLevel("ERROR")

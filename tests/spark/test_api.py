@@ -384,3 +384,50 @@ def test_a_tuple_of_the_wrong_length_names_the_columns_and_the_row(spark: SparkS
     out = ordered_wait(spark.range(1), too_short, timeout=10, output_schema="out long, tag string")
     with pytest.raises(Exception, match=r"a result tuple has 1 value\(s\) for the 2 output"):
         out.collect()
+
+
+@pytest.mark.parametrize("where", ["ordered_wait", "unordered_wait", "keyed_process", "datastream"])
+def test_a_misspelled_option_is_named_with_the_option_meant(
+    spark: SparkSession, where: str
+) -> None:
+    """Not Python's bare TypeError: a ConfigurationError naming the keyword, its value and
+    the closest real option; nothing runs (no Spark job)."""
+    from asyncio_ops.spark import AsyncDataStream, keyed_process
+
+    df = spark.range(0, 3)
+    if where == "keyed_process":
+        call: Any = lambda: keyed_process(  # noqa: E731
+            df,
+            object(),
+            key="id",
+            output_schema="n long",
+            watermark_dleay=5,  # type: ignore[call-arg, arg-type]
+        )
+        typo, meant = "watermark_dleay", "watermark_delay"
+    elif where == "datastream":
+        call = lambda: AsyncDataStream.unordered_wait(  # noqa: E731
+            df, jittery, 5, 10, "name string", on_emtpy="keep"
+        )
+        typo, meant = "on_emtpy", "on_empty"
+    else:
+        wait = ordered_wait if where == "ordered_wait" else unordered_wait
+        call = lambda: wait(  # noqa: E731
+            df,
+            jittery,
+            timeout=5,
+            output_schema="name string",
+            on_emtpy="keep",  # type: ignore[call-arg]
+        )
+        typo, meant = "on_emtpy", "on_empty"
+    with pytest.raises(ConfigurationError) as info:
+        call()
+    message = str(info.value)
+    assert f"has no option {typo!r}" in message, message
+    assert f"did you mean {meant!r}" in message, message
+    value = "5" if where == "keyed_process" else "'keep'"
+    assert f"(given {typo}={value})" in message, message
+
+
+def test_an_option_nothing_resembles_lists_the_options(spark: SparkSession) -> None:
+    with pytest.raises(ConfigurationError, match=r"no option 'zzz'.*its options are .*on_empty"):
+        ordered_wait(spark.range(1), jittery, timeout=5, output_schema="name string", zzz=1)  # type: ignore[call-arg]

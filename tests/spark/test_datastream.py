@@ -95,3 +95,47 @@ def test_a_bare_row_is_a_failed_lookup_kept_as_an_error_row_with_its_input(
         assert "must return a list of results" in r["_error"]["message"]
         assert "got Row" in r["_error"]["message"]
         assert "wrap a single result in a list" in r["_error"]["message"]
+
+
+class HangsOnOdd(AsyncFunction):  # type: ignore[type-arg]
+    """Odd ids never answer: the timeout decides them, and timeout() answers ``late``."""
+
+    async def async_invoke(self, value: Row) -> list[Row]:
+        if value.id % 2:
+            await asyncio.sleep(30)
+        return [Row(value[0], value.name.upper())]
+
+    async def timeout(self, value: Row) -> list[Row]:
+        return [Row(value[0], "late")]
+
+
+def test_pyflinks_time_is_the_timeout(people: Any) -> None:
+    """``from pyflink.common.time import Time`` becomes ``from asyncio_ops.spark import Time``:
+    the same names, and AsyncDataStream reads it as PyFlink does (to_milliseconds)."""
+    from asyncio_ops.spark import Time
+
+    out = AsyncDataStream.ordered_wait(
+        people, HangsOnOdd(), Time.milliseconds(500), 10, "id long, name string"
+    )
+    assert [tuple(r) for r in out.collect()] == [
+        (i, "late" if i % 2 else f"N{i}") for i in range(6)
+    ]
+
+
+def test_time_has_pyflinks_units() -> None:
+    from datetime import timedelta
+
+    from asyncio_ops.spark import Time
+
+    assert Time.milliseconds(1500).to_milliseconds() == 1500
+    assert Time.seconds(5).to_milliseconds() == 5_000
+    assert Time.minutes(2).to_milliseconds() == 120_000
+    assert Time.hours(1).to_milliseconds() == 3_600_000
+    assert Time.days(1).to_milliseconds() == 86_400_000
+    assert Time.seconds(60) == Time.minutes(1) and Time.seconds(1) != Time.seconds(2)
+    assert Time.seconds(5).to_timedelta() == timedelta(seconds=5)
+    assert repr(Time.seconds(2)) == "Time.milliseconds(2000)"
+    with pytest.raises(ConfigurationError, match=r"Time.seconds\(\) must not be negative, got -1"):
+        Time.seconds(-1)
+    with pytest.raises(ConfigurationError, match=r"Time.seconds\(\) takes an int, got 1.5"):
+        Time.seconds(1.5)  # type: ignore[arg-type]

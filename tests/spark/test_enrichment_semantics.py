@@ -175,3 +175,63 @@ def test_rows_as_row_hands_the_function_rows(spark: SparkSession) -> None:
     with pytest.raises(ConfigurationError, match=r"rows_as='row'.*chunk_size"):
         ordered_wait(df, Chunks(), timeout=1, output_schema="label string", rows_as="row",
                      chunk_size=4)  # fmt: skip
+
+
+# rows 40..49 fail, rows 100..109 never answer (timed out): whole chunks of 10 on the chunk paths
+FAILING, HANGING = range(40, 50), range(100, 110)
+
+
+async def _answer(ids: Sequence[int]) -> None:
+    if any(i in HANGING for i in ids):
+        await asyncio.sleep(3600)
+    if any(i in FAILING for i in ids):
+        raise LookupError(f"no customer among {list(ids)}")
+
+
+class FaultyPerRow(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    async def async_invoke(self, value: dict[str, Any]) -> list[dict[str, Any]]:
+        await _answer([value["id"]])
+        return [{"name": f"a{value['id']}"}]
+
+
+class FaultyChunks(FaultyPerRow):
+    async def async_invoke_chunk(self, rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+        await _answer([r["id"] for r in rows])
+        return [[{"name": f"a{r['id']}"}] for r in rows]
+
+
+class FaultyColumnar(FaultyPerRow):
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any]:
+        ids = batch.column("id").to_pylist()
+        await _answer(ids)
+        return None, {"name": [f"a{i}" for i in ids]}
+
+
+@pytest.mark.parametrize(
+    ("cls", "chunk_size"),
+    [(FaultyPerRow, None), (FaultyChunks, 10), (FaultyColumnar, 10)],
+    ids=["per-row", "chunks", "columnar"],
+)
+def test_metrics_count_rows_on_every_path_and_chunks_beside_them(
+    spark: SparkSession, cls: type, chunk_size: int | None
+) -> None:
+    """received, completed, timed_out, failed count rows whatever travels through the
+    operator; ``chunks`` says how many chunks carried them (0 row by row)."""
+    from asyncio_ops.spark import AsyncMetrics
+
+    n = 200
+    metrics = AsyncMetrics(spark)
+    out = unordered_wait(
+        spark.range(0, n, numPartitions=2), cls(), timeout=1.5, capacity=30,
+        output_schema="name string", on_error="error_column", chunk_size=chunk_size,
+        metrics=metrics,
+    )  # fmt: skip
+    rows = out.collect()
+    assert len(rows) == n
+    errors = sorted(r.id for r in rows if r._error is not None)
+    assert errors == [*FAILING, *HANGING]
+    m = metrics.summary()
+    assert m["received"] == n and m["completed"] == n and m["emitted"] == n, m
+    assert m["timed_out"] == len(HANGING), m
+    assert m["failed"] == len(FAILING) + len(HANGING) == m["error_rows"], m
+    assert m["chunks"] == (0 if chunk_size is None else n // chunk_size), m

@@ -1,7 +1,10 @@
 """session()'s master: one chosen elsewhere (spark-submit, an active session, the
-environment, conf) wins; session() only fills in what is missing."""
+environment, conf) wins; session() only fills in what is missing. Its conf leaves
+the UI to Spark (on by default)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -29,3 +32,52 @@ def test_a_master_chosen_elsewhere_wins(
     expected: str | None,
 ) -> None:
     assert resolve_master(master, conf, environ, active) == expected
+
+
+class _Builder:
+    """Records what session() asks of SparkSession.builder; starts nothing."""
+
+    def __init__(self) -> None:
+        self.conf: dict[str, str] = {}
+
+    def appName(self, name: str) -> _Builder:
+        self.conf["spark.app.name"] = name
+        return self
+
+    def master(self, master: str) -> _Builder:
+        self.conf["spark.master"] = master
+        return self
+
+    def config(self, key: str, value: str) -> _Builder:
+        self.conf[key] = value
+        return self
+
+    def getOrCreate(self) -> dict[str, str]:
+        return self.conf
+
+
+class _FakeSparkSession:
+    builder = _Builder()
+
+    @staticmethod
+    def getActiveSession() -> None:
+        return None
+
+
+def test_session_leaves_the_ui_to_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The UI (progress, stages, task times) stays as Spark has it: on, also under spark-submit."""
+    from asyncio_ops.spark import _session
+
+    for environ in ({}, {"PYSPARK_GATEWAY_PORT": "4041"}):  # plain python, spark-submit
+        for k in ("PYSPARK_GATEWAY_PORT", "SPARK_MASTER", "MASTER"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in environ.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(_FakeSparkSession, "builder", _Builder())
+        monkeypatch.setattr(_session, "SparkSession", _FakeSparkSession)
+        conf: Any = _session.session(app_name="app")
+        assert conf["spark.app.name"] == "app"  # the fake saw session()'s whole conf
+        assert "spark.ui.enabled" not in conf, conf
+        assert not any(k.startswith("spark.ui.") for k in conf), conf
+        given: Any = _session.session(conf={"spark.ui.enabled": "false"})
+        assert given["spark.ui.enabled"] == "false"  # the caller's choice still wins
