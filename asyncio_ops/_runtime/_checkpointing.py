@@ -207,7 +207,9 @@ class VersionFiles:
                     )
                 seen[kg] = path
         out = []
-        files: dict[str, dict[int, bytes] | None] = {}
+        # each file read once: {key group: blob}, or the table of an earlier release's
+        # file of one key group
+        files: dict[str, tuple[dict[int, bytes] | None, pa.Table]] = {}
         for manifest, path in zip(self.manifests, self.paths, strict=True):
             groups = _column(manifest, "key_group", path)
             names = _column(manifest, "file", path)
@@ -216,10 +218,11 @@ class VersionFiles:
                     continue
                 where = self.storage.path(self.version, file)
                 if file not in files:
-                    files[file] = _key_group_file(self.storage.read(self.version, file), where)
-                held = files[file]
+                    table = self.storage.read(self.version, file)
+                    files[file] = (_key_group_file(table, where), table)
+                held, table = files[file]
                 if held is None:  # one key group per file (earlier releases)
-                    blob = _blob(self.storage.read(self.version, file), where)
+                    blob = _blob(table, where)
                 elif kg in held:
                     blob = held[kg]
                 else:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 import pyarrow as pa
-from pyspark import AccumulatorParam, TaskContext
+from pyspark import AccumulatorParam, SparkContext, TaskContext
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
@@ -519,14 +519,20 @@ def _bypassed(function: AsyncFunction[Any, Any], method: str) -> type | None:
     return None
 
 
+def _spark_context(spark: SparkSession) -> SparkContext | None:
+    """The session's SparkContext; None on Spark Connect, whose client has none."""
+    try:
+        return spark.sparkContext
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def run_epoch(spark: SparkSession) -> int:
     """Milliseconds that lead a batch run's name (see PartitionSpec): the application's
     start, so that runs of one application sort by execution id; the current time
     where the session has no SparkContext (Spark Connect)."""
-    try:
-        return int(spark.sparkContext.startTime)
-    except (AttributeError, NotImplementedError):  # Spark Connect: no SparkContext here
-        return int(time.time() * 1000)
+    context = _spark_context(spark)
+    return int(context.startTime) if context is not None else int(time.time() * 1000)
 
 
 def _task_info(num_partitions: int | None) -> TaskInfo:
@@ -609,10 +615,8 @@ def checkpoint_storage(df: DataFrame, location: object, uid: str) -> CheckpointS
 
 def _master(spark: SparkSession) -> str | None:
     """The session's master URL (None where the client cannot tell: Spark Connect)."""
-    try:
-        return str(spark.sparkContext.master)
-    except (AttributeError, NotImplementedError):
-        return None
+    context = _spark_context(spark)
+    return str(context.master) if context is not None else None
 
 
 def _unshared_location(location: str, master: str | None) -> str | None:
