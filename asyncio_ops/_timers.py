@@ -102,32 +102,49 @@ class KeyContext(Protocol):
 
 
 class TimerHeap:
-    """A min-heap of timers with de-duplication and O(1) (lazy) delete."""
+    """A min-heap of timers with de-duplication and O(1) (lazy) delete.
 
-    __slots__ = ("_dead", "_entries", "_heap", "_seq")
+    Live timers are also indexed by group and key (``group``: an int the caller
+    gives with each timer, the key group; 0 by default), so that the timers of
+    some keys, or of one group, are found without walking the heap.
+    """
+
+    __slots__ = ("_dead", "_entries", "_groups", "_heap", "_seq")
 
     def __init__(self) -> None:
-        # entry: [timestamp, seq, timer-or-None]; None marks a deleted timer.
+        # entry: [timestamp, seq, timer-or-None, group]; None marks a deleted timer.
         self._heap: list[list[Any]] = []
         self._entries: dict[tuple[Any, Hashable, float], list[Any]] = {}
+        self._groups: dict[int, dict[Any, set[tuple[Hashable, float]]]] = {}
         self._seq = itertools.count()
         self._dead = 0
 
-    def add(self, key: Any, namespace: Hashable, timestamp: float) -> bool:
+    def add(self, key: Any, namespace: Hashable, timestamp: float, group: int = 0) -> bool:
         """Add the timer; False if that triple is already present."""
         triple = (key, namespace, timestamp)
         if triple in self._entries:
             return False
-        entry = [timestamp, next(self._seq), Timer(key, namespace, timestamp)]
+        entry = [timestamp, next(self._seq), Timer(key, namespace, timestamp), group]
         self._entries[triple] = entry
         heapq.heappush(self._heap, entry)
+        self._groups.setdefault(group, {}).setdefault(key, set()).add((namespace, timestamp))
         return True
+
+    def _unindex(self, entry: list[Any], key: Any, namespace: Hashable, timestamp: float) -> None:
+        keys = self._groups[entry[3]]
+        held = keys[key]
+        held.discard((namespace, timestamp))
+        if not held:
+            del keys[key]
+            if not keys:
+                del self._groups[entry[3]]
 
     def remove(self, key: Any, namespace: Hashable, timestamp: float) -> bool:
         """Remove the timer; False if it was not present."""
         entry = self._entries.pop((key, namespace, timestamp), None)
         if entry is None:
             return False
+        self._unindex(entry, key, namespace, timestamp)
         entry[2] = None
         self._dead += 1
         if self._dead > len(self._entries) + _COMPACT_SLACK:
@@ -165,10 +182,37 @@ class TimerHeap:
                 return None
             heapq.heappop(heap)
             del self._entries[(timer.key, timer.namespace, timer.timestamp)]
+            self._unindex(entry, timer.key, timer.namespace, timer.timestamp)
             if added_before is not None and entry[1] >= added_before:
                 continue
             return timer  # type: ignore[no-any-return]
         return None
+
+    def of_keys(self, group: int, keys: Iterable[Any]) -> list[Timer]:
+        """The live timers of ``keys`` (all filed under ``group``)."""
+        held = self._groups.get(group, {})
+        return [
+            Timer(key, ns, ts)
+            for key in keys
+            for ns, ts in sorted(held.get(key, ()), key=_by_timestamp)
+        ]
+
+    def of_group(self, group: int) -> list[Timer]:
+        """The live timers filed under ``group``."""
+        return self.of_keys(group, list(self._groups.get(group, {})))
+
+    def groups(self) -> list[int]:
+        """The groups holding live timers."""
+        return list(self._groups)
+
+    def remove_keys(self, group: int, keys: Iterable[Any]) -> None:
+        """Remove every timer of ``keys`` (filed under ``group``)."""
+        held = self._groups.get(group)
+        if not held:
+            return
+        for key in keys:
+            for ns, ts in list(held.get(key, ())):
+                self.remove(key, ns, ts)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -178,13 +222,22 @@ class TimerHeap:
 
     def __iter__(self) -> Iterator[Timer]:
         """Live timers in timestamp order."""
-        for entry in sorted(e for e in self._heap if e[2] is not None):
+        for entry in sorted((e for e in self._heap if e[2] is not None), key=_entry_order):
             yield entry[2]
 
     def clear(self) -> None:
         self._heap.clear()
         self._entries.clear()
+        self._groups.clear()
         self._dead = 0
+
+
+def _by_timestamp(item: tuple[Hashable, float]) -> float:
+    return item[1]
+
+
+def _entry_order(entry: list[Any]) -> tuple[float, int]:
+    return entry[0], entry[1]
 
 
 _UNSET: Final[Any] = object()
@@ -237,6 +290,12 @@ class InternalTimerService:
             return key
         return self._key_context.get_current_key() if self._key_context is not None else None
 
+    def _group(self, key: Any) -> int:
+        """The key group a timer of ``key`` is filed under (see the module docstring);
+        0 without a key context (such a service's snapshot computes its groups)."""
+        ctx = self._key_context
+        return ctx.key_group_of(key) if ctx is not None else 0
+
     def register_processing_time_timer(
         self, namespace: Hashable, timestamp: float, key: Any = _UNSET
     ) -> None:
@@ -244,7 +303,8 @@ class InternalTimerService:
 
         ``key`` defaults to the key context's current key (None when unkeyed).
         """
-        if self._processing.add(self._key(key), namespace, timestamp) and (
+        key = self._key(key)
+        if self._processing.add(key, namespace, timestamp, self._group(key)) and (
             timestamp < self._armed_at
         ):
             self._arm(timestamp)
@@ -258,7 +318,8 @@ class InternalTimerService:
         self, namespace: Hashable, timestamp: float, key: Any = _UNSET
     ) -> None:
         """Fire ``on_event_time`` when a watermark ``>= timestamp`` arrives."""
-        self._event.add(self._key(key), namespace, timestamp)
+        key = self._key(key)
+        self._event.add(key, namespace, timestamp, self._group(key))
 
     def delete_event_time_timer(
         self, namespace: Hashable, timestamp: float, key: Any = _UNSET
@@ -347,17 +408,60 @@ class InternalTimerService:
         return taken
 
     # -- snapshot --------------------------------------------------------------------
-    def snapshot(self) -> TimerSnapshot:
-        """Live timers by key group: ``{kg: [(domain, key, namespace, timestamp), ...]}``."""
+    def snapshot(self, key_groups: Iterable[int] | None = None) -> TimerSnapshot:
+        """Live timers by key group: ``{kg: [(domain, key, namespace, timestamp), ...]}``
+        (of every key group, or of ``key_groups``)."""
+        heaps = ((PROCESSING_TIME, self._processing), (EVENT_TIME, self._event))
         out: TimerSnapshot = {}
-        maxp = self._max_parallelism
-        ctx = self._key_context
-        group_of = ctx.key_group_of if ctx is not None else lambda k: assign_to_key_group(k, maxp)
-        for domain, heap in ((PROCESSING_TIME, self._processing), (EVENT_TIME, self._event)):
-            for t in heap:
-                kg = group_of(t.key)
-                out.setdefault(kg, []).append((domain, t.key, t.namespace, t.timestamp))
+        if self._key_context is None:  # no index by key group: hash each key
+            maxp = self._max_parallelism
+            for domain, heap in heaps:
+                for t in heap:
+                    kg = assign_to_key_group(t.key, maxp)
+                    out.setdefault(kg, []).append((domain, t.key, t.namespace, t.timestamp))
+            return out if key_groups is None else {g: out[g] for g in key_groups if g in out}
+        if key_groups is None:
+            key_groups = sorted({g for _, heap in heaps for g in heap.groups()})
+        for kg in key_groups:
+            timers = [(d, t.key, t.namespace, t.timestamp) for d, h in heaps for t in h.of_group(kg)]
+            if timers:
+                out[kg] = timers
         return out
+
+    def snapshot_keys(self, keys: Mapping[int, Iterable[Any]]) -> TimerSnapshot:
+        """The live timers of some keys: ``keys`` is ``{kg: [key, ...]}``; the result is
+        shaped as :meth:`snapshot`'s (key groups whose keys have no timer left out)."""
+        heaps = ((PROCESSING_TIME, self._processing), (EVENT_TIME, self._event))
+        out: TimerSnapshot = {}
+        for kg, of in keys.items():
+            of = list(of)
+            timers = [
+                (d, t.key, t.namespace, t.timestamp) for d, h in heaps for t in h.of_keys(kg, of)
+            ]
+            if timers:
+                out[kg] = timers
+        return out
+
+    def remove_keys(self, key_group: int, keys: Iterable[Any]) -> None:
+        """Drop every timer of ``keys`` (filed under ``key_group``), without firing them."""
+        keys = list(keys)
+        self._processing.remove_keys(key_group, keys)
+        self._event.remove_keys(key_group, keys)
+
+    def clear_key_group(self, key_group: int) -> None:
+        """Drop every timer filed under ``key_group``, without firing them."""
+        for heap in (self._processing, self._event):
+            heap.remove_keys(key_group, [t.key for t in heap.of_group(key_group)])
+
+    def take_timers(self, other: InternalTimerService) -> None:
+        """Adopt the timers and watermark of ``other`` (same key-group range), which
+        must not be used afterwards: a new operator takes over a warm one's timers."""
+        self._processing, other._processing = other._processing, TimerHeap()
+        self._event, other._event = other._event, TimerHeap()
+        self._watermark = max(self._watermark, other._watermark)
+        nxt = self._processing.peek_timestamp()
+        if nxt is not None and nxt < self._armed_at:
+            self._arm(nxt)
 
     def restore(self, snapshot: Mapping[int, Iterable[tuple[str, Any, Hashable, float]]]) -> int:
         """Take the timers of the key groups inside this service's range; returns how many.

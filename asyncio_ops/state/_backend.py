@@ -14,6 +14,24 @@ Call order, per operator instance::
     backend.snapshot()                 -> {key_group: blob}
     backend.close()
 
+Incremental snapshots (a streaming runtime that keeps the backend between
+checkpoints)::
+
+    backend.track_changes()            from now on, record every key made current
+    backend.take_touched()             -> the keys made current since (and start afresh)
+    backend.snapshot_keys(keys)        -> {key_group: blob} of exactly those keys' entries
+    backend.snapshot(key_groups)       -> the full blobs of some key groups
+    backend.remove_keys(kg, keys)      drop those keys' entries (before a delta's blob is
+                                       restored: a delta replaces its keys whole)
+    backend.clear_key_group(kg)        drop a key group (before a full blob replaces it)
+
+A key made current counts as changed whether or not its state was written
+(reads with TTL ``update_on_read`` write too). Entries deleted by TTL cleanup
+of keys that were not made current reach a checkpoint with the key group's
+next full snapshot: until then a restore holds them as expired entries, which
+state reads never return (nor does the TTL's ``return_expired`` promise them
+gone).
+
 What a snapshot is: one sealed blob (see ``_blob``) per non-empty key group,
 holding for every state of that group its name, kind and entries in a
 backend-independent form (canonical key and namespace bytes, values encoded
@@ -40,7 +58,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar, overload
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -211,6 +229,8 @@ class KeyedStateBackend(ABC):
         self._per_record: list[TableBase] = []
         # Restored data of states not yet registered: name -> (kind, {kg: [entries]}).
         self._pending: dict[str, tuple[str, dict[int, list[Entry]]]] = {}
+        # Keys made current since take_touched() (None: not tracking; track_changes)
+        self._touched: set[Any] | None = None
         self._closed = False
 
     # -- current key ------------------------------------------------------------------
@@ -234,6 +254,8 @@ class KeyedStateBackend(ABC):
                 f"key {key!r} is not hashable"
             ) from None
         self._key = key
+        if self._touched is not None:
+            self._touched.add(key)
 
     def _new_key_entry(self, key: Any) -> tuple[int, bytes]:
         enc = canonical_bytes(key)
@@ -425,8 +447,9 @@ class KeyedStateBackend(ABC):
         )
 
     # -- snapshot / restore -----------------------------------------------------------
-    def snapshot(self) -> dict[int, bytes]:
-        """``{key_group: blob}`` for every non-empty key group of this backend.
+    def snapshot(self, key_groups: Collection[int] | None = None) -> dict[int, bytes]:
+        """``{key_group: blob}`` for every non-empty key group of this backend (of
+        ``key_groups`` only, if given).
 
         An event-time TTL entry written before the first watermark has no time
         of its own (its TTL runs from the first watermark): once there is one,
@@ -434,7 +457,7 @@ class KeyedStateBackend(ABC):
         whose own first watermark comes later, expires them on time.
         """
         self._check_open()
-        return self._sealer()(self._dump_groups(), self._pending_dumps())
+        return self._sealer()(self._dump_groups(key_groups), self._pending_dumps(key_groups))
 
     def _sealer(self) -> Callable[..., dict[int, bytes]]:
         """What seals this backend's dumps now: :meth:`_seal`, with entries written
@@ -450,10 +473,12 @@ class KeyedStateBackend(ABC):
 
         return seal
 
-    def _pending_dumps(self) -> dict[int, list[StateDump]]:
+    def _pending_dumps(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
         groups: dict[int, list[StateDump]] = {}
         for name, (kind, by_kg) in self._pending.items():
             for kg, entries in by_kg.items():
+                if key_groups is not None and kg not in key_groups:
+                    continue
                 groups.setdefault(kg, []).append((name, kind, False, list(entries)))
         return groups
 
@@ -516,6 +541,61 @@ class KeyedStateBackend(ABC):
                 pending[1].setdefault(kg, []).extend(entries)
         return len(decoded)
 
+    # -- incremental snapshots (module docstring) --------------------------------------
+    def track_changes(self) -> None:
+        """Record every key made current from now on (see :meth:`take_touched`)."""
+        self._touched = set()
+
+    def take_touched(self) -> set[Any]:
+        """The keys made current since tracking began or since the last call."""
+        touched = self._touched
+        if touched is None:
+            raise StateError("take_touched() needs track_changes() first")
+        self._touched = set()
+        return touched
+
+    def encoded_keys(self, keys: Iterable[Any]) -> dict[int, list[tuple[Any, bytes]]]:
+        """``{key_group: [(key, canonical bytes), ...]}`` of ``keys``, sorted by bytes."""
+        out: dict[int, list[tuple[Any, bytes]]] = {}
+        for key in keys:
+            out.setdefault(self.key_group_of(key), []).append((key, canonical_bytes(key)))
+        for pairs in out.values():
+            pairs.sort(key=_second)
+        return out
+
+    def snapshot_keys(self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]) -> dict[int, bytes]:
+        """``{key_group: blob}`` holding every entry of the given keys (``{kg: [(key,
+        canonical bytes), ...]}``, as :meth:`encoded_keys` gives) in every state and
+        namespace; a key group whose keys hold nothing has no blob."""
+        self._check_open()
+        wanted = {kg: {enc for _, enc in pairs} for kg, pairs in keys.items()}
+        pending: dict[int, list[StateDump]] = {}
+        for kg, dumps in self._pending_dumps(wanted).items():
+            kept = [(n, k, t, [e for e in es if e[0] in wanted[kg]]) for n, k, t, es in dumps]
+            pending[kg] = kept
+        return self._sealer()(self._dump_keys(keys), pending)
+
+    def remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
+        """Drop every entry of ``keys`` (``(key, canonical bytes)`` pairs of ``key_group``)."""
+        self._check_open()
+        if key_group not in self.key_group_range or not keys:
+            return
+        self._remove_keys(key_group, keys)
+        encs = {enc for _, enc in keys}
+        for _kind, by_kg in self._pending.values():
+            entries = by_kg.get(key_group)
+            if entries:
+                by_kg[key_group] = [e for e in entries if e[0] not in encs]
+
+    def clear_key_group(self, key_group: int) -> None:
+        """Drop every entry of ``key_group``."""
+        self._check_open()
+        if key_group not in self.key_group_range:
+            return
+        self._clear_key_group(key_group)
+        for _kind, by_kg in self._pending.values():
+            by_kg.pop(key_group, None)
+
     # -- lifecycle --------------------------------------------------------------------
     def close(self) -> None:
         """Release resources; the backend is unusable afterwards. Idempotent."""
@@ -551,8 +631,22 @@ class KeyedStateBackend(ABC):
     def _keys(self, table: Any, namespace: Any) -> Iterator[Any]: ...
 
     @abstractmethod
-    def _dump_groups(self) -> dict[int, list[StateDump]]:
-        """Logical entries of every registered state, by key group."""
+    def _dump_groups(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
+        """Logical entries of every registered state, by key group (of ``key_groups``)."""
+
+    @abstractmethod
+    def _dump_keys(
+        self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]
+    ) -> dict[int, list[StateDump]]:
+        """Logical entries of some keys in every registered state, by key group."""
+
+    @abstractmethod
+    def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
+        """Drop the entries of ``keys`` from every registered state."""
+
+    @abstractmethod
+    def _clear_key_group(self, key_group: int) -> None:
+        """Drop every entry of ``key_group`` from every registered state."""
 
     @abstractmethod
     def _load_entries(self, table: Any, kg: int, entries: list[Entry]) -> None:
@@ -575,6 +669,10 @@ def _stamp_unstamped(groups: dict[int, list[StateDump]], stamp: float) -> None:
                     payload = (stamp, payload[1])
                 fixed.append((key_enc, ns_enc, payload))
             dumps[i] = (name, kind, has_ttl, fixed)
+
+
+def _second(pair: tuple[Any, bytes]) -> bytes:
+    return pair[1]
 
 
 def check_element(state: str, value: object) -> None:

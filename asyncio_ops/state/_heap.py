@@ -38,7 +38,7 @@ operations' worth; the C methods cost a third of that.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._clock import Clock
@@ -85,7 +85,7 @@ class _PyKeyContext:
     before the first key). ``cache`` maps validated keys to ``(index, ...)``.
     """
 
-    __slots__ = ("_cache", "_no_key", "_on_new_key", "key", "kg")
+    __slots__ = ("_cache", "_no_key", "_on_new_key", "key", "kg", "touched")
 
     def __init__(
         self,
@@ -98,6 +98,7 @@ class _PyKeyContext:
         self.kg: int | None = None
         self._cache = cache
         self._on_new_key = on_new_key
+        self.touched: set[Any] | None = None  # every key made current goes in (tracking)
 
     def set_current_key(self, key: Any) -> None:
         try:
@@ -109,6 +110,8 @@ class _PyKeyContext:
             entry = self._cache[key]
         self.kg = entry[0]
         self.key = key
+        if self.touched is not None:
+            self.touched.add(key)
 
     def reset(self) -> None:
         self.key = self._no_key
@@ -179,7 +182,10 @@ class _HeapTable(TableBase):
 
     # -- snapshot ---------------------------------------------------------------------
     def dump(
-        self, located: dict[Any, tuple[int, bytes]], enc: dict[Any, bytes]
+        self,
+        located: dict[Any, tuple[int, bytes]],
+        enc: dict[Any, bytes],
+        key_groups: Collection[int] | None = None,
     ) -> dict[int, list[Entry]]:
         """Logical entries by key group (expired ones dropped if configured).
 
@@ -201,9 +207,11 @@ class _HeapTable(TableBase):
             for index, d in enumerate(groups):
                 if not d:
                     continue
+                kg = start + index
+                if key_groups is not None and kg not in key_groups:
+                    continue
                 if ns_enc is None:
                     ns_enc = canonical_bytes(ns)
-                kg = start + index
                 bucket = []
                 for key, entry in d.items():
                     where = located.get(key)
@@ -215,6 +223,35 @@ class _HeapTable(TableBase):
                     group = out[kg] = []
                 try:
                     self._encode(bucket, ns_enc, group, e, now)
+                except StateError as exc:
+                    raise StateError(f"{exc} (snapshot of key group {kg})") from exc
+        return out
+
+    def dump_keys(
+        self, keys: Mapping[int, Sequence[tuple[Any, bytes]]], enc: dict[Any, bytes]
+    ) -> dict[int, list[Entry]]:
+        """Logical entries of ``keys`` (``{kg: [(key, canonical bytes), ...]}``)."""
+        out: dict[int, list[Entry]] = {}
+        now = self.now()
+
+        def e(x: Any) -> bytes:
+            b = enc.get(x)
+            if b is None:
+                b = enc[x] = canonical_bytes(x)
+            return b
+
+        start = self.kg_start
+        for ns, groups in self.namespaces.items():
+            ns_enc: bytes | None = None
+            for kg, pairs in keys.items():
+                d = groups[kg - start]
+                bucket = [(key_enc, d[key]) for key, key_enc in pairs if key in d]
+                if not bucket:
+                    continue
+                if ns_enc is None:
+                    ns_enc = canonical_bytes(ns)
+                try:
+                    self._encode(bucket, ns_enc, out.setdefault(kg, []), e, now)
                 except StateError as exc:
                     raise StateError(f"{exc} (snapshot of key group {kg})") from exc
         return out
@@ -672,16 +709,52 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 f"key {key!r} is not hashable"
             ) from None
 
-    def _dump_groups(self) -> dict[int, list[StateDump]]:
+    def _dump_groups(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
         out: dict[int, list[StateDump]] = {}
         located: dict[Any, tuple[int, bytes]] = {}
         enc: dict[Any, bytes] = {}
 
         for table in self._tables.values():
             assert isinstance(table, _HeapTable)
-            for kg, entries in table.dump(located, enc).items():
+            for kg, entries in table.dump(located, enc, key_groups).items():
                 out.setdefault(kg, []).append((table.name, table.kind, table.has_ttl, entries))
         return out
+
+    def _dump_keys(
+        self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]
+    ) -> dict[int, list[StateDump]]:
+        out: dict[int, list[StateDump]] = {}
+        enc: dict[Any, bytes] = {}
+        for table in self._tables.values():
+            assert isinstance(table, _HeapTable)
+            for kg, entries in table.dump_keys(keys, enc).items():
+                out.setdefault(kg, []).append((table.name, table.kind, table.has_ttl, entries))
+        return out
+
+    def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
+        index = key_group - self.key_group_range.start
+        for table in self._tables.values():
+            assert isinstance(table, _HeapTable)
+            for groups in table.namespaces.values():
+                d = groups[index]
+                for key, _ in keys:
+                    d.pop(key, None)
+
+    def _clear_key_group(self, key_group: int) -> None:
+        index = key_group - self.key_group_range.start
+        for table in self._tables.values():
+            assert isinstance(table, _HeapTable)
+            for groups in table.namespaces.values():
+                groups[index].clear()
+
+    def track_changes(self) -> None:
+        super().track_changes()
+        self._ctx.touched = self._touched
+
+    def take_touched(self) -> set[Any]:
+        touched = super().take_touched()
+        self._ctx.touched = self._touched
+        return touched
 
     def _load_entries(self, table: _HeapTable, kg: int, entries: list[Entry]) -> None:
         table.load(kg, entries)

@@ -7,7 +7,9 @@
  * group, range, canonical encoding), which raises or adds it. The context keeps
  * the current key and its key-group index. ``ValueCell.value()`` / ``update(v)``
  * / ``clear()`` are one dict operation, with the current key, on the current
- * key group's dict of the state (a list of dicts, one per key group). Semantics are
+ * key group's dict of the state (a list of dicts, one per key group). With a set
+ * in ``touched``, every key made current is added to it (the keys an incremental
+ * snapshot writes). Semantics are
  * those of the pure-Python classes in ``_heap.py``, which remain the fallback
  * when this module is not built.
  */
@@ -23,6 +25,7 @@ typedef struct {
     PyObject *cache;       /* dict: validated keys */
     PyObject *on_new_key;  /* callable(key): validate, add to cache, or raise */
     PyObject *no_key_error;/* callable() -> the StateError for "no current key" */
+    PyObject *touched;     /* a set every current key is added to, or NULL: not tracking */
 } KeyContext;
 
 static int
@@ -33,6 +36,7 @@ KeyContext_traverse(KeyContext *self, visitproc visit, void *arg)
     Py_VISIT(self->cache);
     Py_VISIT(self->on_new_key);
     Py_VISIT(self->no_key_error);
+    Py_VISIT(self->touched);
     return 0;
 }
 
@@ -44,6 +48,7 @@ KeyContext_clear(KeyContext *self)
     Py_CLEAR(self->cache);
     Py_CLEAR(self->on_new_key);
     Py_CLEAR(self->no_key_error);
+    Py_CLEAR(self->touched);
     return 0;
 }
 
@@ -109,6 +114,9 @@ KeyContext_set_current_key(KeyContext *self, PyObject *key)
         }
         return NULL;
     }
+    if (self->touched != NULL && PySet_Add(self->touched, key) < 0) {
+        return NULL;
+    }
     Py_INCREF(key);
     Py_SETREF(self->key, key);
     self->kg = kg;
@@ -140,6 +148,32 @@ KeyContext_get_kg(KeyContext *self, void *closure)
     return PyLong_FromSsize_t(self->kg);
 }
 
+static PyObject *
+KeyContext_get_touched(KeyContext *self, void *closure)
+{
+    if (self->touched == NULL) {
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(self->touched);
+    return self->touched;
+}
+
+static int
+KeyContext_set_touched(KeyContext *self, PyObject *value, void *closure)
+{
+    if (value == NULL || value == Py_None) {
+        Py_CLEAR(self->touched);
+        return 0;
+    }
+    if (!PySet_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "touched must be a set or None");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(self->touched, value);
+    return 0;
+}
+
 static PyMethodDef KeyContext_methods[] = {
     {"set_current_key", (PyCFunction)KeyContext_set_current_key, METH_O,
      "Make key the current key (validated once, then cached)."},
@@ -151,6 +185,8 @@ static PyGetSetDef KeyContext_getset[] = {
     {"key", (getter)KeyContext_get_key, NULL, "the current key", NULL},
     {"kg", (getter)KeyContext_get_kg, NULL,
      "the current key's key-group index in the backend's range (None: no key)", NULL},
+    {"touched", (getter)KeyContext_get_touched, (setter)KeyContext_set_touched,
+     "a set every key made current is added to (None: not tracking)", NULL},
     {NULL}
 };
 

@@ -8,6 +8,7 @@ class KeyContext:
     def key(self) -> Any: ...
     @property
     def kg(self) -> int | None: ...
+    touched: set[Any] | None
     def __init__(
         self,
         no_key: Any,

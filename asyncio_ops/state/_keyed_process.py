@@ -4,10 +4,14 @@ Call order, per operator instance::
 
     op = KeyedProcessOperator(fn, key_selector, backend=b, output=out, clock=c)
     op.restore(snapshot)         0..n times (once per old instance on rescale)
+    op.apply_change(kg, keys, b) or so, replaying a key group's full blob and deltas
+    op.take_timers(previous)     or so, taking over a warm operator's backend and timers
+    op.track_changes()           incremental snapshots: record the keys made current
     op.open()                    fn.open(runtime_context): obtain state here
     op.process(element)          per Record / Watermark (also ``op(element)``)
     op.end_input()               bounded input only: the final firing (below)
     op.snapshot()                -> {key_group: blob}, state and timers together
+    op.snapshot_changes(full)    or: full blobs of ``full``, deltas elsewhere
     op.close()                   fn.close(); timers stop
 
 Semantics:
@@ -53,7 +57,7 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from .._clock import Scheduler
@@ -63,7 +67,13 @@ from .._functions import RuntimeContext
 from .._timers import InternalTimerService, Timer
 from ._backend import KeyedStateBackend
 from ._descriptors import StateDescriptor
-from ._keyed_snapshot import restore_key_groups, snapshot_key_groups
+from ._keyed_snapshot import (
+    Change,
+    apply_change,
+    restore_key_groups,
+    snapshot_changes,
+    snapshot_key_groups,
+)
 
 __all__ = [
     "Collector",
@@ -369,6 +379,27 @@ class KeyedProcessOperator:
         if self._opened:
             raise StateError("KeyedProcessOperator.restore must come before open")
         return restore_key_groups(self.backend, self.timer_service, snapshot)
+
+    # -- incremental snapshots (see ``_keyed_snapshot``) -----------------------------------
+    def track_changes(self) -> None:
+        """Record the keys made current from now on (state and timers): see
+        :meth:`snapshot_changes`."""
+        self.backend.track_changes()
+
+    def snapshot_changes(self, full: Collection[int] = ()) -> dict[int, Change]:
+        """``{key_group: (keys, blob)}``: full blobs of the non-empty key groups in
+        ``full``, deltas of the keys made current since the last call elsewhere."""
+        return snapshot_changes(self.backend, self.timer_service, full)
+
+    def apply_change(self, kg: int, keys: Sequence[bytes] | None, blob: bytes) -> None:
+        """Apply one key group's full blob (``keys`` None) or delta, before ``open``."""
+        if self._opened:
+            raise StateError("KeyedProcessOperator.apply_change must come before open")
+        apply_change(self.backend, self.timer_service, kg, keys, blob)
+
+    def take_timers(self, previous: KeyedProcessOperator) -> None:
+        """Take over the timers of ``previous`` (an operator of the same backend, closed)."""
+        self.timer_service.take_timers(previous.timer_service)
 
     def __repr__(self) -> str:
         return (

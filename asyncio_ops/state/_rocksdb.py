@@ -35,7 +35,7 @@ import itertools
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -68,6 +68,7 @@ _TS = struct.Struct(">d")
 _pack_ts = _TS.pack
 _unpack_ts = _TS.unpack_from
 _SEQ = struct.Struct(">Q")
+_KG = struct.Struct(">H")  # a row key's leading key group
 _pack_seq = _SEQ.pack
 _unpack_be32 = struct.Struct(">I").unpack_from
 _MARKER: Final = ".asyncio_ops_rocksdb"
@@ -470,17 +471,32 @@ class RocksDBSnapshot:
 
 
 def _dump_rows(
-    cf: Any, kind: str, has_ttl: bool, drop: bool, now: float, expired: Any
+    cf: Any,
+    kind: str,
+    has_ttl: bool,
+    drop: bool,
+    now: float,
+    expired: Any,
+    prefix: bytes = b"",
+    out: dict[int, list[Entry]] | None = None,
 ) -> dict[int, list[Entry]]:
-    """Rows of one column family as logical entries, by key group (rows are sorted)."""
-    out: dict[int, list[Entry]] = {}
+    """Rows of one column family (those starting with ``prefix``) as logical entries, by
+    key group (rows are sorted), added to ``out``."""
+    if out is None:
+        out = {}
     it = cf.iter()
-    it.seek_to_first()
+    if prefix:
+        it.seek(prefix)
+    else:
+        it.seek_to_first()
     last: tuple[int, bytes, bytes] | None = None
     bucket: list[Any] = []
     multi = kind in (LIST, MAP)
     while it.valid():
-        kg, key_enc, ns_enc, suffix = _parse_row_key(it.key())
+        row = it.key()
+        if prefix and not row.startswith(prefix):
+            break
+        kg, key_enc, ns_enc, suffix = _parse_row_key(row)
         v = it.value()
         if has_ttl:
             ts: float | None = _unpack_ts(v)[0]
@@ -607,11 +623,55 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._rd.Checkpoint(self._db).create_checkpoint(str(snap_dir))
         return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._sealer())
 
-    def snapshot(self) -> dict[int, bytes]:
-        return self.begin_snapshot().materialize()
+    def snapshot(self, key_groups: Collection[int] | None = None) -> dict[int, bytes]:
+        if key_groups is None:
+            return self.begin_snapshot().materialize()
+        return super().snapshot(key_groups)
 
-    def _dump_groups(self) -> dict[int, list[StateDump]]:  # pragma: no cover - via snapshot()
-        raise NotImplementedError
+    def _tables_now(self) -> list[tuple[_RocksTable, float]]:
+        out = []
+        for t in self._tables.values():
+            assert isinstance(t, _RocksTable)
+            out.append((t, t.now()))
+        return out
+
+    def _dump_groups(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
+        """Some key groups (all: :meth:`snapshot` takes a checkpoint instead), read live."""
+        groups = sorted(key_groups) if key_groups is not None else list(self.key_group_range)
+        out: dict[int, list[StateDump]] = {}
+        for t, now in self._tables_now():
+            by_kg: dict[int, list[Entry]] = {}
+            for kg in groups:
+                _dump_rows(t.cf, t.kind, t.has_ttl, t.full_snapshot_cleanup, now, t.expired,
+                           _KG.pack(kg), by_kg)  # fmt: skip
+            for kg, entries in by_kg.items():
+                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries))
+        return out
+
+    def _dump_keys(
+        self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]
+    ) -> dict[int, list[StateDump]]:
+        out: dict[int, list[StateDump]] = {}
+        for t, now in self._tables_now():
+            by_kg: dict[int, list[Entry]] = {}
+            for kg, pairs in keys.items():
+                for _, enc in pairs:
+                    _dump_rows(t.cf, t.kind, t.has_ttl, t.full_snapshot_cleanup, now, t.expired,
+                               key_prefix(kg, enc), by_kg)  # fmt: skip
+            for kg, entries in by_kg.items():
+                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries))
+        return out
+
+    def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
+        for cf in self._cfs.values():
+            for _, enc in keys:
+                p = key_prefix(key_group, enc)
+                cf.delete_range(p, _successor(p))
+
+    def _clear_key_group(self, key_group: int) -> None:
+        p = _KG.pack(key_group)
+        for cf in self._cfs.values():
+            cf.delete_range(p, _successor(p))
 
     def _load_entries(self, table: _RocksTable, kg: int, entries: list[Entry]) -> None:
         wb = self._rd.WriteBatch(raw_mode=True)
