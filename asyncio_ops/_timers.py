@@ -423,7 +423,9 @@ class InternalTimerService:
         if key_groups is None:
             key_groups = sorted({g for _, heap in heaps for g in heap.groups()})
         for kg in key_groups:
-            timers = [(d, t.key, t.namespace, t.timestamp) for d, h in heaps for t in h.of_group(kg)]
+            timers = [
+                (d, t.key, t.namespace, t.timestamp) for d, h in heaps for t in h.of_group(kg)
+            ]
             if timers:
                 out[kg] = timers
         return out

@@ -19,16 +19,33 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
   columns). Written every ``flush_rows`` lookups or ``flush_interval``
   seconds, so a retried attempt re-requests at most the elements in flight
   plus the lookups of one unflushed stretch.
-- ``kg-p<i>`` (streaming, keyed): partition i's key groups, a row each: the key
-  group and its sealed state blob (its in-flight elements as one record batch
-  and their timeout timers, ``asyncio_ops._runtime._inflight``). A key group
-  follows to whichever partition owns it next, which reads the files its
-  manifest names for it (files of one key group each, ``kg-<kg>``, written by
-  earlier releases, still read).
+- ``kg-p<i>-<token>`` (streaming, keyed): partition i's key groups that changed
+  in this version, a row each: the key group, ``keys`` and its sealed blob.
+  ``keys`` null: the blob is the key group's full state (keyed state and
+  timers; for the async operator its in-flight elements as one record batch
+  and their timeout timers, ``asyncio_ops._runtime._inflight``); otherwise a
+  delta: the canonical bytes of the keys it replaces whole and their state
+  and timers (``asyncio_ops.state._keyed_snapshot``). The token is the
+  attempt's, so two attempts never write one name.
 - ``ops-<i>`` (streaming): partition i's sealed operator-state blob: the
   watermark state (union) and, unkeyed, its in-flight elements (even split).
-- ``subtask-<i>`` (streaming): the manifest, written last: the key-group
-  files partition i wrote, and the number of partitions.
+- ``subtask-<i>`` (streaming): the manifest, written last: per key group of
+  partition i its chain, the files (with their versions) that rebuild it:
+  its last full blob and the deltas after it, in order; the number of
+  partitions, and the attempt's token (``aops.writer``). A key group follows
+  to whichever partition owns it next, which reads its chain. Manifests of
+  earlier releases (a ``file`` per key group, a full blob; files of one key
+  group each, ``kg-<kg>``) still read.
+
+Incremental checkpoints (keyed_process): a version writes, per key group,
+the keys its micro-batch made current (a delta) and, once every
+``full_snapshot_interval`` versions per key group (staggered: key group
+``kg`` at the versions where ``(version + kg) % interval == 0``, and when it
+has no chain yet), its full state instead, so a micro-batch writes what it
+touched plus ``1/interval`` of the state, and a chain holds at most
+``interval`` files. Retention (partition 0, after its write) keeps the newest
+``retain_versions`` versions and every older version directory their chains
+name.
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
 """
 
@@ -73,11 +90,33 @@ _ELEMENT: Final = b"aops.element"
 _INPUT_SCHEMA: Final = b"aops.input_schema"
 # capacity="auto": the limit a partition's operator ended the micro-batch with
 _LIMIT: Final = b"aops.limit"
+# the attempt that wrote a manifest (a warm worker proves with it what it holds)
+_WRITER: Final = b"aops.writer"
 _BLOB: Final = "blob"
 _KEY_GROUP: Final = "key_group"
+_KEYS: Final = "keys"
 _KEY_GROUPS_SCHEMA: Final = pa.schema(
     [pa.field(_KEY_GROUP, pa.int32(), nullable=False), pa.field(_BLOB, pa.binary(), nullable=False)]
+)  # earlier releases: full blobs only
+_CHANGES_SCHEMA: Final = pa.schema(
+    [
+        pa.field(_KEY_GROUP, pa.int32(), nullable=False),
+        pa.field(_KEYS, pa.list_(pa.field("item", pa.binary(), nullable=False))),
+        pa.field(_BLOB, pa.binary(), nullable=False),
+    ]
 )
+_MANIFEST_SCHEMA: Final = pa.schema(
+    [
+        pa.field(_KEY_GROUP, pa.int32(), nullable=False),
+        pa.field("versions", pa.list_(pa.field("item", pa.int64(), nullable=False))),
+        pa.field("files", pa.list_(pa.field("item", pa.string(), nullable=False))),
+    ]
+)
+
+Chain = tuple[tuple[int, str], ...]
+"""A key group's chain: ``(version, file)`` of its last full blob, then of its deltas."""
+Change = tuple[list[bytes] | None, bytes]
+"""One key group's item in a file: (None, full blob) or (keys, delta blob)."""
 _OPERATOR: Final = b"aops.operator"
 ASYNC_WAIT: Final = b"async_wait"
 
@@ -129,20 +168,24 @@ def _blob_table(blob: bytes) -> pa.Table:
     return pa.table({_BLOB: pa.array([blob], pa.binary())})
 
 
-def _key_group_file(table: pa.Table, name: str) -> dict[int, bytes] | None:
-    """``{key_group: blob}`` of a partition's key-group file; None for a file of one blob
-    (earlier releases). CheckpointError naming the file for anything else."""
+def _key_group_file(table: pa.Table, name: str) -> dict[int, Change] | None:
+    """``{key_group: (keys, blob)}`` of a partition's key-group file; None for a file of
+    one blob (earlier releases). CheckpointError naming the file for anything else."""
     if _KEY_GROUP not in table.column_names:
         return None
-    if table.schema != _KEY_GROUPS_SCHEMA:
+    if table.schema == _KEY_GROUPS_SCHEMA:  # earlier releases: full blobs
+        keys: list[Any] = [None] * table.num_rows
+    elif table.schema.remove_metadata() == _CHANGES_SCHEMA:
+        keys = table.column(_KEYS).to_pylist()
+    else:
         raise CheckpointError(
-            f"checkpoint file {name} has the columns {table.schema}, not {_KEY_GROUPS_SCHEMA}"
+            f"checkpoint file {name} has the columns {table.schema}, not {_CHANGES_SCHEMA}"
         )
     groups = table.column(_KEY_GROUP).to_pylist()
     blobs = table.column(_BLOB).to_pylist()
-    held = dict(zip(groups, blobs, strict=True))
-    if len(held) != len(groups) or None in held or None in held.values():
-        raise CheckpointError(f"checkpoint file {name} repeats a key group, or holds a null")
+    held = {kg: (k, b) for kg, k, b in zip(groups, keys, blobs, strict=True)}
+    if len(held) != len(groups):
+        raise CheckpointError(f"checkpoint file {name} repeats a key group")
     return held
 
 
@@ -182,10 +225,8 @@ class VersionFiles:
             out.append(_blob(self.storage.read(self.version, name), path))
         return out
 
-    def key_group_blobs(
-        self, key_groups: KeyGroupRange, max_parallelism: int
-    ) -> list[tuple[str, int, bytes]]:
-        """``(file, key group, blob)`` of the key groups in ``key_groups``.
+    def chains(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
+        """The chain of every key group in ``key_groups`` that holds state.
 
         Every manifest is checked whole first: a key group outside
         ``0 .. max_parallelism - 1`` (a version written with another max_parallelism,
@@ -193,8 +234,10 @@ class VersionFiles:
         naming the file, since no partition would ever restore it.
         """
         seen: dict[int, str] = {}
+        out: dict[int, Chain] = {}
         for manifest, path in zip(self.manifests, self.paths, strict=True):
-            for kg in _column(manifest, "key_group", path):
+            groups = _column(manifest, _KEY_GROUP, path)
+            for kg in groups:
                 if not 0 <= kg < max_parallelism:
                     raise CheckpointError(
                         f"checkpoint file {path} names key group {kg}, outside 0.."
@@ -206,30 +249,70 @@ class VersionFiles:
                         f"checkpoint files {seen[kg]} and {path} both name key group {kg}"
                     )
                 seen[kg] = path
+            if "file" in manifest.column_names:  # earlier releases: one full file each
+                assert isinstance(self.version, int)
+                version = self.version
+                chains: list[Chain] = [((version, f),) for f in _column(manifest, "file", path)]
+            else:
+                versions = _column(manifest, "versions", path)
+                files = _column(manifest, "files", path)
+                chains = []
+                for kg, vs, fs in zip(groups, versions, files, strict=True):
+                    if not vs or not fs or len(vs) != len(fs):
+                        raise CheckpointError(
+                            f"checkpoint file {path}: key group {kg} has no chain"
+                        )
+                    chains.append(tuple(zip(vs, fs, strict=True)))
+            for kg, chain in zip(groups, chains, strict=True):
+                if kg in key_groups:
+                    out[kg] = chain
+        return out
+
+    def key_group_blobs(
+        self, key_groups: KeyGroupRange, max_parallelism: int
+    ) -> list[tuple[str, int, bytes]]:
+        """``(file, key group, blob)`` of the key groups in ``key_groups``, each a full blob
+        (what the async operator writes); CheckpointError naming the file otherwise."""
+        reader = ChainReader(self.storage)
         out = []
-        # each file read once: {key group: blob}, or the table of an earlier release's
-        # file of one key group
-        files: dict[str, tuple[dict[int, bytes] | None, pa.Table]] = {}
-        for manifest, path in zip(self.manifests, self.paths, strict=True):
-            groups = _column(manifest, "key_group", path)
-            names = _column(manifest, "file", path)
-            for kg, file in zip(groups, names, strict=True):
-                if kg not in key_groups:
-                    continue
-                where = self.storage.path(self.version, file)
-                if file not in files:
-                    table = self.storage.read(self.version, file)
-                    files[file] = (_key_group_file(table, where), table)
-                held, table = files[file]
-                if held is None:  # one key group per file (earlier releases)
-                    blob = _blob(table, where)
-                elif kg in held:
-                    blob = held[kg]
-                else:
-                    raise CheckpointError(
-                        f"checkpoint file {where} lacks key group {kg}, which {path} names"
-                    )
-                out.append((where, kg, blob))
+        for kg, chain in sorted(self.chains(key_groups, max_parallelism).items()):
+            ((where, keys, blob),) = reader.read(kg, chain[-1:])
+            if keys is not None or len(chain) != 1:
+                raise CheckpointError(
+                    f"checkpoint file {where}: key group {kg} is a delta, where a full "
+                    "snapshot was expected"
+                )
+            out.append((where, kg, blob))
+        return out
+
+
+class ChainReader:
+    """Reads key groups' chains; each file read once."""
+
+    def __init__(self, storage: CheckpointStorage) -> None:
+        self.storage = storage
+        self._files: dict[tuple[int, str], tuple[dict[int, Change] | None, pa.Table]] = {}
+        self.files_read = 0
+
+    def read(self, kg: int, chain: Chain) -> list[tuple[str, list[bytes] | None, bytes]]:
+        """``(path, keys, blob)`` of each item of ``kg``'s ``chain`` (or of a part of it);
+        CheckpointError naming the file for one that is missing, damaged or lacks ``kg``."""
+        out: list[tuple[str, list[bytes] | None, bytes]] = []
+        for version, file in chain:
+            where = self.storage.path(version, file)
+            cached = self._files.get((version, file))
+            if cached is None:
+                table = self.storage.read(version, file)
+                self.files_read += 1
+                cached = self._files[(version, file)] = (_key_group_file(table, where), table)
+            held, table = cached
+            if held is None:  # one key group per file (earlier releases)
+                out.append((where, None, _blob(table, where)))
+            elif kg in held:
+                keys, blob = held[kg]
+                out.append((where, keys, blob))
+            else:
+                raise CheckpointError(f"checkpoint file {where} lacks key group {kg}")
         return out
 
 
@@ -281,33 +364,55 @@ def read_previous(storage: CheckpointStorage, version: int) -> VersionFiles | No
 
 def write_version(
     storage: CheckpointStorage,
-    version: Version,
+    version: int,
     partition: int,
     num_partitions: int,
     keyed: bool,
-    key_group_blobs: dict[int, bytes],
+    changes: dict[int, Change],
     operator_blob: bytes,
     meta: dict[bytes, bytes],
     operator: bytes = b"",
-) -> None:
-    """Write one partition's key-group file (one row per key group: the group and its
-    blob), its operator state, then its manifest (which file holds which key group)."""
-    groups = sorted(key_group_blobs)
-    files: list[str] = []
-    if groups:
-        name = f"kg-p{partition:05d}.ckpt"
+    chains: dict[int, Chain] | None = None,
+    writer: str = "",
+) -> dict[int, Chain]:
+    """Write one partition's key-group file (a row per key group in ``changes``: full
+    blobs, and deltas over the key group's chain in ``chains``, the previous version's),
+    its operator state, then its manifest (every key group's chain); returns the chains.
+
+    A key group in ``chains`` but not in ``changes`` keeps its chain; a full blob starts
+    a new one. ``writer``: the attempt's token, in the file's name and the manifest.
+    """
+    writer = writer or uuid.uuid4().hex[:12]
+    new: dict[int, Chain] = dict(chains or {})
+    if changes:
+        name = f"kg-p{partition:05d}-{writer}.ckpt"
+        groups = sorted(changes)
+        for kg in groups:
+            keys = changes[kg][0]
+            if keys is None:
+                new[kg] = ((version, name),)
+            elif kg in new:
+                new[kg] = new[kg] + ((version, name),)
+            else:
+                raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
         table = pa.Table.from_arrays(
             [
                 pa.array(groups, pa.int32()),
-                pa.array([key_group_blobs[kg] for kg in groups], pa.binary()),
+                pa.array([changes[kg][0] for kg in groups], _CHANGES_SCHEMA.field(_KEYS).type),
+                pa.array([changes[kg][1] for kg in groups], pa.binary()),
             ],
-            schema=_KEY_GROUPS_SCHEMA,
+            schema=_CHANGES_SCHEMA,
         )
         storage.write(version, name, table)
-        files = [name] * len(groups)
     storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
-    manifest = pa.table(
-        {"key_group": pa.array(groups, pa.int32()), "file": pa.array(files, pa.string())}
+    kgs = sorted(new)
+    manifest = pa.Table.from_arrays(
+        [
+            pa.array(kgs, pa.int32()),
+            pa.array([[v for v, _ in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(1).type),
+            pa.array([[f for _, f in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(2).type),
+        ],
+        schema=_MANIFEST_SCHEMA,
     ).replace_schema_metadata(
         {
             _KIND: b"manifest",
@@ -315,15 +420,33 @@ def write_version(
             _NUM_PARTITIONS: str(num_partitions).encode(),
             _PARTITION: str(partition).encode(),
             _OPERATOR: operator or ASYNC_WAIT,
+            _WRITER: writer.encode(),
             **meta,
         }
     )
     storage.write(version, f"subtask-{partition:05d}.ckpt", manifest)
+    return new
+
+
+def writer_of(manifest: pa.Table) -> str:
+    """The token of the attempt that wrote ``manifest`` ("" for earlier releases)."""
+    raw: bytes = (manifest.schema.metadata or {}).get(_WRITER, b"")
+    return raw.decode(errors="replace")
 
 
 def prune_versions(storage: CheckpointStorage, version: int, retain: int) -> None:
-    """Delete the versions older than the newest ``retain`` (partition 0 does it)."""
-    storage.delete_versions([v for v in storage.versions() if v <= version - retain])
+    """Delete the versions older than the newest ``retain`` that no retained version's
+    chains name (partition 0 does it, after writing ``version``)."""
+    oldest = version - retain + 1
+    keep_from = oldest
+    found = read_version(storage, oldest) if oldest >= 0 else None
+    if found is not None:
+        for manifest, path in zip(found.manifests, found.paths, strict=True):
+            if "versions" in manifest.column_names:
+                for vs in _column(manifest, "versions", path):
+                    if vs:
+                        keep_from = min(keep_from, min(vs))
+    storage.delete_versions([v for v in storage.versions() if v < keep_from])
 
 
 # -- the replay log --------------------------------------------------------------------------------
@@ -625,8 +748,10 @@ class PartitionCheckpoint:
             self.partition, p, watermarks, None if keyed else [e for _, e in stored]
         )
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
+        assert isinstance(self.version, int)
         write_version(
-            self.storage, self.version, self.partition, p, keyed, kg_blobs, op_blob,
+            self.storage, self.version, self.partition, p, keyed,
+            {kg: (None, blob) for kg, blob in kg_blobs.items()}, op_blob,
             {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema,
              **({_LIMIT: str(limit).encode()} if limit is not None else {})},
         )  # fmt: skip

@@ -13,12 +13,17 @@ snapshot (streaming) → ``fn.close``.
   registers during this final firing is dropped, never fired
   (``KeyedProcessOperator.end_input``); the state ends with the task.
 - **Streaming** (``checkpoint`` required): micro-batch ``N`` restores the key
-  groups of this partition from version ``N - 1`` (keyed state and timers,
-  one blob per key group, whichever partition wrote them) and the watermark
-  state (the highest of all partitions), then, at its end, emits the pending
-  watermark, fires the processing-time timers due and writes version ``N``.
-  A re-run batch is idempotent; the number of partitions may change between
-  runs (state and timers follow their key groups).
+  groups of this partition as of version ``N - 1`` (keyed state and timers,
+  whichever partition wrote them: each key group's chain, its last full
+  snapshot and the deltas after it) and the watermark state (the highest of
+  all partitions), then, at its end, emits the pending watermark, fires the
+  processing-time timers due and writes version ``N``: per key group the keys
+  this micro-batch made current (a delta), or the key group's full state when
+  its turn comes (every ``full_snapshot_interval`` versions, staggered by key
+  group; see ``_checkpointing``). A re-run batch is idempotent; the number of
+  partitions may change between runs (state and timers follow their key
+  groups). A worker that committed this partition before keeps it warm
+  (``_warm``): it reads only the deltas written since, or nothing.
 - Processing-time timers fire when a batch runs past them: after each input
   batch and at the end of the task (a Spark task has no event loop between
   micro-batches, so nothing fires while no batch runs).
@@ -42,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -50,10 +56,19 @@ import pyarrow as pa
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
-from .._keygroups import compute_key_group_range_for_operator_index
+from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state import KeyedProcessOperator, KeyedStateBackend
+from . import _warm
 from ._adapters import describe_row
-from ._checkpointing import prune_versions, read_previous, write_version
+from ._checkpointing import (
+    Chain,
+    ChainReader,
+    VersionFiles,
+    prune_versions,
+    read_previous,
+    write_version,
+    writer_of,
+)
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import (
     WatermarkState,
@@ -84,7 +99,17 @@ def run_keyed_process(
     key_groups = compute_key_group_range_for_operator_index(
         spec.max_parallelism, p, task.partition_id
     )
-    backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+    streaming = task.batch_id is not None
+    if streaming and spec.checkpoint is None:  # the driver refuses this; a worker never runs it
+        raise CheckpointError("keyed_process on a stream needs checkpoint_location=")
+    previous = _previous(spec, task) if streaming else None
+    warm_key = _warm_key(spec, task) if streaming else None
+    held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
+    backend = (
+        held.operator.backend
+        if held is not None
+        else make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+    )
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
     key_of = _key_of(spec.key_columns)
     op = KeyedProcessOperator(
@@ -94,16 +119,23 @@ def run_keyed_process(
             number_of_parallel_subtasks=p, attempt_number=task.attempt_number,
         ),
     )  # fmt: skip
-    streaming = task.batch_id is not None
-    if streaming and spec.checkpoint is None:  # the driver refuses this; a worker never runs it
-        raise CheckpointError("keyed_process on a stream needs checkpoint_location=")
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
         else None
     )
+    kept = False
     try:
-        restored = _restore(spec, task, op) if streaming else WatermarkState()
+        restored = WatermarkState()
+        chains: dict[int, Chain] = {}
+        if streaming:
+            if held is not None:
+                op.take_timers(held.operator)
+            chains = _sync(spec, op, previous, held.chains if held is not None else {})
+            held = None
+            if previous is not None:
+                restored = _watermarks(spec, task, previous)
+            op.track_changes()
         op.open()
         if watermarks is not None:
             watermarks.restore(restored.max_seen, restored.current)
@@ -129,11 +161,16 @@ def run_keyed_process(
                 watermarks.max_seen if watermarks is not None else -math.inf,
                 watermarks.current if watermarks is not None else restored.current,
             )
-            _snapshot(spec, task, op, state)
+            writer, chains = _snapshot(spec, task, op, state, chains)
             _warn_unclaimed(spec, task, backend)
+            assert warm_key is not None and task.batch_id is not None
+            kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
     finally:
         op.close()
-        backend.close()
+        if held is not None:  # proven, but the task failed before taking it over
+            held.operator.backend.close()
+        if not kept:
+            backend.close()
 
 
 def _process(
@@ -163,26 +200,98 @@ def _process(
                 op.process_watermark(Watermark(wm))
 
 
-def _restore(spec: KeyedProcessSpec, task: TaskInfo, op: KeyedProcessOperator) -> WatermarkState:
-    """State, timers and watermark the previous micro-batch left (nothing for the first)."""
+def _previous(spec: KeyedProcessSpec, task: TaskInfo) -> VersionFiles | None:
+    """The version micro-batch ``N`` starts from, ``N - 1`` (None for the first)."""
     assert spec.checkpoint is not None and task.batch_id is not None
     if task.batch_id <= 0:
-        return WatermarkState()
+        return None
     found = read_previous(spec.checkpoint, task.batch_id - 1)
-    if found is None:
-        return WatermarkState()
-    found.check_operator(OPERATOR)
-    p = task.num_partitions or 1
-    for path, kg, blob in found.key_group_blobs(
-        op.backend.key_group_range, spec.max_parallelism
+    if found is not None:
+        found.check_operator(OPERATOR)
+    return found
+
+
+def _warm_key(spec: KeyedProcessSpec, task: TaskInfo) -> tuple[object, ...]:
+    storage = spec.checkpoint
+    assert storage is not None
+    return (
+        storage.location, storage.uid, spec.plan_token, task.partition_id,
+        task.num_partitions or 1, spec.state_backend, spec.max_parallelism,
+    )  # fmt: skip
+
+
+def _proven(
+    spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles | None, held: _warm.Warm | None
+) -> _warm.Warm | None:
+    """``held`` if the checkpoint still holds, for this partition, the very version it
+    committed (module ``_warm``); otherwise None, its backend closed."""
+    if held is None:
+        return None
+    storage = spec.checkpoint
+    assert storage is not None
+    proven = False
+    if previous is not None and isinstance(previous.version, int) and (
+        held.version <= previous.version
     ):
+        name = f"subtask-{task.partition_id:05d}.ckpt"
         try:
-            op.restore({kg: blob})
-        except (CheckpointError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
-    where = spec.checkpoint.path(task.batch_id - 1, "")
-    watermarks, _ = restore_operator_state(task.partition_id, p, found.operator_blobs(), where)
-    return watermarks
+            if held.version == previous.version:
+                manifest = previous.manifests[task.partition_id]
+            else:
+                manifest = storage.read(held.version, name)
+            proven = writer_of(manifest) == held.writer
+        except (CheckpointError, IndexError):
+            proven = False
+    if not proven:
+        log.info(
+            "keyed_process uid %r, partition %d: the state this worker kept from version %d "
+            "is not the checkpoint's; reading it from the checkpoint",
+            storage.uid, task.partition_id, held.version,
+        )  # fmt: skip
+        held.operator.backend.close()
+        return None
+    return held
+
+
+def _sync(
+    spec: KeyedProcessSpec,
+    op: KeyedProcessOperator,
+    previous: VersionFiles | None,
+    held: dict[int, Chain],
+) -> dict[int, Chain]:
+    """Bring ``op``'s key groups (holding the ``held`` chains) to ``previous``'s chains:
+    per key group only the chain's part after what is held, or, when its chain was
+    restarted, all of it; returns the chains now held."""
+    assert spec.checkpoint is not None
+    kgr: KeyGroupRange = op.backend.key_group_range
+    target = previous.chains(kgr, spec.max_parallelism) if previous is not None else {}
+    reader = ChainReader(spec.checkpoint)
+    for kg in kgr:
+        have, want = held.get(kg), target.get(kg)
+        if want is None:
+            if have is not None:
+                op.clear_key_group(kg)
+            continue
+        rest = want[len(have):] if have is not None and want[: len(have)] == have else want
+        for i, (path, keys, blob) in enumerate(reader.read(kg, rest)):
+            if i == 0 and rest is want and keys is not None:
+                raise CheckpointError(
+                    f"checkpoint file {path}: key group {kg}'s chain starts with a delta, "
+                    "not a full snapshot"
+                )
+            try:
+                op.apply_change(kg, keys, blob)
+            except (CheckpointError, ValueError, TypeError) as exc:
+                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
+    return target
+
+
+def _watermarks(spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles) -> WatermarkState:
+    assert spec.checkpoint is not None
+    where = spec.checkpoint.path(previous.version, "")
+    p = task.num_partitions or 1
+    state, _ = restore_operator_state(task.partition_id, p, previous.operator_blobs(), where)
+    return state
 
 
 def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:
@@ -203,13 +312,30 @@ def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateB
 
 
 def _snapshot(
-    spec: KeyedProcessSpec, task: TaskInfo, op: KeyedProcessOperator, watermarks: WatermarkState
-) -> None:
+    spec: KeyedProcessSpec,
+    task: TaskInfo,
+    op: KeyedProcessOperator,
+    watermarks: WatermarkState,
+    chains: dict[int, Chain],
+) -> tuple[str, dict[int, Chain]]:
+    """Write version ``N``: deltas, and the full state of the key groups whose turn it is
+    (or that have no chain); returns the attempt's token and the chains written."""
     assert spec.checkpoint is not None and task.batch_id is not None
+    version = task.batch_id
+    interval = spec.full_snapshot_interval
+    full = {
+        kg for kg in op.backend.key_group_range
+        if kg not in chains or len(chains[kg]) >= interval or (version + kg) % interval == 0
+    }  # fmt: skip
+    changes = op.snapshot_changes(full)
     p = task.num_partitions or 1
-    blobs = op.snapshot()
     op_blob = snapshot_operator_state(task.partition_id, p, watermarks)
-    write_version(spec.checkpoint, task.batch_id, task.partition_id, p, True, blobs, op_blob,
-                  {}, operator=OPERATOR)  # fmt: skip
+    writer = uuid.uuid4().hex[:12]
+    kept = {kg: chain for kg, chain in chains.items() if kg not in full}
+    written = write_version(
+        spec.checkpoint, version, task.partition_id, p, True, changes, op_blob, {},
+        operator=OPERATOR, chains=kept, writer=writer,
+    )  # fmt: skip
     if task.partition_id == 0:
-        prune_versions(spec.checkpoint, task.batch_id, spec.retain_versions)
+        prune_versions(spec.checkpoint, version, spec.retain_versions)
+    return writer, written

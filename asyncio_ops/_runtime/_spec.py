@@ -7,8 +7,9 @@ layer) and pickled to every task; :class:`TaskInfo` is read from Spark's
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pyarrow as pa
@@ -108,6 +109,11 @@ class KeyedProcessSpec:
     state_backend: str = "heap"
     retain_versions: int = 10
     batch_size: int = 10_000
+    # incremental checkpoints: a key group's full state every this many versions
+    full_snapshot_interval: int = 20
+    # drawn once per spec (on the driver, per DataFrame built; workers get copies):
+    # keys the state a worker keeps warm, so another function never finds it
+    plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def keyed_process(
     uid: str | None = None,
     retain_versions: int = 10,
     batch_size: int | None = None,
+    full_snapshot_interval: int = 20,
 ) -> DataFrame:
     """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
 
@@ -74,7 +75,9 @@ def keyed_process(
     time seen minus ``watermark_delay``) drives event-time timers and
     event-time TTL. A batch job ends with the watermark at +inf (every
     event-time timer fires); a streaming one keeps state and timers under
-    ``checkpoint_location`` between micro-batches. See docs/state.md.
+    ``checkpoint_location`` between micro-batches: each version holds what the
+    micro-batch changed, and each key group's full state every
+    ``full_snapshot_interval`` versions. See docs/state.md.
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -96,6 +99,7 @@ def keyed_process(
     except KeyGroupError as exc:
         raise ConfigurationError(str(exc)) from exc
     at_least(retain_versions, "retain_versions", 2)
+    positive_int(full_snapshot_interval, "full_snapshot_interval")
     if batch_size is None:
         batch_size = int(
             df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
@@ -135,6 +139,7 @@ def keyed_process(
         state_backend=state_backend,
         retain_versions=retain_versions,
         batch_size=batch_size,
+        full_snapshot_interval=full_snapshot_interval,
     )
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

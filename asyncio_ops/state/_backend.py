@@ -473,7 +473,9 @@ class KeyedStateBackend(ABC):
 
         return seal
 
-    def _pending_dumps(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
+    def _pending_dumps(
+        self, key_groups: Collection[int] | None = None
+    ) -> dict[int, list[StateDump]]:
         groups: dict[int, list[StateDump]] = {}
         for name, (kind, by_kg) in self._pending.items():
             for kg, entries in by_kg.items():

@@ -397,6 +397,13 @@ class KeyedProcessOperator:
             raise StateError("KeyedProcessOperator.apply_change must come before open")
         apply_change(self.backend, self.timer_service, kg, keys, blob)
 
+    def clear_key_group(self, kg: int) -> None:
+        """Drop a key group's state and timers, before ``open``."""
+        if self._opened:
+            raise StateError("KeyedProcessOperator.clear_key_group must come before open")
+        self.backend.clear_key_group(kg)
+        self.timer_service.clear_key_group(kg)
+
     def take_timers(self, previous: KeyedProcessOperator) -> None:
         """Take over the timers of ``previous`` (an operator of the same backend, closed)."""
         self.timer_service.take_timers(previous.timer_service)

@@ -195,16 +195,18 @@ def test_arrow_offsets_pointing_outside_their_buffer_are_an_error_naming_the_fil
 def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_read(
     tmp_path: Path,
 ) -> None:
-    """One ``kg-p<i>`` file per partition, a row per key group; a partition owning some of
-    them reads just those; a one-blob ``kg-<kg>`` file of earlier releases still reads;
-    a key group the manifest names but the file lacks is an error naming both."""
+    """One ``kg-p<i>-<token>`` file per partition, a row per key group; a partition owning
+    some of them reads just those; a one-blob ``kg-<kg>`` file and a ``file`` manifest of
+    earlier releases still read; a key group the manifest names but the file lacks is an
+    error naming the file."""
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._checkpointing import _blob_table, read_version, write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
-    write_version(s, 4, 0, 2, True, {3: b"three", 70: b"seventy"}, b"ops0", {})
+    write_version(s, 4, 0, 2, True, {3: (None, b"three"), 70: (None, b"seventy")}, b"ops0", {},
+                  writer="w0")  # fmt: skip
     write_version(s, 4, 1, 2, True, {}, b"ops1", {})
-    assert s.list_files(4, "kg-") == ["kg-p00000.ckpt"]
+    assert s.list_files(4, "kg-") == ["kg-p00000-w0.ckpt"]
     found = read_version(s, 4)
     assert found is not None
     assert [(kg, b) for _, kg, b in found.key_group_blobs(KeyGroupRange(64, 127), 128)] == [
@@ -212,14 +214,54 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_r
     ]
     s.write(4, "kg-00005.ckpt", _blob_table(b"five"))  # an earlier release's file
     manifest = pa.table({"key_group": pa.array([5, 9], pa.int32()),
-                         "file": ["kg-00005.ckpt", "kg-p00000.ckpt"]})  # fmt: skip
+                         "file": ["kg-00005.ckpt", "kg-p00000-w0.ckpt"]})  # fmt: skip
     s.write(4, "subtask-00001.ckpt", manifest.replace_schema_metadata(
         found.manifests[1].schema.metadata))  # fmt: skip
     found = read_version(s, 4)
     assert found is not None
     assert [b for _, _, b in found.key_group_blobs(KeyGroupRange(0, 5), 128)] == [b"three", b"five"]
-    with pytest.raises(CheckpointError, match=r"kg-p00000\.ckpt lacks key group 9.*subtask-00001"):
+    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt lacks key group 9"):
         found.key_group_blobs(KeyGroupRange(9, 9), 128)
+
+
+def test_a_chain_is_a_full_blob_then_deltas_and_retention_keeps_what_chains_name(
+    tmp_path: Path,
+) -> None:
+    """A delta extends its key group's chain, a full blob restarts it, an untouched key
+    group keeps it; pruning keeps every version the oldest retained version's chains
+    name, and deletes the rest."""
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._checkpointing import (
+        ChainReader,
+        prune_versions,
+        read_version,
+        write_version,
+    )
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    chains = write_version(s, 0, 0, 1, True, {1: (None, b"f1"), 2: (None, b"f2")}, b"o", {},
+                           writer="a")  # fmt: skip
+    chains = write_version(s, 1, 0, 1, True, {1: ([b"k"], b"d1")}, b"o", {}, chains=chains,
+                           writer="b")  # fmt: skip
+    chains = write_version(s, 2, 0, 1, True, {2: (None, b"g2")}, b"o", {}, chains=chains,
+                           writer="c")  # fmt: skip
+    assert chains == {1: ((0, "kg-p00000-a.ckpt"), (1, "kg-p00000-b.ckpt")),
+                      2: ((2, "kg-p00000-c.ckpt"),)}  # fmt: skip
+    found = read_version(s, 2)
+    assert found is not None
+    read = found.chains(KeyGroupRange(0, 3), 128)
+    assert read == chains
+    reader = ChainReader(s)
+    assert [(k, b) for _, k, b in reader.read(1, read[1])] == [(None, b"f1"), ([b"k"], b"d1")]
+    with pytest.raises(CheckpointError, match=r"key group 1 is a delta"):
+        found.key_group_blobs(KeyGroupRange(1, 1), 128)
+    write_version(s, 3, 0, 1, True, {}, b"o", {}, chains=chains)
+    prune_versions(s, 3, 2)  # retains 2 and 3; 2's chains name version 0 too
+    assert s.versions() == [0, 1, 2, 3]
+    write_version(s, 4, 0, 1, True, {1: (None, b"h1")}, b"o", {}, chains=chains)
+    write_version(s, 5, 0, 1, True, {}, b"o", {}, chains={1: ((4, "x"),), 2: chains[2]})
+    prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
+    assert s.versions() == [2, 3, 4, 5]
 
 
 # -- signed files (a key in ASYNCIO_OPS_STATE_SIGNING_KEY) -----------------------------------

@@ -1,0 +1,148 @@
+"""Incremental snapshots of keyed state and timers (``_keyed_snapshot.snapshot_changes``).
+
+A backend that records the keys made current, snapshotted after each round of
+random writes with some key groups in full and the rest as deltas, and a
+second backend that applies each round: after every round both hold the same
+state and timers, for every backend kind (the heap's C key context and its
+Python fallback record keys alike) and across kinds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncio_ops._timers import InternalTimerService, Timer
+from asyncio_ops.state import (
+    KeyedStateBackend,
+    KeyGroupRange,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
+from asyncio_ops.state._keyed_snapshot import apply_change, snapshot_changes
+
+from .conftest import BackendFactory
+
+MAXP = 8
+KEYS = 30
+
+
+class Quiet:
+    def on_event_time(self, timer: Timer) -> None: ...
+
+    def on_processing_time(self, timer: Timer) -> None: ...
+
+
+def timers_of(backend: KeyedStateBackend) -> InternalTimerService:
+    return InternalTimerService(
+        "user-timers", Quiet(), key_context=backend, max_parallelism=MAXP,
+        key_group_range=backend.key_group_range, armed=False,
+    )  # fmt: skip
+
+
+def read_all(backend: KeyedStateBackend, timers: InternalTimerService) -> dict[str, Any]:
+    v = backend.get_state(ValueStateDescriptor[float]("v"))
+    lst = backend.get_state(ListStateDescriptor[int]("l"))
+    m = backend.get_state(MapStateDescriptor[int, str]("m"))
+    m_ns = backend.get_state(MapStateDescriptor[int, str]("m"), namespace="window-2")
+    out: dict[str, Any] = {}
+    for k in range(KEYS):
+        backend.set_current_key(k)
+        out[f"{k}"] = (v.value(), lst.get(), dict(m.items()), dict(m_ns.items()))
+    out["timers"] = sorted(
+        (t.key, t.namespace or "", float(t.timestamp)) for t in timers.event_time_timers()
+    )
+    return out
+
+
+operations = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, KEYS - 1), st.integers(0, 7), st.integers(0, 9)), max_size=40
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(rounds=operations, full_every=st.integers(1, 4), kind_b=st.sampled_from(["heap", "rocksdb"]))
+def test_full_blobs_and_deltas_rebuild_state_and_timers(
+    make_backend: BackendFactory,
+    any_backend_factory: Any,
+    rounds: list[list[tuple[int, int, int]]],
+    full_every: int,
+    kind_b: str,
+) -> None:
+    a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    b = any_backend_factory(kind_b)(
+        max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1)
+    )
+    ta, tb = timers_of(a), timers_of(b)
+    a.track_changes()
+    v = a.get_state(ValueStateDescriptor[float]("v"))
+    lst = a.get_state(ListStateDescriptor[int]("l"))
+    m = a.get_state(MapStateDescriptor[int, str]("m"))
+    m_ns = a.get_state(MapStateDescriptor[int, str]("m"), namespace="window-2")
+    for step, ops in enumerate(rounds):
+        for key, op, x in ops:
+            a.set_current_key(key)
+            if op == 0:
+                v.update(x / 2)
+            elif op == 1:
+                lst.add(x)
+            elif op == 2:
+                m.put(x % 3, f"x{x}")
+            elif op == 3:
+                m_ns.put(x, "ns")
+            elif op == 4:
+                v.clear()
+                lst.clear()
+            elif op == 5:
+                ta.register_event_time_timer(None, x)
+            elif op == 6:
+                ta.delete_event_time_timer(None, x)
+            else:
+                m.clear()
+        full = {kg for kg in range(MAXP) if (step + kg) % full_every == 0}
+        changes = snapshot_changes(a, ta, full)
+        for kg, (keys, blob) in changes.items():
+            apply_change(b, tb, kg, keys, blob)
+        for kg in full - changes.keys():  # a full key group with nothing in it: dropped
+            b.clear_key_group(kg)
+            tb.clear_key_group(kg)
+        expected = read_all(a, ta)
+        a.take_touched()  # reading made every key current: not a change of state
+        assert read_all(b, tb) == expected
+
+
+def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) -> None:
+    a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    t = timers_of(a)
+    v = a.get_state(ValueStateDescriptor[int]("v"))
+    for k in range(KEYS):
+        a.set_current_key(k)
+        v.update(k)
+    a.track_changes()
+    a.set_current_key(7)
+    v.update(70)
+    a.set_current_key(8)
+    v.clear()
+    changes = snapshot_changes(a, t, full=())
+    keys = sorted(k for ks, _ in changes.values() for k in ks or ())
+    assert len(keys) == 2
+    assert snapshot_changes(a, t, full=()) == {}  # nothing made current since
+
+
+def test_take_touched_needs_tracking(make_backend: BackendFactory) -> None:
+    from asyncio_ops.state import StateError
+
+    with pytest.raises(StateError, match="track_changes"):
+        make_backend().take_touched()
