@@ -110,7 +110,7 @@ class KeyedProcessSpec:
     retain_versions: int = 10
     batch_size: int = 10_000
     # incremental checkpoints: a key group's full state every this many versions
-    full_snapshot_interval: int = 20
+    full_snapshot_interval: int = 50
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)

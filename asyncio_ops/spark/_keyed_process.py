@@ -64,7 +64,7 @@ def keyed_process(
     uid: str | None = None,
     retain_versions: int = 10,
     batch_size: int | None = None,
-    full_snapshot_interval: int = 20,
+    full_snapshot_interval: int = 50,
 ) -> DataFrame:
     """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
 

@@ -556,11 +556,17 @@ class KeyedStateBackend(ABC):
         self._touched = set()
         return touched
 
-    def encoded_keys(self, keys: Iterable[Any]) -> dict[int, list[tuple[Any, bytes]]]:
-        """``{key_group: [(key, canonical bytes), ...]}`` of ``keys``, sorted by bytes."""
+    def encoded_keys(
+        self, keys: Iterable[Any], skip: Collection[int] = ()
+    ) -> dict[int, list[tuple[Any, bytes]]]:
+        """``{key_group: [(key, canonical bytes), ...]}`` of ``keys`` (but those of the key
+        groups in ``skip``), sorted by bytes."""
         out: dict[int, list[tuple[Any, bytes]]] = {}
+        group_of = self.key_group_of
         for key in keys:
-            out.setdefault(self.key_group_of(key), []).append((key, canonical_bytes(key)))
+            kg = group_of(key)
+            if kg not in skip:
+                out.setdefault(kg, []).append((key, canonical_bytes(key)))
         for pairs in out.values():
             pairs.sort(key=_second)
         return out

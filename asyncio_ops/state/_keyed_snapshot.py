@@ -83,14 +83,16 @@ def snapshot_changes(
     """``{key_group: (keys, blob)}``: the full blob (keys None) of every non-empty key
     group in ``full``, and a delta of every other key group with keys made current
     since the last call (see the module docstring)."""
-    touched = backend.encoded_keys(backend.take_touched())
+    touched = backend.take_touched()
+    if len(full) >= len(backend.key_group_range) and set(backend.key_group_range) <= set(full):
+        touched = set()  # every key group in full: no delta to write
     out: dict[int, Change] = {}
     if full:
         state = backend.snapshot(full)
         groups = timers.snapshot(full)
         for kg in sorted(state.keys() | groups.keys()):
             out[kg] = (None, seal(KEYED_OPERATOR, kg, (state.get(kg), groups.get(kg, []))))
-    delta = {kg: pairs for kg, pairs in touched.items() if kg not in full}
+    delta = backend.encoded_keys(touched, skip=full)
     if delta:
         state = backend.snapshot_keys(delta)
         groups = timers.snapshot_keys({kg: [k for k, _ in pairs] for kg, pairs in delta.items()})
