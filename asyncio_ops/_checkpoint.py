@@ -2,13 +2,14 @@
 
 Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://)::
 
-    <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: its key-group
-                                        files, element kind and input schema
+    <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: per key group
+                                        its chain of files, element kind, input schema
     <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (sealed blob): watermark
                                         state, and its in-flight elements (unkeyed)
-    <uid>/v<version>/kg-p<i>.ckpt       keyed state and timeout timers of partition i's
-                                        key groups' in-flight elements: a sealed blob per
-                                        key group, a row each (keyed mode)
+    <uid>/v<version>/kg-p<i>-<attempt>.ckpt
+                                        partition i's key groups that changed, a row each:
+                                        a full blob or a delta of some keys (keyed state
+                                        and timers; see asyncio_ops._runtime._checkpointing)
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)
