@@ -340,14 +340,23 @@ def read_previous(storage: CheckpointStorage, version: int) -> VersionFiles | No
     """The version a streaming micro-batch ``version + 1`` restores: ``version``'s files.
 
     None only when the operator has no version yet (its first micro-batch, or an
-    operator new to a running query). A ``version`` that holds no manifest while an
-    earlier one does (deleted, or written where this executor cannot see it) is a
-    CheckpointError naming both: restoring the earlier one, or nothing, would drop
-    the changes of the micro-batches after it without a word.
+    operator new to a running query). A ``version`` that holds files but no manifest
+    (a committed micro-batch wrote one per partition: it was deleted), or that holds
+    no manifest while an earlier one does (deleted, or written where this executor
+    cannot see it) is a CheckpointError naming it: restoring an earlier one, or
+    nothing, would drop the changes of the micro-batches after it without a word.
     """
     found = read_version(storage, version)
     if found is not None:
         return found
+    held = storage.list_files(version)
+    if held:  # files of a committed micro-batch, but no manifest: damaged, not "no state"
+        raise CheckpointError(
+            f"checkpoint version {version} of {storage.describe(storage.root)} holds files "
+            f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) but no manifest "
+            f"(subtask-*.ckpt) in {storage.path(version, '')}: it is damaged, and micro-batch "
+            f"{version + 1} cannot start from it"
+        )
     earlier = [v for v in storage.versions() if v < version]
     for older in sorted(earlier, reverse=True):
         if storage.list_files(older, "subtask-"):

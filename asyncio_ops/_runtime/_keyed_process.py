@@ -168,7 +168,7 @@ def run_keyed_process(
     finally:
         op.close()
         if held is not None:  # proven, but the task failed before taking it over
-            held.operator.backend.close()
+            _warm.discard(held)
         if not kept:
             backend.close()
 
@@ -248,7 +248,7 @@ def _proven(
             "is not the checkpoint's; reading it from the checkpoint",
             storage.uid, task.partition_id, held.version,
         )  # fmt: skip
-        held.operator.backend.close()
+        _warm.discard(held)
         return None
     return held
 

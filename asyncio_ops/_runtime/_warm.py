@@ -27,6 +27,7 @@ by default); a new worker starts cold.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -51,6 +52,7 @@ class Warm:
     chains: dict[int, Chain]
 
 
+log = logging.getLogger("asyncio_ops.runtime")
 _lock = threading.Lock()
 _cache: OrderedDict[tuple[Any, ...], Warm] = OrderedDict()
 
@@ -86,8 +88,17 @@ def put(key: tuple[Any, ...], warm: Warm) -> bool:
             evicted.append(_cache.popitem(last=False)[1])
     for entry in evicted:
         if entry.operator.backend is not warm.operator.backend:
-            entry.operator.backend.close()
+            discard(entry)
     return True
+
+
+def discard(entry: Warm) -> None:
+    """Close an entry's backend; a failure (its working directory deleted under it, say)
+    is logged, never raised: the copy is dropped either way, the checkpoint holds the state."""
+    try:
+        entry.operator.backend.close()
+    except Exception as exc:  # whatever the backend raises, the copy is gone
+        log.warning("closing a partition's warm state failed (dropped): %s", exc)
 
 
 def clear() -> None:
@@ -96,4 +107,4 @@ def clear() -> None:
         entries = list(_cache.values())
         _cache.clear()
     for entry in entries:
-        entry.operator.backend.close()
+        discard(entry)

@@ -631,14 +631,7 @@ def test_a_damaged_checkpoint_file_is_named_never_lost(
 @pytest.mark.parametrize(
     "restored",
     [
-        pytest.param(
-            0,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a gap of today's main: version 0 without its manifest (and no earlier "
-                "version) reads as 'no state yet', and micro-batch 1 starts empty without a word",
-            ),
-        ),
+        0,
         1,
     ],
 )
