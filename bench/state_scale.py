@@ -476,6 +476,7 @@ def main() -> None:
         flush=True,
     )
     results: list[Result] = []
+    failures: list[str] = []
     try:
         # warm-up, not reported: the JVM's code paths and the Python workers of each side
         (root / "warm-up").mkdir()
@@ -488,15 +489,21 @@ def main() -> None:
             if keys not in inputs:
                 inputs[keys] = write_input(root, keys, args.small, args.batches, args.seed)
             started = time.perf_counter()
-            r = run(spark, side, inputs[keys], root, args.batches, args.timeout)
+            try:
+                r = run(spark, side, inputs[keys], root, args.batches, args.timeout)
+            except (Exception, SystemExit) as exc:  # report it, keep the other rows
+                failures.append(f"{label(side)} at {keys:,} keys: {exc}")
+                print(f"  FAILED: {failures[-1]}", flush=True)
+                continue
+            finally:
+                for d in root.glob(f"{side}-{keys}-*"):  # free the disk for the next size
+                    shutil.rmtree(d, ignore_errors=True)
             results.append(r)
             print(
                 f"  {label(side)} at {keys:,} keys: {time.perf_counter() - started:,.1f} s, "
                 f"micro-batches (ms) {', '.join(f'{d:,.0f}' for d in r.durations)}",
                 flush=True,
             )
-            for d in root.glob(f"{side}-{keys}-*"):  # free the disk for the next size
-                shutil.rmtree(d, ignore_errors=True)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -515,6 +522,10 @@ def main() -> None:
         )
     for line in targets(results):
         print(line)
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    if failures:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
