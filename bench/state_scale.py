@@ -495,6 +495,9 @@ def main() -> None:
                 failures.append(f"{label(side)} at {keys:,} keys: {exc}")
                 print(f"  FAILED: {failures[-1]}", flush=True)
                 continue
+            except KeyboardInterrupt:  # Ctrl-C: print the rows done so far
+                failures.append(f"{label(side)} at {keys:,} keys: interrupted, later rows not run")
+                break
             finally:
                 for d in root.glob(f"{side}-{keys}-*"):  # free the disk for the next size
                     shutil.rmtree(d, ignore_errors=True)
