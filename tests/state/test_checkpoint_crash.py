@@ -49,6 +49,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -226,6 +227,11 @@ class Job:
     full: bool
     max_parallelism: int
     retain_versions: int
+    # a key group's full state every this many versions (else deltas), and the plan's
+    # token: fixed per example, so a later task in this process finds what an earlier
+    # one kept warm (a crashed child's copy dies with it)
+    full_snapshot_interval: int = 50
+    plan_token: str = "crash-test"
 
     def spec(self, fn: Sums, storage: CheckpointStorage, parts: int) -> KeyedProcessSpec:
         return KeyedProcessSpec(
@@ -233,6 +239,7 @@ class Job:
             event_time="ts" if self.full else None, watermark_interval=10**9,
             max_parallelism=self.max_parallelism, num_partitions=parts, checkpoint=storage,
             state_backend=self.backend, retain_versions=self.retain_versions, batch_size=3,
+            full_snapshot_interval=self.full_snapshot_interval, plan_token=self.plan_token,
         )  # fmt: skip
 
 
@@ -451,6 +458,7 @@ class Scenario:
     plans: list[Plan]  # per micro-batch, then the probe batch's
     max_parallelism: int
     retain_versions: int
+    full_snapshot_interval: int
 
 
 @st.composite
@@ -465,8 +473,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         next_id += len(pairs)
     plans = [draw(plans_st()) for _ in range(n + 1)]
     return Scenario(
-        events, plans, draw(st.sampled_from([4, 8, 128])), draw(st.sampled_from([2, 3, 10]))
-    )
+        events, plans, draw(st.sampled_from([4, 8, 128])), draw(st.sampled_from([2, 3, 10])),
+        draw(st.sampled_from([1, 2, 50])),
+    )  # fmt: skip
 
 
 # -- the property -----------------------------------------------------------------------------
@@ -516,7 +525,8 @@ def test_committed_output_and_state_survive_crashed_attempts(
 ) -> None:
     location = tmp_path_factory.mktemp("ckpt")
     tmp = Path(tempfile.mkdtemp(prefix="children-", dir=scratch))
-    job = Job(str(location), backend, full, scenario.max_parallelism, scenario.retain_versions)
+    job = Job(str(location), backend, full, scenario.max_parallelism, scenario.retain_versions,
+              scenario.full_snapshot_interval, f"crash-{uuid.uuid4().hex}")  # fmt: skip
     model = Model.empty()
     keys = sorted({e.key for batch in scenario.events for e in batch})
     inputs = [input_rows(events, b) for b, events in enumerate(scenario.events)]
