@@ -53,7 +53,8 @@ of the emitted counts equals sum(c * (c + 1) / 2) over the keys' event counts c
 (every count continued from the state of earlier micro-batches).
 
 Then the targets, PASS/MISS: (1) per ``keyed_process`` backend, the small
-micro-batch at the largest size within 1.3x of the one at the smallest size;
+micro-batch at 1,000,000 keys (or the largest size up to it) within 1.3x of the one
+at the smallest size, and the same ratio for a larger size (``--big``);
 (2) at every size, ``keyed_process``'s small micro-batch no slower than
 ``tws``'s and its bulk micro-batch at least 5x faster; (3) per ``keyed_process``
 row, the state directory at most 2x one full copy.
@@ -370,6 +371,9 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+TARGET_KEYS = 1_000_000
+
+
 def label(side: str) -> str:
     return "transformWithState" if side == "tws" else f"keyed_process {side}"
 
@@ -386,13 +390,17 @@ def targets(results: list[Result]) -> list[str]:
         if len(rows) < 2:
             out.append(f"(1) {label(side)}: n/a (needs two sizes)")
             continue
-        lo, hi = rows[0], rows[-1]
-        x = hi.small_ms / lo.small_ms
-        out.append(
-            f"(1) {label(side)}: small micro-batch at {hi.keys:,} keys {hi.small_ms:,.0f} ms "
-            f"vs {lo.small_ms:,.0f} ms at {lo.keys:,}: {x:.2f}x (target <= 1.3x) "
-            f"{verdict(x <= 1.3)}"
-        )
+        lo = rows[0]
+        # the target is set at 1,000,000 keys (or the largest size below it); a larger
+        # size (--big) is reported beside it, with the same bound
+        capped = [r for r in rows[1:] if r.keys <= TARGET_KEYS]
+        for hi in (capped[-1:] if capped else []) + [r for r in rows[1:] if r.keys > TARGET_KEYS]:
+            x = hi.small_ms / lo.small_ms
+            out.append(
+                f"(1) {label(side)}: small micro-batch at {hi.keys:,} keys {hi.small_ms:,.0f} ms "
+                f"vs {lo.small_ms:,.0f} ms at {lo.keys:,}: {x:.2f}x (target <= 1.3x) "
+                f"{verdict(x <= 1.3)}"
+            )
     for side in ("heap", "rocksdb"):
         pairs = [
             (r, by[("tws", r.keys)]) for r in results if r.side == side and ("tws", r.keys) in by
