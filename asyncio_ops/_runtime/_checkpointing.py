@@ -40,12 +40,13 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
 Incremental checkpoints (keyed_process): a version writes, per key group,
 the keys its micro-batch made current (a delta) and, once every
 ``full_snapshot_interval`` versions per key group (staggered: key group
-``kg`` at the versions where ``(version + kg) % interval == 0``, and when it
-has no chain yet), its full state instead, so a micro-batch writes what it
-touched plus ``1/interval`` of the state, and a chain holds at most
-``interval`` files. Retention (partition 0, after its write) keeps the newest
-``retain_versions`` versions and every older version directory their chains
-name.
+``kg`` at the versions where ``(version + kg) % interval == 0``), when it has
+no chain yet, or when its chain's deltas hold as many bytes as its full blob,
+its full state instead, so a micro-batch writes what it touched plus
+``1/interval`` of the state, a chain holds at most ``interval`` files, and
+reading one costs at most about twice its full blob. Retention (partition 0,
+after its write) keeps the newest ``retain_versions`` versions and every older
+version directory their chains name.
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
 """
 
@@ -110,11 +111,15 @@ _MANIFEST_SCHEMA: Final = pa.schema(
         pa.field(_KEY_GROUP, pa.int32(), nullable=False),
         pa.field("versions", pa.list_(pa.field("item", pa.int64(), nullable=False))),
         pa.field("files", pa.list_(pa.field("item", pa.string(), nullable=False))),
+        # the bytes of the key group's blob in each file (what the chain costs to read)
+        pa.field("sizes", pa.list_(pa.field("item", pa.int64(), nullable=False))),
     ]
 )
 
-Chain = tuple[tuple[int, str], ...]
-"""A key group's chain: ``(version, file)`` of its last full blob, then of its deltas."""
+Chain = tuple[tuple[int, str, int], ...]
+"""A key group's chain: ``(version, file, bytes)`` of its last full blob, then of its
+deltas (bytes: the key group's blob in that file; 0 where a manifest of an earlier
+release does not say)."""
 Change = tuple[list[bytes] | None, bytes]
 """One key group's item in a file: (None, full blob) or (keys, delta blob)."""
 _OPERATOR: Final = b"aops.operator"
@@ -252,17 +257,25 @@ class VersionFiles:
             if "file" in manifest.column_names:  # earlier releases: one full file each
                 assert isinstance(self.version, int)
                 version = self.version
-                chains: list[Chain] = [((version, f),) for f in _column(manifest, "file", path)]
+                chains: list[Chain] = [
+                    ((version, f, 0),) for f in _column(manifest, "file", path)
+                ]
             else:
                 versions = _column(manifest, "versions", path)
                 files = _column(manifest, "files", path)
+                sizes = (
+                    _column(manifest, "sizes", path)
+                    if "sizes" in manifest.column_names
+                    else [None] * len(groups)
+                )
                 chains = []
-                for kg, vs, fs in zip(groups, versions, files, strict=True):
-                    if not vs or not fs or len(vs) != len(fs):
+                for kg, vs, fs, ss in zip(groups, versions, files, sizes, strict=True):
+                    ss = ss if ss is not None else [0] * len(vs or ())
+                    if not vs or not fs or len(vs) != len(fs) or len(ss) != len(vs):
                         raise CheckpointError(
                             f"checkpoint file {path}: key group {kg} has no chain"
                         )
-                    chains.append(tuple(zip(vs, fs, strict=True)))
+                    chains.append(tuple(zip(vs, fs, ss, strict=True)))
             for kg, chain in zip(groups, chains, strict=True):
                 if kg in key_groups:
                     out[kg] = chain
@@ -298,7 +311,7 @@ class ChainReader:
         """``(path, keys, blob)`` of each item of ``kg``'s ``chain`` (or of a part of it);
         CheckpointError naming the file for one that is missing, damaged or lacks ``kg``."""
         out: list[tuple[str, list[bytes] | None, bytes]] = []
-        for version, file in chain:
+        for version, file, _ in chain:
             where = self.storage.path(version, file)
             cached = self._files.get((version, file))
             if cached is None:
@@ -397,11 +410,12 @@ def write_version(
         name = f"kg-p{partition:05d}-{writer}.ckpt"
         groups = sorted(changes)
         for kg in groups:
-            keys = changes[kg][0]
+            keys, blob = changes[kg]
+            size = len(blob) + sum(len(k) for k in keys or ())
             if keys is None:
-                new[kg] = ((version, name),)
+                new[kg] = ((version, name, size),)
             elif kg in new:
-                new[kg] = new[kg] + ((version, name),)
+                new[kg] = new[kg] + ((version, name, size),)
             else:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
         table = pa.Table.from_arrays(
@@ -418,8 +432,9 @@ def write_version(
     manifest = pa.Table.from_arrays(
         [
             pa.array(kgs, pa.int32()),
-            pa.array([[v for v, _ in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(1).type),
-            pa.array([[f for _, f in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(2).type),
+            pa.array([[c[0] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(1).type),
+            pa.array([[c[1] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(2).type),
+            pa.array([[c[2] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(3).type),
         ],
         schema=_MANIFEST_SCHEMA,
     ).replace_schema_metadata(

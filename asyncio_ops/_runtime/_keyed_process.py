@@ -326,6 +326,7 @@ def _snapshot(
     full = {
         kg for kg in op.backend.key_group_range
         if kg not in chains or len(chains[kg]) >= interval or (version + kg) % interval == 0
+        or sum(c[2] for c in chains[kg][1:]) >= chains[kg][0][2] > 0
     }  # fmt: skip
     changes = op.snapshot_changes(full)
     p = task.num_partitions or 1

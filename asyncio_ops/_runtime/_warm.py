@@ -39,7 +39,7 @@ from ..state import KeyedProcessOperator
 WARM_PARTITIONS_ENV: Final = "ASYNCIO_OPS_WARM_PARTITIONS"
 _DEFAULT_LIMIT: Final = 4
 
-Chain = tuple[tuple[int, str], ...]
+Chain = tuple[tuple[int, str, int], ...]
 
 
 @dataclass

@@ -245,8 +245,8 @@ def test_a_chain_is_a_full_blob_then_deltas_and_retention_keeps_what_chains_name
                            writer="b")  # fmt: skip
     chains = write_version(s, 2, 0, 1, True, {2: (None, b"g2")}, b"o", {}, chains=chains,
                            writer="c")  # fmt: skip
-    assert chains == {1: ((0, "kg-p00000-a.ckpt"), (1, "kg-p00000-b.ckpt")),
-                      2: ((2, "kg-p00000-c.ckpt"),)}  # fmt: skip
+    assert chains == {1: ((0, "kg-p00000-a.ckpt", 2), (1, "kg-p00000-b.ckpt", 3)),
+                      2: ((2, "kg-p00000-c.ckpt", 2),)}  # fmt: skip
     found = read_version(s, 2)
     assert found is not None
     read = found.chains(KeyGroupRange(0, 3), 128)
@@ -259,7 +259,7 @@ def test_a_chain_is_a_full_blob_then_deltas_and_retention_keeps_what_chains_name
     prune_versions(s, 3, 2)  # retains 2 and 3; 2's chains name version 0 too
     assert s.versions() == [0, 1, 2, 3]
     write_version(s, 4, 0, 1, True, {1: (None, b"h1")}, b"o", {}, chains=chains)
-    write_version(s, 5, 0, 1, True, {}, b"o", {}, chains={1: ((4, "x"),), 2: chains[2]})
+    write_version(s, 5, 0, 1, True, {}, b"o", {}, chains={1: ((4, "x", 1),), 2: chains[2]})
     prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
     assert s.versions() == [2, 3, 4, 5]
 

@@ -64,7 +64,7 @@ from hypothesis import strategies as st
 from asyncio_ops._checkpoint import CheckpointStorage, Version
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
-from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_process import run_keyed_process
 from asyncio_ops._runtime._spec import STATE_BACKENDS
 from asyncio_ops.state import (
@@ -502,6 +502,7 @@ def scratch(
     directory = Path(tempfile.mkdtemp(prefix="aops-crash-", dir=base))
     monkeypatch.setattr(tempfile, "tempdir", str(directory))
     yield directory
+    _warm.clear()  # what the test's tasks kept warm lives in this directory
     shutil.rmtree(directory, ignore_errors=True)
 
 
