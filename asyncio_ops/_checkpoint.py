@@ -171,6 +171,15 @@ def shown_location(location: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
 
 
+def _one_request_writes(location: str) -> str:
+    """``location``, for S3, with ``allow_delayed_open=true`` unless it says otherwise: a
+    small file is then one PUT, not a multipart upload's three requests (the open is
+    checked at close, where :meth:`CheckpointStorage.write` raises naming the file)."""
+    if not location.startswith("s3://") or "allow_delayed_open=" in location:
+        return location
+    return f"{location}{'&' if '?' in location else '?'}allow_delayed_open=true"
+
+
 def check_run_id(run_id: str) -> str:
     """A batch run id is one path segment of letters, digits, ``_``, ``.`` and ``-``."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in (".", ".."):
@@ -185,7 +194,7 @@ class CheckpointStorage:
         self.location = location
         self.uid = uid
         try:
-            fs, root = pafs.FileSystem.from_uri(location)
+            fs, root = pafs.FileSystem.from_uri(_one_request_writes(location))
         except (pa.ArrowInvalid, ValueError):
             fs, root = pafs.LocalFileSystem(), location
         self.fs: pafs.FileSystem = fs

@@ -73,14 +73,26 @@ def test_a_checkpoint_file_on_s3_is_one_upload_under_its_final_name(s3_server: S
     storage = CheckpointStorage(s3_server("uploads"), "op")
     s3_server.requests.clear()
     storage.write(3, "kg-p00000.ckpt", pa.table({"x": list(range(1000))}))
-    # one multipart upload (create, part, complete) of the final key: no temporary
+    # one PUT of the final key: no multipart upload's three requests, no temporary
     # name, no copy, no delete, no directory marker
-    assert len(s3_server.requests) == 3, s3_server.requests
+    assert len(s3_server.requests) == 1, s3_server.requests
+    assert s3_server.requests[0].startswith("PUT "), s3_server.requests
     assert all("/aops-tests/uploads/op/v0000000003/kg-p00000.ckpt" in r
                for r in s3_server.requests), s3_server.requests  # fmt: skip
     assert storage.read(3, "kg-p00000.ckpt").column("x").to_pylist() == list(range(1000))
     assert storage.list_files(3) == ["kg-p00000.ckpt"]
     assert storage.versions() == [3]
+
+
+def test_a_write_into_a_missing_bucket_is_an_error_naming_the_file(s3_server: S3Server) -> None:
+    """Writes open at close on S3 (one PUT): a bucket that is gone still fails the write,
+    naming the file."""
+    from asyncio_ops import CheckpointError
+
+    location = s3_server("x").replace("@aops-tests/", "@no-such-bucket/")
+    storage = CheckpointStorage(location, "op")
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint file .*kg-p00000\.ckpt"):
+        storage.write(1, "kg-p00000.ckpt", pa.table({"x": [1]}))
 
 
 def test_credentials_in_a_location_never_reach_a_message(s3_server: S3Server) -> None:
