@@ -27,8 +27,12 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
   delta: the canonical bytes of the keys it replaces whole and their state
   and timers (``asyncio_ops.state._keyed_snapshot``). The token is the
   attempt's, so two attempts never write one name.
-- ``ops-<i>`` (streaming): partition i's sealed operator-state blob: the
-  watermark state (union) and, unkeyed, its in-flight elements (even split).
+- ``ops-<i>`` (streaming, the async operator): partition i's sealed
+  operator-state blob: the watermark state (union) and, unkeyed, its in-flight
+  elements (even split). ``keyed_process`` writes its watermark state into
+  its manifest instead (``aops.watermark``: one file and, for every
+  partition, one read per old partition less; its ``ops-<i>`` files of
+  earlier releases still read).
 - ``subtask-<i>`` (streaming): the manifest, written last: per key group of
   partition i its chain, the files (with their versions) that rebuild it:
   its last full blob and the deltas after it, in order; the number of
@@ -391,7 +395,7 @@ def write_version(
     num_partitions: int,
     keyed: bool,
     changes: dict[int, Change],
-    operator_blob: bytes,
+    operator_blob: bytes | None,
     meta: dict[bytes, bytes],
     operator: bytes = b"",
     chains: dict[int, Chain] | None = None,
@@ -399,7 +403,8 @@ def write_version(
 ) -> dict[int, Chain]:
     """Write one partition's key-group file (a row per key group in ``changes``: full
     blobs, and deltas over the key group's chain in ``chains``, the previous version's),
-    its operator state, then its manifest (every key group's chain); returns the chains.
+    its operator state (if any: ``keyed_process`` keeps its watermark in the manifest's
+    ``meta``), then its manifest (every key group's chain); returns the chains.
 
     A key group in ``chains`` but not in ``changes`` keeps its chain; a full blob starts
     a new one. ``writer``: the attempt's token, in the file's name and the manifest.
@@ -427,7 +432,8 @@ def write_version(
             schema=_CHANGES_SCHEMA,
         )
         storage.write(version, name, table)
-    storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
+    if operator_blob is not None:  # keyed_process: its watermark is in the manifest
+        storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
     kgs = sorted(new)
     manifest = pa.Table.from_arrays(
         [

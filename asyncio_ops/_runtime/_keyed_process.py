@@ -74,12 +74,12 @@ from ._inflight import (
     WatermarkState,
     make_backend,
     restore_operator_state,
-    snapshot_operator_state,
 )
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
 
 OPERATOR: bytes = b"keyed_process"
+_WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -287,11 +287,28 @@ def _sync(
 
 
 def _watermarks(spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles) -> WatermarkState:
+    """The highest watermark state of the old partitions (union): from their manifests,
+    or, for versions of earlier releases, their ``ops-<i>`` files."""
     assert spec.checkpoint is not None
-    where = spec.checkpoint.path(previous.version, "")
-    p = task.num_partitions or 1
-    state, _ = restore_operator_state(task.partition_id, p, previous.operator_blobs(), where)
-    return state
+    marks: list[WatermarkState] = []
+    for manifest, path in zip(previous.manifests, previous.paths, strict=True):
+        raw = (manifest.schema.metadata or {}).get(_WATERMARK)
+        if raw is None:
+            where = spec.checkpoint.path(previous.version, "")
+            p = task.num_partitions or 1
+            state, _ = restore_operator_state(
+                task.partition_id, p, previous.operator_blobs(), where
+            )
+            return state
+        try:
+            max_seen, current = (float(x) for x in raw.decode().split(","))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
+        marks.append(WatermarkState(max_seen, current))
+    return WatermarkState(
+        max((m.max_seen for m in marks), default=-math.inf),
+        max((m.current for m in marks), default=-math.inf),
+    )
 
 
 def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:
@@ -330,12 +347,12 @@ def _snapshot(
     }  # fmt: skip
     changes = op.snapshot_changes(full)
     p = task.num_partitions or 1
-    op_blob = snapshot_operator_state(task.partition_id, p, watermarks)
     writer = uuid.uuid4().hex[:12]
     kept = {kg: chain for kg, chain in chains.items() if kg not in full}
+    mark = f"{watermarks.max_seen!r},{watermarks.current!r}".encode()
     written = write_version(
-        spec.checkpoint, version, task.partition_id, p, True, changes, op_blob, {},
-        operator=OPERATOR, chains=kept, writer=writer,
+        spec.checkpoint, version, task.partition_id, p, True, changes, None,
+        {_WATERMARK: mark}, operator=OPERATOR, chains=kept, writer=writer,
     )  # fmt: skip
     if task.partition_id == 0:
         prune_versions(spec.checkpoint, version, spec.retain_versions)

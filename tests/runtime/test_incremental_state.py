@@ -256,3 +256,43 @@ def test_a_worker_catches_up_from_an_older_version_with_the_deltas_since(
             assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
     finally:
         workers.close()
+
+
+class Late(KeyedProcessFunction[int, Row, Row]):
+    """Emits the watermark the micro-batch starts with (event time ``ts``)."""
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        out.collect({"k": value["k"], "wm": ctx.timer_service().current_watermark()})
+
+
+def test_the_watermark_travels_in_the_manifest_and_an_earlier_release_ops_file_still_reads(
+    tmp_path: Path,
+) -> None:
+    from asyncio_ops._runtime._inflight import WatermarkState, snapshot_operator_state
+
+    storage = CheckpointStorage(str(tmp_path), "late")
+    spec = KeyedProcessSpec(
+        function=Late(), key_columns=("k",), output_schema=pa.schema([("k", pa.int64()),
+        ("wm", pa.float64())]), max_parallelism=MAXP, checkpoint=storage, event_time="ts",
+    )  # fmt: skip
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.float64()), (KEY_GROUP_COLUMN, pa.int32())])
+
+    def run(batch_id: int, ts: float) -> float:
+        rows = [{"k": 1, "ts": ts, KEY_GROUP_COLUMN: assign_to_key_group(1, MAXP)}]
+        batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+        task = TaskInfo(partition_id=0, num_partitions=1, batch_id=batch_id)
+        (out,) = [r for b in run_keyed_process(spec, [batch], task) for r in b.to_pylist()]
+        return float(out["wm"])
+
+    run(0, 100.0)
+    assert storage.list_files(0, "ops-") == []  # one file less per version
+    assert run(1, 200.0) == 100.0  # the watermark of micro-batch 0's end
+    # version 1 as an earlier release wrote it: the watermark in ops-00000, not the manifest
+    manifest = storage.read(1, "subtask-00000.ckpt")
+    meta = dict(manifest.schema.metadata or {})
+    del meta[b"aops.watermark"]
+    storage.write(1, "subtask-00000.ckpt", manifest.replace_schema_metadata(meta))
+    blob = snapshot_operator_state(0, 1, WatermarkState(200.0, 150.0))
+    storage.write(1, "ops-00000.ckpt", pa.table({"blob": pa.array([blob], pa.binary())}))
+    _warm.clear()
+    assert run(2, 300.0) == 150.0
