@@ -9,7 +9,7 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
     <uid>/v<version>/kg-p<i>-<attempt>.ckpt
                                         partition i's key groups that changed, a row each:
                                         a full blob or a delta of some keys (keyed state
-                                        and timers; see asyncio_ops._runtime._checkpointing)
+                                        and timers; see asyncio_ops._runtime._versions)
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)

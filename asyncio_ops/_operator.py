@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import logging
 import random
 import time
@@ -85,13 +84,7 @@ from ._functions import (
     maybe_await,
 )
 from ._limit import DEFAULT_MAX_CAPACITY, AdaptiveLimit, SignalsOverload
-from ._queues import (
-    ElementQueue,
-    OrderedElementQueue,
-    ResultHandle,
-    UnorderedElementQueue,
-    WatermarkBoundedElementQueue,
-)
+from ._queues import OutputMode, ResultHandle, make_queue
 from ._results import bad_results, bad_timeout_results, describe_record, element_failure
 from ._retry import AsyncRetryStrategy
 from ._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
@@ -107,32 +100,6 @@ log = logging.getLogger("asyncio_ops.operator")
 
 OutputFn = Callable[[StreamElement], object]
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
-
-
-class OutputMode(enum.Enum):
-    """Order in which results leave the operator."""
-
-    ORDERED = "ordered"
-    """Input order, watermarks included (Flink's orderedWait)."""
-    UNORDERED = "unordered"
-    """Completion order; processing time only, watermarks are an error."""
-    WATERMARK_BOUNDED = "watermark_bounded"
-    """Completion order between watermarks; nothing crosses a watermark."""
-
-
-def make_queue(
-    mode: OutputMode,
-    capacity: int,
-    key_ordered: bool = False,
-    handle_type: type[ResultHandle] = ResultHandle,
-) -> ElementQueue:
-    if mode is OutputMode.ORDERED:
-        return OrderedElementQueue(capacity, handle_type)
-    if mode is OutputMode.UNORDERED:
-        return UnorderedElementQueue(capacity, key_ordered, handle_type)
-    if mode is OutputMode.WATERMARK_BOUNDED:
-        return WatermarkBoundedElementQueue(capacity, key_ordered, handle_type)
-    raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")
 
 
 class _Entry(ResultHandle):

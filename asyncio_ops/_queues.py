@@ -25,6 +25,7 @@ One contract for three kinds (Flink's StreamElementQueue):
 
 Kinds:
 
+- :class:`OutputMode` names the three, and :func:`make_queue` builds one.
 - :class:`OrderedElementQueue`: FIFO; only the head leaves, and only once done.
   Watermarks are done on arrival and leave when they reach the head.
 - :class:`UnorderedElementQueue`: processing time; records leave in completion
@@ -42,12 +43,13 @@ locks.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ._elements import Record, StreamElement, Watermark
-from ._exceptions import WatermarkNotSupportedError
+from ._exceptions import ConfigurationError, WatermarkNotSupportedError
 from .options import positive_int
 
 _EMPTY: tuple[()] = ()
@@ -366,3 +368,29 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
             "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
             "OutputMode.ORDERED"
         )
+
+
+class OutputMode(enum.Enum):
+    """Order in which results leave the operator."""
+
+    ORDERED = "ordered"
+    """Input order, watermarks included (Flink's orderedWait)."""
+    UNORDERED = "unordered"
+    """Completion order; processing time only, watermarks are an error."""
+    WATERMARK_BOUNDED = "watermark_bounded"
+    """Completion order between watermarks; nothing crosses a watermark."""
+
+
+def make_queue(
+    mode: OutputMode,
+    capacity: int,
+    key_ordered: bool = False,
+    handle_type: type[ResultHandle] = ResultHandle,
+) -> ElementQueue:
+    if mode is OutputMode.ORDERED:
+        return OrderedElementQueue(capacity, handle_type)
+    if mode is OutputMode.UNORDERED:
+        return UnorderedElementQueue(capacity, key_ordered, handle_type)
+    if mode is OutputMode.WATERMARK_BOUNDED:
+        return WatermarkBoundedElementQueue(capacity, key_ordered, handle_type)
+    raise ConfigurationError(f"mode must be an OutputMode, got {mode!r}")

@@ -10,8 +10,11 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_adapters``: the user's function as the operator sees it (rows, chunks, Arrow);
 - ``_feed``: rows into operator elements, event time and watermarks, replay;
 - ``_sink``: output rows and batches into Arrow batches of the output schema;
-- ``_checkpointing``: what a partition writes and restores (typed Arrow);
+- ``_versions``: one streaming version's files (key-group chains, manifests) and retention;
+- ``_replay_log``: the lookups a task attempt completed, for its retry;
+- ``_checkpointing``: what a partition of the async operator writes and restores;
 - ``_inflight``: what a micro-batch carries over, as keyed and operator state;
+- ``_warm``: the keyed state a worker keeps between micro-batches;
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`;
 - ``_keyed_process``: a ``KeyedProcessFunction`` over a partition (``keyed_process``).

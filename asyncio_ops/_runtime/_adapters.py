@@ -43,7 +43,7 @@ from ._coerce import coerced_array, decimals_as_floats, has_fraction, spark_type
 from ._spec import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 
 if TYPE_CHECKING:
-    from ._checkpointing import ReplayLog
+    from ._replay_log import ReplayLog
 
 
 class RowValue:

@@ -20,7 +20,7 @@ snapshot (streaming) → ``fn.close``.
   processing-time timers due and writes version ``N``: per key group the keys
   this micro-batch made current (a delta), or the key group's full state when
   its turn comes (every ``full_snapshot_interval`` versions, staggered by key
-  group; see ``_checkpointing``). A re-run batch is idempotent; the number of
+  group; see ``_versions``). A re-run batch is idempotent; the number of
   partitions may change between runs (state and timers follow their key
   groups). A worker that committed this partition before keeps it warm
   (``_warm``): it reads only the deltas written since, or nothing.
@@ -60,15 +60,6 @@ from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_ind
 from ..state import KeyedProcessOperator, KeyedStateBackend
 from . import _warm
 from ._adapters import describe_row
-from ._checkpointing import (
-    Chain,
-    ChainReader,
-    VersionFiles,
-    prune_versions,
-    read_previous,
-    write_version,
-    writer_of,
-)
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import (
     WatermarkState,
@@ -77,6 +68,15 @@ from ._inflight import (
 )
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+from ._versions import (
+    Chain,
+    ChainReader,
+    VersionFiles,
+    prune_versions,
+    read_previous,
+    write_version,
+    writer_of,
+)
 
 OPERATOR: bytes = b"keyed_process"
 _WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest

@@ -17,7 +17,7 @@ import pyarrow as pa
 from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
 from .._limit import DEFAULT_MAX_CAPACITY
-from .._operator import OutputMode
+from .._queues import OutputMode
 from .._retry import AsyncRetryStrategy
 from ..state import KeyedProcessFunction
 

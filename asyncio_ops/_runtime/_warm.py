@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..state import KeyedProcessOperator
+from ._versions import Chain
 
 WARM_PARTITIONS_ENV: Final = "ASYNCIO_OPS_WARM_PARTITIONS"
 _DEFAULT_LIMIT: Final = 4
-
-Chain = tuple[tuple[int, str, int], ...]
 
 
 @dataclass

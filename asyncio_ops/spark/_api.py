@@ -47,7 +47,7 @@ from .._functions import (
 )
 from .._keygroups import check_parallelism
 from .._limit import DEFAULT_MAX_CAPACITY
-from .._operator import OutputMode
+from .._queues import OutputMode
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
     DEFAULT_FLUSH_INTERVAL,

@@ -163,7 +163,7 @@ def test_listing_a_directory_another_task_creates_or_deletes_meanwhile(
 
 
 def test_a_valid_frame_of_the_wrong_shape_names_the_file() -> None:
-    from asyncio_ops._runtime._checkpointing import _blob, _column
+    from asyncio_ops._runtime._versions import _blob, _column
 
     manifest = pa.table({"key_group": [1, 2]})  # a keyed manifest without its "file" column
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/subtask-00000 lacks .*'file'"):
@@ -200,7 +200,7 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_r
     earlier releases still read; a key group the manifest names but the file lacks is an
     error naming the file."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._checkpointing import _blob_table, read_version, write_version
+    from asyncio_ops._runtime._versions import _blob_table, read_version, write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
     write_version(s, 4, 0, 2, True, {3: (None, b"three"), 70: (None, b"seventy")}, b"ops0", {},
@@ -231,7 +231,7 @@ def test_a_chain_is_a_full_blob_then_deltas_and_retention_keeps_what_chains_name
     group keeps it; pruning keeps every version the oldest retained version's chains
     name, and deletes the rest."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._checkpointing import (
+    from asyncio_ops._runtime._versions import (
         ChainReader,
         prune_versions,
         read_version,

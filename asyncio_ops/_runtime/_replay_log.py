@@ -1,0 +1,111 @@
+"""The replay log: the lookups one task attempt completed, flushed by count and by time.
+
+``results-p<i>-<token>-<seq>`` files of a version or run directory: row
+position, row fingerprint and the function's results typed by the output
+columns. Written every ``flush_rows`` lookups or ``flush_interval`` seconds,
+so a retried attempt re-requests at most the elements in flight plus the
+lookups of one unflushed stretch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from .._checkpoint import CheckpointStorage, Version
+from .._exceptions import OutputSchemaError
+from ._coerce import coerced_array
+
+
+def _explain(values: list[Any], type_: pa.DataType, what: str, exc: Exception) -> OutputSchemaError:
+    """Name the first value that ``type_`` cannot hold."""
+    for i, value in enumerate(values):
+        try:
+            pa.array([value], type=type_)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return OutputSchemaError(f"{what} {i} cannot be written as {type_}: {value!r:.300}")
+    return OutputSchemaError(f"{what} cannot be written as {type_}: {exc}")
+
+
+def _array(values: list[Any], type_: pa.DataType, what: str) -> pa.Array:
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        array = coerced_array(values, type_)  # as the output does (see _coerce)
+        if array is None:
+            raise _explain(values, type_, what, exc) from exc
+        return array
+
+
+
+class ReplayLog:
+    """Completed lookups of one task attempt, flushed by count and by time (module docstring)."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        version: Version,
+        partition: int,
+        results_type: pa.DataType,
+        flush_rows: int,
+        flush_interval: float,
+    ) -> None:
+        self.storage = storage
+        self.version = version
+        self.partition = partition
+        self.results_type = results_type
+        self.flush_rows = flush_rows
+        self.flush_interval = flush_interval
+        self.token = uuid.uuid4().hex[:12]
+        self.segment = 0
+        self.flushes = 0
+        self._positions: list[int] = []
+        self._fingerprints: list[bytes] = []
+        self._results: list[Any] = []
+        self._last = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def append(self, position: int, fp: bytes, results: Any) -> None:
+        """Log one completion: Python values of ``results_type``, or an Arrow batch of rows."""
+        self._positions.append(position)
+        self._fingerprints.append(fp)
+        self._results.append(results.to_struct_array() if isinstance(results, pa.RecordBatch)
+                             else results)  # fmt: skip
+        if len(self._positions) >= self.flush_rows or (
+            time.monotonic() - self._last >= self.flush_interval
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered as one segment file (nothing if empty)."""
+        self._last = time.monotonic()
+        if not self._positions:
+            return
+        table = pa.table(
+            {
+                "position": pa.array(self._positions, pa.int64()),
+                "fingerprint": pa.array(self._fingerprints, pa.binary()),
+                "results": self._results_array(),
+            }
+        )
+        name = f"results-p{self.partition:05d}-{self.token}-{self.segment:06d}.ckpt"
+        self.segment += 1
+        self.flushes += 1
+        self.storage.write(self.version, name, table)
+        self._positions, self._fingerprints, self._results = [], [], []
+
+    def _results_array(self) -> pa.Array:
+        results = self._results
+        if results and isinstance(results[0], pa.StructArray):  # columnar chunks: no Python
+            offsets = [0]
+            for r in results:
+                offsets.append(offsets[-1] + len(r))
+            values = pa.concat_arrays(results)
+            array = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+            return array.cast(self.results_type)
+        return _array(results, self.results_type, "logged result of element")
