@@ -480,12 +480,12 @@ def test_a_small_keyed_micro_batch_on_warm_workers_makes_a_bounded_number_of_s3_
     # Measured 15 requests (pyarrow 26, moto): per partition, 1 LIST of version N - 1,
     # the manifests of both partitions of N - 1 (HEAD + GET each: 4), 1 PUT of its
     # key-group file and 1 of its manifest (allow_delayed_open): 7; and 1 LIST of the
-    # operator's versions (retention, partition 0) per micro-batch. Measured per
-    # partition. (Once a query has more than retain_versions versions, partition 0 also
-    # reads the oldest retained version's manifests and deletes what no chain names:
-    # not measured here. A partition on another worker than the micro-batch before
-    # reads its key groups' chains: 19 to 23 requests here.) Bound: 18, room for a
-    # client retry or two; what proves the state was warm is the assertion after it.
+    # operator's versions (retention, partition 0) per micro-batch. (Once a query has
+    # more than retain_versions versions, partition 0 also reads the oldest retained
+    # version's manifests and deletes what no chain names: not measured here. A
+    # partition on another worker than the micro-batch before reads its key groups'
+    # chains: 19 to 23 requests here.) Bound: 18, room for a client retry or two; what
+    # proves the state was warm is the assertion after it.
     assert len(warm) <= 18, warm
     assert all("warm/counts/" in r for r in warm), warm  # nothing but this operator's
     assert not [r for r in warm if "/kg-" in r and not r.startswith("PUT ")], warm
