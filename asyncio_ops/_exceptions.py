@@ -117,3 +117,19 @@ class UnsupportedKeyError(StateError, TypeError):
 
 class CorruptStateError(StateError, ValueError):
     """A snapshot blob or checkpoint file failed verification (names which)."""
+
+
+def _public(module: str, namespace: dict[str, Any]) -> None:
+    """Name every exception class of ``namespace`` after ``module``, where users import it
+    from: tracebacks, Spark's task errors and pickles then say ``asyncio_ops.X``, never the
+    private module that defines it (the class must be importable from ``module``)."""
+    for value in list(namespace.values()):
+        if (
+            isinstance(value, type)
+            and issubclass(value, BaseException)
+            and value.__module__ == namespace["__name__"]
+        ):
+            value.__module__ = module
+
+
+_public("asyncio_ops", globals())

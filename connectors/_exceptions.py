@@ -156,3 +156,9 @@ def is_retryable(exc: BaseException | None) -> bool:
     Made for ``AsyncRetryStrategy(..., exception_predicate=is_retryable)``.
     """
     return isinstance(exc, ConnectorError) and bool(exc.retryable)
+
+
+# Tracebacks, Spark's task errors and pickles name the module users import these from.
+for _name in __all__:
+    if isinstance(globals()[_name], type):
+        globals()[_name].__module__ = "asyncio_ops.connectors"

@@ -69,3 +69,36 @@ def test_a_message_is_clipped_to_its_beginning_and_end() -> None:
     cut = int(message.split("[", 1)[1].split(" ", 1)[0])
     assert len(message) - len(f" ... [{cut} characters cut] ... ") + cut == 10_000_010
     assert str(asyncio_ops.ConfigurationError("short")) == "short"
+
+
+def test_every_exception_goes_by_its_public_name() -> None:
+    """Tracebacks, Spark's task errors and pickles name ``asyncio_ops.X`` (and
+    ``asyncio_ops.connectors.X``), where users import them from, not the private module
+    that defines them; a pickled error comes back as the same class."""
+    import importlib
+    import pickle
+    import traceback
+
+    from asyncio_ops.connectors import _exceptions as connector_exceptions
+
+    from asyncio_ops import connectors
+
+    for module, private in ((asyncio_ops, _exceptions), (connectors, connector_exceptions)):
+        for name, cls in vars(private).items():
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                continue
+            if cls is asyncio_ops.AsyncOpsError and private is connector_exceptions:
+                continue  # imported there, defined in asyncio_ops
+            assert cls.__module__ == module.__name__, name
+            assert getattr(importlib.import_module(cls.__module__), name) is cls, name
+    error = asyncio_ops.ConfigurationError("capacity must be > 0, got 0")
+    assert traceback.format_exception_only(error) == [
+        "asyncio_ops.ConfigurationError: capacity must be > 0, got 0\n"
+    ]
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is asyncio_ops.ConfigurationError and str(again) == str(error)
+    lookup = connectors.LookupQueryError("column 'id' missing")
+    assert type(pickle.loads(pickle.dumps(lookup))) is connectors.LookupQueryError
+    assert traceback.format_exception_only(lookup)[0].startswith(
+        "asyncio_ops.connectors.LookupQueryError: "
+    )
