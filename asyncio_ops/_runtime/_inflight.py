@@ -115,6 +115,15 @@ class WatermarkState:
     max_seen: float = -math.inf
     current: float = -math.inf
 
+    @staticmethod
+    def highest(marks: Iterable[WatermarkState]) -> WatermarkState:
+        """The union of partitions' watermark states: the highest of each."""
+        marks = list(marks)
+        return WatermarkState(
+            max((m.max_seen for m in marks), default=-math.inf),
+            max((m.current for m in marks), default=-math.inf),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StoredElement:
@@ -632,11 +641,7 @@ def restore_operator_state(
                 f"from {len(blobs)} partitions"
             )
         elements += _share(index, parallelism, items, batches, where, names)
-    watermarks = WatermarkState(
-        max((m.max_seen for m in marks), default=-math.inf),
-        max((m.current for m in marks), default=-math.inf),
-    )
-    return watermarks, elements
+    return WatermarkState.highest(marks), elements
 
 
 def _share(

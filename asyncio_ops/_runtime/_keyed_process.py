@@ -305,10 +305,7 @@ def _watermarks(spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles) 
         except (UnicodeDecodeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
         marks.append(WatermarkState(max_seen, current))
-    return WatermarkState(
-        max((m.max_seen for m in marks), default=-math.inf),
-        max((m.current for m in marks), default=-math.inf),
-    )
+    return WatermarkState.highest(marks)
 
 
 def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:

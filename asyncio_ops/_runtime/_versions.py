@@ -241,7 +241,6 @@ class ChainReader:
     def __init__(self, storage: CheckpointStorage) -> None:
         self.storage = storage
         self._files: dict[tuple[int, str], tuple[dict[int, Change] | None, pa.Table]] = {}
-        self.files_read = 0
 
     def read(self, kg: int, chain: Chain) -> list[tuple[str, list[bytes] | None, bytes]]:
         """``(path, keys, blob)`` of each item of ``kg``'s ``chain`` (or of a part of it);
@@ -252,7 +251,6 @@ class ChainReader:
             cached = self._files.get((version, file))
             if cached is None:
                 table = self.storage.read(version, file)
-                self.files_read += 1
                 cached = self._files[(version, file)] = (_key_group_file(table, where), table)
             held, table = cached
             if held is None:  # one key group per file (earlier releases)

@@ -187,50 +187,51 @@ class _HeapTable(TableBase):
         enc: dict[Any, bytes],
         key_groups: Collection[int] | None = None,
     ) -> dict[int, list[Entry]]:
-        """Logical entries by key group (expired ones dropped if configured).
+        """Logical entries by key group (of ``key_groups``, if given; expired ones dropped
+        if configured).
 
         ``located`` caches each key's (key group, canonical bytes) and ``enc``
         the canonical bytes of map keys, across the states of one snapshot.
         """
-        out: dict[int, list[Entry]] = {}
-        now = self.now()
-
-        def e(x: Any) -> bytes:
-            b = enc.get(x)
-            if b is None:
-                b = enc[x] = canonical_bytes(x)
-            return b
-
         start = self.kg_start
-        for ns, groups in self.namespaces.items():
-            ns_enc: bytes | None = None
+
+        def buckets(groups: list[dict[Any, Any]]) -> Iterator[tuple[int, list[Any]]]:
             for index, d in enumerate(groups):
-                if not d:
-                    continue
                 kg = start + index
-                if key_groups is not None and kg not in key_groups:
+                if not d or (key_groups is not None and kg not in key_groups):
                     continue
-                if ns_enc is None:
-                    ns_enc = canonical_bytes(ns)
                 bucket = []
                 for key, entry in d.items():
                     where = located.get(key)
                     if where is None:
                         where = located[key] = (kg, canonical_bytes(key))
                     bucket.append((where[1], entry))
-                group = out.get(kg)
-                if group is None:
-                    group = out[kg] = []
-                try:
-                    self._encode(bucket, ns_enc, group, e, now)
-                except StateError as exc:
-                    raise StateError(f"{exc} (snapshot of key group {kg})") from exc
-        return out
+                yield kg, bucket
+
+        return self._dump(buckets, enc)
 
     def dump_keys(
         self, keys: Mapping[int, Sequence[tuple[Any, bytes]]], enc: dict[Any, bytes]
     ) -> dict[int, list[Entry]]:
         """Logical entries of ``keys`` (``{kg: [(key, canonical bytes), ...]}``)."""
+        start = self.kg_start
+
+        def buckets(groups: list[dict[Any, Any]]) -> Iterator[tuple[int, list[Any]]]:
+            for kg, pairs in keys.items():
+                d = groups[kg - start]
+                bucket = [(key_enc, d[key]) for key, key_enc in pairs if key in d]
+                if bucket:
+                    yield kg, bucket
+
+        return self._dump(buckets, enc)
+
+    def _dump(
+        self,
+        buckets: Callable[[list[dict[Any, Any]]], Iterator[tuple[int, list[Any]]]],
+        enc: dict[Any, bytes],
+    ) -> dict[int, list[Entry]]:
+        """Encode, per namespace, the ``(key group, [(key bytes, entry), ...])`` that
+        ``buckets`` picks from the namespace's dicts."""
         out: dict[int, list[Entry]] = {}
         now = self.now()
 
@@ -240,14 +241,9 @@ class _HeapTable(TableBase):
                 b = enc[x] = canonical_bytes(x)
             return b
 
-        start = self.kg_start
         for ns, groups in self.namespaces.items():
             ns_enc: bytes | None = None
-            for kg, pairs in keys.items():
-                d = groups[kg - start]
-                bucket = [(key_enc, d[key]) for key, key_enc in pairs if key in d]
-                if not bucket:
-                    continue
+            for kg, bucket in buckets(groups):
                 if ns_enc is None:
                     ns_enc = canonical_bytes(ns)
                 try:

@@ -64,11 +64,7 @@ def restore_key_groups(
     for kg, blob in snapshot.items():
         if not isinstance(kg, int) or kg not in kgr:
             continue
-        payload = unseal(KEYED_OPERATOR, kg, blob)
-        try:
-            state_blob, kg_timers = payload
-        except (TypeError, ValueError) as exc:
-            raise CorruptStateError(f"key group {kg}: malformed operator snapshot") from exc
+        state_blob, kg_timers = _unseal_operator(kg, blob)
         if state_blob is not None:
             states[kg] = state_blob
         groups[kg] = kg_timers
@@ -84,7 +80,7 @@ def snapshot_changes(
     group in ``full``, and a delta of every other key group with keys made current
     since the last call (see the module docstring)."""
     touched = backend.take_touched()
-    if len(full) >= len(backend.key_group_range) and set(backend.key_group_range) <= set(full):
+    if set(full).issuperset(backend.key_group_range):
         touched = set()  # every key group in full: no delta to write
     out: dict[int, Change] = {}
     if full:
@@ -116,11 +112,7 @@ def apply_change(
     """
     if kg not in backend.key_group_range:
         return
-    payload = unseal(KEYED_OPERATOR, kg, blob)
-    try:
-        state_blob, kg_timers = payload
-    except (TypeError, ValueError) as exc:
-        raise CorruptStateError(f"key group {kg}: malformed operator snapshot") from exc
+    state_blob, kg_timers = _unseal_operator(kg, blob)
     if keys is None:
         backend.clear_key_group(kg)
         timers.clear_key_group(kg)
@@ -131,3 +123,13 @@ def apply_change(
     if state_blob is not None:
         backend.restore({kg: state_blob})
     timers.restore({kg: kg_timers})
+
+
+def _unseal_operator(kg: int, blob: bytes) -> tuple[bytes | None, list[Any]]:
+    """A key group's keyed-operator blob, verified: its state blob (or None) and timers."""
+    payload = unseal(KEYED_OPERATOR, kg, blob)
+    try:
+        state_blob, kg_timers = payload
+    except (TypeError, ValueError) as exc:
+        raise CorruptStateError(f"key group {kg}: malformed operator snapshot") from exc
+    return state_blob, kg_timers
