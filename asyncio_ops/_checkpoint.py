@@ -3,12 +3,13 @@
 Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://)::
 
     <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: per key group
-                                        its chain of files, element kind, input schema
-    <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (sealed blob): watermark
-                                        state, and its in-flight elements (unkeyed)
+                                        its chain (files, offsets, lengths), element kind,
+                                        input schema
+    <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (the async operator):
+                                        watermark state, its in-flight elements (unkeyed)
     <uid>/v<version>/kg-p<i>-<attempt>.ckpt
-                                        partition i's key groups that changed, a row each:
-                                        a full blob or a delta of some keys (keyed state
+                                        partition i's key groups that changed, a section
+                                        each: full, or a delta of some keys (keyed state
                                         and timers; see asyncio_ops._runtime._versions)
     <uid>/v<version>/results-p<i>-<token>-<seq>.ckpt
                                         completed lookups of a task attempt (replay log)
@@ -19,19 +20,21 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
 Streaming queries use their micro-batch ids as versions; a batch job writes
 one ``run-<id>`` directory per action (see ``docs/spark.md``).
 
-Every file is ``MAGIC | format version (u16) | payload length (u64) | CRC32
-(u32) | payload`` with an Arrow IPC stream as payload (its buffers compressed
-with zstd, Arrow's own IPC compression) (and, with a signing key
-in ``ASYNCIO_OPS_STATE_SIGNING_KEY``, format version 3: an HMAC-SHA256 after
-the payload, over the file and its identity, ``<uid>/<version>/<name>``; see
-``asyncio_ops._signing``): typed columns and
-schema metadata, never pickle, so loading a checkpoint never runs code. A file
-is written to a temporary name and then moved into place, so a reader sees a
-whole file or none (on S3 and GCS, where an object appears only once its
-upload completes, it is written under its final name: no temporary name, no
-rename, no directory markers); a torn, truncated, bit-flipped, too-new or
-not-Arrow file raises :class:`CorruptCheckpointError` naming it, never a silent
-loss. Format version 1 (pickle payloads, asyncio_ops 0.1) is refused by name.
+Every file is one container (``asyncio_ops._container``): a header naming
+its kind, then typed Arrow tables as sections (a key-group file: one section
+per key group, which the manifest locates by offset and length, so a
+rescaled partition reads only the byte ranges of its key groups), each with
+its CRC and, with a signing key in ``ASYNCIO_OPS_STATE_SIGNING_KEY``, an
+HMAC-SHA256 over its bytes, the file's kind and its identity,
+``<uid>/<version>/<name>`` (see ``asyncio_ops._signing``): never pickle, so
+loading a checkpoint never runs code. A file is written to a temporary name
+and then moved into place, so a reader sees a whole file or none (on S3 and
+GCS, where an object appears only once its upload completes, it is written
+under its final name: no temporary name, no rename, no directory markers); a
+torn, truncated, bit-flipped, too-new, other-kind or not-Arrow file raises
+:class:`CorruptCheckpointError` naming it, never a silent loss. Files of
+earlier formats (1: pickle payloads; 2 and 3: blobs inside files) are
+refused by name.
 
 Files hold the payloads of in-flight rows (whatever columns the input had):
 protect the location as you would the input data. They are written with the
@@ -42,24 +45,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-import struct
 import uuid
-import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ._container import Kind, Section, decode, encode
 from ._exceptions import CheckpointError, CorruptCheckpointError
-from ._signing import MAC_SIZE, SIGNING_KEY_ENV, mac, signing_key, verifies
 
-MAGIC: Final = b"AOPSCKP1"
-FORMAT_VERSION: Final = 2
-SIGNED_FORMAT_VERSION: Final = 3  # FORMAT_VERSION's frame, then an HMAC-SHA256
-PICKLE_FORMAT_VERSION: Final = 1
-_HEADER = struct.Struct("<8sHQI")
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
 _RUN_DIR: Final = "run-"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
@@ -69,97 +65,8 @@ _OBJECT_STORES: Final = frozenset({"s3", "gcs"})  # pyarrow FileSystem.type_name
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
 
-# Arrow IPC's own buffer compression (any pyarrow reads it): state blobs, pickled values
-# and Arrow framing compress well (a running count's full state 16x, a delta 8x, at
-# tens of milliseconds per 10 MB).
-_WRITE_OPTIONS: Final = pa.ipc.IpcWriteOptions(
-    compression="zstd" if pa.Codec.is_available("zstd") else None
-)
-
 Version = int | str
 """A streaming version (the micro-batch id, or a pinned int) or a batch job's run id."""
-
-
-def encode(table: pa.Table, identity: str = "") -> bytes:
-    """The bytes of one checkpoint file holding ``table`` (Arrow IPC stream, framed).
-
-    With a signing key (``asyncio_ops._signing``) the file is signed over its bytes
-    and ``identity`` (the operator's uid, the version or run, and the file's name,
-    which says its kind and its partition or key group): format version 3, the
-    signature after the payload.
-    """
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write_table(table)
-    body: bytes = sink.getvalue().to_pybytes()
-    key = signing_key()
-    version = FORMAT_VERSION if key is None else SIGNED_FORMAT_VERSION
-    framed = _HEADER.pack(MAGIC, version, len(body), zlib.crc32(body)) + body
-    return framed if key is None else framed + mac(key, identity.encode(), framed)
-
-
-def decode(data: bytes, name: str, identity: str = "") -> pa.Table:
-    """Verify one checkpoint file and read its Arrow table; ``name`` is used in errors,
-    ``identity`` is what a signed file must have been written as (see :func:`encode`)."""
-    if len(data) < _HEADER.size:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} is truncated: {len(data)} bytes, shorter than its header"
-        )
-    magic, version, length, crc = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise CorruptCheckpointError(f"checkpoint file {name} is not an asyncio_ops checkpoint")
-    if version == PICKLE_FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} has format version 1 (pickle, written by asyncio_ops 0.1); "
-            "it is not loaded, since loading a pickle can run code: delete the checkpoint "
-            "location (or use another) to start afresh"
-        )
-    if version > SIGNED_FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} has format version {version}, newer than this asyncio_ops "
-            f"reads ({SIGNED_FORMAT_VERSION}); upgrade asyncio_ops to restore it"
-        )
-    key = signing_key()
-    if version == SIGNED_FORMAT_VERSION:
-        if key is None:
-            raise CorruptCheckpointError(
-                f"checkpoint file {name} is signed; set {SIGNING_KEY_ENV} to the key that "
-                "signed it"
-            )
-        view = memoryview(data)
-        if len(data) < _HEADER.size + MAC_SIZE or not verifies(
-            key, view[-MAC_SIZE:], identity.encode(), view[:-MAC_SIZE]
-        ):
-            raise CorruptCheckpointError(
-                f"checkpoint file {name}: its signature does not verify: written with another "
-                "key, for another operator, version, partition or file, or altered; it is not "
-                "loaded"
-            )
-        data = data[:-MAC_SIZE]
-    elif key is not None:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} is not signed and is not loaded while {SIGNING_KEY_ENV} "
-            "is set"
-        )
-    body = data[_HEADER.size :]
-    if len(body) != length:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} is truncated or torn: payload has {len(body)} bytes, "
-            f"the header says {length}"
-        )
-    if zlib.crc32(body) != crc:
-        raise CorruptCheckpointError(f"checkpoint file {name} fails its checksum (corrupted)")
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
-            table = reader.read_all()
-        # Full validation (offsets within their buffers, ...): a crafted stream with a
-        # valid checksum must be an error here, never a read outside memory later.
-        table.validate(full=True)
-        return table
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name} verifies but is not a readable Arrow stream: {exc}"
-        ) from exc
 
 
 _SECRET_PARAM = re.compile(r"key|secret|token|password|credential|signature", re.IGNORECASE)
@@ -248,8 +155,16 @@ class CheckpointStorage:
                 f"checkpoint_location {shown_location(self.location)!r} is not writable: {exc}"
             ) from exc
 
-    def write(self, version: Version, name: str, table: pa.Table) -> None:
-        """Atomically write ``table`` as ``<version dir>/<name>``.
+    def write(self, version: Version, name: str, kind: Kind, table: pa.Table) -> None:
+        """Atomically write ``table`` as ``<version dir>/<name>``, a container of ``kind``
+        with one section."""
+        self.write_sections(version, name, kind, [Section(0, table)])
+
+    def write_sections(
+        self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
+    ) -> list[tuple[int, int]]:
+        """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
+        ``kind``; returns each section's ``(offset, length)`` in the file.
 
         On an object store (S3, GCS) the object is uploaded under its final name: it
         appears whole when its upload completes or not at all, and the store has no
@@ -257,12 +172,12 @@ class CheckpointStorage:
         Elsewhere it goes to a temporary name and is moved into place.
         """
         final = self.path(version, name)
-        data = encode(table, self.identity(version, name))
+        data, extents = encode(kind, sections, self.identity(version, name))
         try:
             if self._object_store:
                 with self.fs.open_output_stream(final) as out:
                     out.write(data)
-                return
+                return extents
             tmp = f"{final}.tmp-{uuid.uuid4().hex}"
             self.fs.create_dir(self.version_dir(version), recursive=True)
             with self.fs.open_output_stream(tmp) as out:
@@ -270,22 +185,54 @@ class CheckpointStorage:
             self.fs.move(tmp, final)
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(f"cannot write checkpoint file {final}: {exc}") from exc
+        return extents
 
     # -- reading ---------------------------------------------------------------------
     def exists(self, version: Version, name: str) -> bool:
         info = self.fs.get_file_info(self.path(version, name))
         return bool(info.type == pafs.FileType.File)
 
-    def read(self, version: Version, name: str) -> pa.Table:
+    def read(self, version: Version, name: str, kind: Kind) -> pa.Table:
+        """The one table of the file ``<version dir>/<name>``, a container of ``kind``."""
+        sections = self.read_sections(version, name, kind)
+        if len(sections) != 1:
+            raise CorruptCheckpointError(
+                f"checkpoint file {self.path(version, name)} holds {len(sections)} sections, not 1"
+            )
+        return sections[0].table
+
+    def read_sections(
+        self,
+        version: Version,
+        name: str,
+        kind: Kind,
+        ranges: Sequence[tuple[int, int]] | None = None,
+    ) -> list[Section]:
+        """The sections of ``<version dir>/<name>`` (a container of ``kind``), verified:
+        all of them, or those in the byte ``ranges`` (``(offset, length)``, each covering
+        whole sections: one ranged read each)."""
         path = self.path(version, name)
+        where = f"checkpoint file {path}"
+        identity = self.identity(version, name)
         try:
-            with self.fs.open_input_stream(path) as f:
-                data = f.read()
+            if ranges is None:
+                with self.fs.open_input_stream(path) as f:
+                    data = f.read()
+                return decode(data, kind, where, identity, CorruptCheckpointError)
+            out: list[Section] = []
+            with self.fs.open_input_file(path) as f:
+                for offset, length in ranges:
+                    data = f.read_at(length, offset)
+                    if len(data) != length:
+                        raise CorruptCheckpointError(
+                            f"{where} is truncated: {len(data)} of {length} bytes at {offset}"
+                        )
+                    out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+            return out
         except FileNotFoundError as exc:
             raise CheckpointError(f"checkpoint file {path} is missing") from exc
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
-        return decode(data, path, self.identity(version, name))
 
     def identity(self, version: Version, name: str) -> str:
         """What a signed file is signed as: ``<uid>/<version or run dir>/<name>``, so that

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import Kind
 from asyncio_ops._elements import Record
 from asyncio_ops._functions import as_async_function
 from asyncio_ops._operator import OutputMode
@@ -111,10 +112,10 @@ def floor(n: int, repeat: int) -> tuple[float, float]:
         storage = CheckpointStorage(tmp, "op")
 
         def write() -> None:
-            storage.write(1, "floor.ckpt", pa.Table.from_pylist(rows, schema=IN))
+            storage.write(1, "floor.ckpt", Kind.REPLAY_LOG, pa.Table.from_pylist(rows, schema=IN))
 
         def read() -> None:
-            storage.read(1, "floor.ckpt").to_pylist()
+            storage.read(1, "floor.ckpt", Kind.REPLAY_LOG).to_pylist()
 
         return best(write, repeat), best(read, repeat)
 

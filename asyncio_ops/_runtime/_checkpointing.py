@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._checkpoint import Version
+from .._container import Kind, Section
 from .._elements import Watermark
 from .._exceptions import CheckpointError
 from .._functions import CheckpointedFunction
@@ -120,7 +121,7 @@ class PartitionCheckpoint:
         """
         found: dict[int, tuple[bytes, Any]] = {}
         for name in self.storage.list_files(self.version, f"results-p{self.partition:05d}-"):
-            table = self.storage.read(self.version, name)
+            table = self.storage.read(self.version, name, Kind.REPLAY_LOG)
             path = self.storage.path(self.version, name)
             missing = {"position", "fingerprint", "results"} - set(table.column_names)
             if missing:
@@ -251,16 +252,12 @@ class PartitionCheckpoint:
         input_schema, kind = self._check_manifests(found.manifests, found.paths, keyed)
         carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
-        ops_blobs = found.operator_blobs()
-        names = [
-            self.storage.path(previous, f"ops-{i:05d}.ckpt") for i in range(len(ops_blobs))
-        ]
         watermarks, stored = carry.restore_operator(
-            self.partition, p_new, ops_blobs, where, names
+            self.partition, p_new, found.operator_states(), where
         )
         if keyed:
             stored = carry.restore_keyed(
-                found.key_group_blobs(carry.key_groups, self.spec.max_parallelism)
+                found.key_group_sections(carry.key_groups, self.spec.max_parallelism)
             )
         if kind != self.kind:  # rows carried into chunks, or chunks into rows
             log.info(
@@ -292,18 +289,18 @@ class PartitionCheckpoint:
         carry = self._carry_over(input_schema, p)
         keyed = bool(self.spec.key_columns)
         stored = to_stored(remaining, self.partition, self.kind)
-        kg_blobs: dict[int, bytes] = {}
+        sections: dict[int, Section] = {}
         if keyed:
             triples = [(key, _key_group(e.row, self.kind), e) for key, e in stored]
-            kg_blobs = carry.snapshot_keyed(triples)
-        op_blob = carry.snapshot_operator(
+            sections = carry.snapshot_keyed(triples)
+        operator_state = carry.snapshot_operator(
             self.partition, p, watermarks, None if keyed else [e for _, e in stored]
         )
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         assert isinstance(self.version, int)
         write_version(
             self.storage, self.version, self.partition, p, keyed,
-            {kg: (None, blob) for kg, blob in kg_blobs.items()}, op_blob,
+            sections, operator_state,
             {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema,
              **({_LIMIT: str(limit).encode()} if limit is not None else {})},
         )  # fmt: skip
@@ -332,7 +329,8 @@ class PartitionCheckpoint:
         if source is None:
             return
         tables = [
-            self.storage.read(source, name) for name in self.storage.list_files(source, "fnstate-")
+            self.storage.read(source, name, Kind.FUNCTION_STATE)
+            for name in self.storage.list_files(source, "fnstate-")
         ]
         if tables:
             fn.initialize_function_state(tables)
@@ -350,7 +348,9 @@ class PartitionCheckpoint:
             )
         if not table.num_rows:
             return
-        self.storage.write(self.version, f"fnstate-p{self.partition:05d}.ckpt", table)
+        self.storage.write(
+            self.version, f"fnstate-p{self.partition:05d}.ckpt", Kind.FUNCTION_STATE, table
+        )
 
 
 def _key_group(row: Any, kind: str) -> int:

@@ -47,15 +47,15 @@ fully (``validate(full=True)``) before use; an error names the file.
 
 Why a batch per key group, not per element. Earlier releases stored each
 element as one list-state element of its key, one Arrow record batch of one
-row (:class:`ElementSerializer`, still read: state ``"in-flight"``): 58 to
+row (:class:`ElementSerializer`): 58 to
 360 us per element against 0.6 to 0.9 us for one Arrow table of the same
 rows (``python -m bench.carry_over``, 2,000 elements over 64 key groups). One
 conversion per column for all of a partition's elements, sliced per key
-group, and one ``kg-p<i>`` file per partition (a row per key group, see
-``_checkpointing``) instead of a file per key group, brought that to 5 to 6
+group, and one ``kg-p<i>`` file per partition (a section per key group, see
+``_versions``) instead of a file per key group, brought that to 5 to 6
 us unkeyed, about 28 us keyed on the heap and 44 to 47 us on RocksDB (same
-sitting). What remains keyed is per key group (two sealed Arrow payloads
-each, about 0.5 ms to write and read) and, on RocksDB, opening and
+sitting). What remains keyed is per key group (one section of keyed state and
+timers each) and, on RocksDB, opening and
 checkpointing the database: a carry-over of few elements per key group stays
 well above the 3x-of-the-floor target; many elements per key group approach
 the unkeyed cost. Keeping the per-element values in memory and making only
@@ -79,6 +79,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from .._container import Section
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError, StateError
 from .._keygroups import KeyGroupRange
@@ -87,17 +88,13 @@ from .._timers import InternalTimerService, Timer
 from ..state import (
     HeapKeyedStateBackend,
     KeyedStateBackend,
-    ListStateDescriptor,
     OperatorStateBackend,
     RocksDBKeyedStateBackend,
     ValueStateDescriptor,
-    restore_key_groups,
-    snapshot_key_groups,
 )
+from ..state._keyed_snapshot import apply_change, key_group_sections
 from ._adapters import RowValue
 
-IN_FLIGHT: Final = "in-flight"
-"""The one-record-batch-per-element state of earlier releases (read, never written)."""
 IN_FLIGHT_BATCH: Final = "in-flight-batch"
 WATERMARK: Final = "watermark"
 TIMEOUTS: Final = "async-timeouts"
@@ -427,8 +424,7 @@ class CarryOver:
 
     ``key_groups`` is the partition's key-group range (keyed), ``state_backend``
     ``"heap"`` or ``"rocksdb"`` (validated by the Spark API). Written: one record
-    batch per key group (keyed) or per partition (unkeyed); read: that, or the
-    one-batch-per-element state of earlier releases (``"in-flight"``).
+    batch per key group (keyed) or per partition (unkeyed).
     """
 
     def __init__(
@@ -445,7 +441,6 @@ class CarryOver:
         self.key_groups = key_groups
         self.state_backend = state_backend
         self._batch = ValueStateDescriptor[pa.RecordBatch](IN_FLIGHT_BATCH, serializer=self.batches)
-        self._legacy = ListStateDescriptor[StoredElement](IN_FLIGHT, serializer=serializer)
 
     def _backend(self) -> KeyedStateBackend:
         return make_backend(self.state_backend, self.max_parallelism, self.key_groups)
@@ -459,10 +454,10 @@ class CarryOver:
     # -- keyed --------------------------------------------------------------------------
     def snapshot_keyed(
         self, elements: Sequence[tuple[Any, int, StoredElement]]
-    ) -> dict[int, bytes]:
-        """``{key_group: blob}`` of ``(key, key group, element)`` triples: per key group one
-        value (one record batch of its elements, in the given order) under the key group's
-        own key, and a timer per element still in flight (namespace: its row)."""
+    ) -> dict[int, Section]:
+        """``{key_group: section}`` of ``(key, key group, element)`` triples: per key group
+        one value (one record batch of its elements, in the given order) under the key
+        group's own key, and a timer per element still in flight (namespace: its row)."""
         by_kg: dict[int, list[StoredElement]] = {}
         for _key, kg, e in elements:
             group = by_kg.get(kg)
@@ -485,23 +480,24 @@ class CarryOver:
                         timers.register_processing_time_timer(row, e.deadline)
                 state.update(batch.slice(offset, len(group)))
                 offset += len(group)
-            return snapshot_key_groups(backend, timers)
+            return key_group_sections(backend, timers)
         finally:
             timers.close()
             backend.close()
 
-    def restore_keyed(self, blobs: Iterable[tuple[str, int, bytes]]) -> list[StoredElement]:
-        """The elements of ``(file, key group, blob)`` (key groups in range), deadlines back
-        from their timers. CheckpointError names the file that does not read back."""
+    def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
+        """The elements of ``(file, section)`` pairs (key groups in range, full sections),
+        deadlines back from their timers. CheckpointError names the file that does not
+        read back."""
         backend = self._backend()
         timers = self._timers(backend)
         try:
             state = backend.get_state(self._batch)
-            legacy = backend.get_state(self._legacy)  # written by earlier releases
             found: list[tuple[int, str, pa.RecordBatch]] = []
-            for name, kg, blob in blobs:
+            for name, section in sections:
+                kg = section.tag
                 try:
-                    restore_key_groups(backend, timers, {kg: blob})
+                    apply_change(backend, timers, section, f"checkpoint file {name}")
                     if kg in self.key_groups:
                         backend.set_current_key(kg)
                         batch = state.value()
@@ -524,26 +520,10 @@ class CarryOver:
                         )
                     elements[row] = replace(elements[row], deadline=t.timestamp)
                 out += elements
-            if IN_FLIGHT in backend.state_names():
-                out += self._legacy_keyed(backend, legacy, [t for ts in by_kg.values() for t in ts])
             return out
         finally:
             timers.close()
             backend.close()
-
-    @staticmethod
-    def _legacy_keyed(
-        backend: KeyedStateBackend, state: Any, timers: Sequence[Timer]
-    ) -> list[StoredElement]:
-        """One list-state element per element, its timer scoped to its key (earlier
-        releases)."""
-        deadlines = {(t.key, t.namespace): t.timestamp for t in timers}
-        out = []
-        for key in backend.keys(IN_FLIGHT):
-            backend.set_current_key(key)
-            for e in state.get():
-                out.append(replace(e, deadline=deadlines.get((key, (e.partition, e.seq)))))
-        return out
 
     # -- operator state (watermarks; unkeyed elements) ----------------------------------
     def snapshot_operator(
@@ -552,9 +532,10 @@ class CarryOver:
         parallelism: int,
         watermarks: WatermarkState,
         elements: Sequence[StoredElement] | None = (),
-    ) -> bytes:
-        """Partition ``index``'s operator-state blob: watermarks, and (unless ``elements``
-        is None: keyed) its elements as one record batch, deadlines inside."""
+    ) -> list[Any]:
+        """Partition ``index``'s operator state (``OperatorStateBackend.dump``):
+        watermarks, and (unless ``elements`` is None: keyed) its elements as one record
+        batch, deadlines inside."""
         if elements is None:
             return snapshot_operator_state(index, parallelism, watermarks)
         # none: empty bytes, as a partition that saw no input knows no input schema
@@ -564,20 +545,13 @@ class CarryOver:
         return snapshot_operator_state(index, parallelism, watermarks, batch)
 
     def restore_operator(
-        self,
-        index: int,
-        parallelism: int,
-        blobs: Sequence[bytes],
-        where: str,
-        names: Sequence[str] | None = None,
+        self, index: int, parallelism: int, states: Sequence[tuple[str, list[Any]]], where: str
     ) -> tuple[WatermarkState, list[StoredElement]]:
         """This partition's watermark state and share of the unkeyed elements: the old
         partition's batch at unchanged parallelism, else part ``index`` of all of them
-        (in partition order) cut into ``parallelism`` near-equal parts. ``names``: the
-        files of ``blobs``, for errors."""
-        return restore_operator_state(
-            index, parallelism, blobs, where, self.serializer, self.batches, names
-        )
+        (in partition order) cut into ``parallelism`` near-equal parts. ``states``: every
+        old partition's ``(file, operator state)``."""
+        return restore_operator_state(index, parallelism, states, where, self.batches)
 
 
 def make_backend(kind: str, max_parallelism: int, key_groups: KeyGroupRange) -> KeyedStateBackend:
@@ -597,50 +571,45 @@ def snapshot_operator_state(
     parallelism: int,
     watermarks: WatermarkState,
     elements: bytes | None = None,
-) -> bytes:
-    """Partition ``index``'s operator-state blob: the watermark state (union) and, given
-    ``elements`` (one record batch's bytes), its in-flight elements as the one item of
-    the union list state ``"in-flight-batch"``."""
+) -> list[Any]:
+    """Partition ``index``'s operator state (``OperatorStateBackend.dump``): the watermark
+    state (union) and, given ``elements`` (one record batch's bytes), its in-flight
+    elements as the one item of the union list state ``"in-flight-batch"``."""
     ops = OperatorStateBackend(index=index, parallelism=parallelism)
     ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
     if elements is not None:
         ops.get_union_list_state(IN_FLIGHT_BATCH, serializer=_BYTES).update([elements])
-    return ops.snapshot()
+    return ops.dump()
 
 
 def restore_operator_state(
     index: int,
     parallelism: int,
-    blobs: Sequence[bytes],
+    states: Sequence[tuple[str, list[Any]]],
     where: str,
-    serializer: ElementSerializer | None = None,
     batches: ElementBatchSerializer | None = None,
-    names: Sequence[str] | None = None,
 ) -> tuple[WatermarkState, list[StoredElement]]:
-    """This partition's share of every old partition's operator state: the highest
-    watermark state, and (with serializers) its part of the in-flight elements (see
-    :meth:`CarryOver.restore_operator`). ``where``: the checkpoint directory, ``names``
-    the files of ``blobs``, for errors."""
+    """This partition's share of every old partition's operator state (``(file, state)``,
+    in partition order): the highest watermark state, and (with ``batches``) its part of
+    the in-flight elements (see :meth:`CarryOver.restore_operator`). ``where``: the
+    checkpoint directory, for errors."""
     ops = OperatorStateBackend(index=index, parallelism=parallelism)
-    elements: list[StoredElement] = []
     items: list[bytes] = []
     try:
-        ops.restore(blobs)
+        ops.load([state for _, state in states])
         marks = ops.get_union_list_state(WATERMARK, serializer=_Float2()).get()
-        names_now = ops.state_names()
-        if serializer is not None and IN_FLIGHT in names_now:  # earlier releases
-            elements = ops.get_list_state(IN_FLIGHT, serializer=serializer).get()
-        if batches is not None and IN_FLIGHT_BATCH in names_now:
+        if batches is not None and IN_FLIGHT_BATCH in ops.state_names():
             items = ops.get_union_list_state(IN_FLIGHT_BATCH, serializer=_BYTES).get()
     except (CheckpointError, StateError, ValueError, TypeError) as exc:
         raise CheckpointError(f"operator state in {where}: {exc}") from exc
+    elements: list[StoredElement] = []
     if batches is not None and items:
-        if len(items) != len(blobs):
+        if len(items) != len(states):
             raise CheckpointError(
                 f"operator state in {where}: {len(items)} batches of in-flight elements "
-                f"from {len(blobs)} partitions"
+                f"from {len(states)} partitions"
             )
-        elements += _share(index, parallelism, items, batches, where, names)
+        elements = _share(index, parallelism, items, batches, [name for name, _ in states])
     return WatermarkState.highest(marks), elements
 
 
@@ -649,8 +618,7 @@ def _share(
     parallelism: int,
     items: list[bytes],
     batches: ElementBatchSerializer,
-    where: str,
-    names: Sequence[str] | None,
+    names: Sequence[str],
 ) -> list[StoredElement]:
     """Part ``index`` of the old partitions' batches (each validated, the file named)."""
     mine = [index] if len(items) == parallelism else range(len(items))
@@ -661,8 +629,7 @@ def _share(
         try:
             read.append(batches.loads(items[old]))
         except CheckpointError as exc:
-            name = names[old] if names is not None else f"{where} (partition {old})"
-            raise CheckpointError(f"checkpoint file {name}: {exc}") from exc
+            raise CheckpointError(f"checkpoint file {names[old]}: {exc}") from exc
     if len(items) != parallelism:  # even split of all elements, in partition order
         total = sum(b.num_rows for b in read)
         base, extra = divmod(total, parallelism)

@@ -53,6 +53,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .._container import Kind
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
@@ -64,15 +65,14 @@ from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import (
     WatermarkState,
     make_backend,
-    restore_operator_state,
 )
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
 from ._versions import (
     Chain,
-    ChainReader,
     VersionFiles,
     prune_versions,
+    read_chains,
     read_previous,
     write_version,
     writer_of,
@@ -134,7 +134,7 @@ def run_keyed_process(
             chains = _sync(spec, op, previous, held.chains if held is not None else {})
             held = None
             if previous is not None:
-                restored = _watermarks(spec, task, previous)
+                restored = _watermarks(previous)
             op.track_changes()
         op.open()
         if watermarks is not None:
@@ -230,15 +230,17 @@ def _proven(
     storage = spec.checkpoint
     assert storage is not None
     proven = False
-    if previous is not None and isinstance(previous.version, int) and (
-        held.version <= previous.version
+    if (
+        previous is not None
+        and isinstance(previous.version, int)
+        and (held.version <= previous.version)
     ):
         name = f"subtask-{task.partition_id:05d}.ckpt"
         try:
             if held.version == previous.version:
                 manifest = previous.manifests[task.partition_id]
             else:
-                manifest = storage.read(held.version, name)
+                manifest = storage.read(held.version, name, Kind.MANIFEST)
             proven = writer_of(manifest) == held.writer
         except (CheckpointError, IndexError):
             proven = False
@@ -265,43 +267,35 @@ def _sync(
     assert spec.checkpoint is not None
     kgr: KeyGroupRange = op.backend.key_group_range
     target = previous.chains(kgr, spec.max_parallelism) if previous is not None else {}
-    reader = ChainReader(spec.checkpoint)
+    rests: dict[int, Chain] = {}
+    tails: set[int] = set()
     for kg in kgr:
         have, want = held.get(kg), target.get(kg)
         if want is None:
             if have is not None:
                 op.clear_key_group(kg)
-            continue
-        rest = want[len(have):] if have is not None and want[: len(have)] == have else want
-        for i, (path, keys, blob) in enumerate(reader.read(kg, rest)):
-            if i == 0 and rest is want and keys is not None:
-                raise CheckpointError(
-                    f"checkpoint file {path}: key group {kg}'s chain starts with a delta, "
-                    "not a full snapshot"
-                )
+        elif have is None or want[: len(have)] != have:
+            rests[kg] = want  # a new chain (or none held): all of it, from its full section
+        elif len(want) > len(have):
+            rests[kg] = want[len(have) :]  # the deltas written since
+            tails.add(kg)
+    found = read_chains(spec.checkpoint, rests, tails)
+    for kg in sorted(found):
+        for path, section in found[kg]:
             try:
-                op.apply_change(kg, keys, blob)
-            except (CheckpointError, ValueError, TypeError) as exc:
+                op.apply_change(section, f"checkpoint file {path}")
+            except (ValueError, TypeError) as exc:
                 raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
     return target
 
 
-def _watermarks(spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles) -> WatermarkState:
-    """The highest watermark state of the old partitions (union): from their manifests,
-    or, for versions of earlier releases, their ``ops-<i>`` files."""
-    assert spec.checkpoint is not None
+def _watermarks(previous: VersionFiles) -> WatermarkState:
+    """The highest watermark state of the old partitions (union), from their manifests."""
     marks: list[WatermarkState] = []
     for manifest, path in zip(previous.manifests, previous.paths, strict=True):
         raw = (manifest.schema.metadata or {}).get(_WATERMARK)
-        if raw is None:
-            where = spec.checkpoint.path(previous.version, "")
-            p = task.num_partitions or 1
-            state, _ = restore_operator_state(
-                task.partition_id, p, previous.operator_blobs(), where
-            )
-            return state
         try:
-            max_seen, current = (float(x) for x in raw.decode().split(","))
+            max_seen, current = (float(x) for x in (raw or b"").decode().split(","))
         except (UnicodeDecodeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
         marks.append(WatermarkState(max_seen, current))
@@ -340,7 +334,7 @@ def _snapshot(
     full = {
         kg for kg in op.backend.key_group_range
         if kg not in chains or len(chains[kg]) >= interval or (version + kg) % interval == 0
-        or sum(c[2] for c in chains[kg][1:]) >= chains[kg][0][2] > 0
+        or sum(c[3] for c in chains[kg][1:]) >= chains[kg][0][3] > 0
     }  # fmt: skip
     changes = op.snapshot_changes(full)
     p = task.num_partitions or 1

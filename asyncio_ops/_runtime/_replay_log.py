@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage, Version
+from .._container import Kind
 from .._exceptions import OutputSchemaError
 from ._coerce import coerced_array
 
@@ -38,7 +39,6 @@ def _array(values: list[Any], type_: pa.DataType, what: str) -> pa.Array:
         if array is None:
             raise _explain(values, type_, what, exc) from exc
         return array
-
 
 
 class ReplayLog:
@@ -96,7 +96,7 @@ class ReplayLog:
         name = f"results-p{self.partition:05d}-{self.token}-{self.segment:06d}.ckpt"
         self.segment += 1
         self.flushes += 1
-        self.storage.write(self.version, name, table)
+        self.storage.write(self.version, name, Kind.REPLAY_LOG, table)
         self._positions, self._fingerprints, self._results = [], [], []
 
     def _results_array(self) -> pa.Array:

@@ -1,52 +1,53 @@
 """The files of one streaming version of an operator's state, and retention.
 
-Per version directory (see ``asyncio_ops._checkpoint`` for the framing; every
-file one Arrow IPC table):
+Per version directory (every file one container, ``asyncio_ops._container``):
 
-- ``kg-p<i>-<token>`` (keyed): partition i's key groups that changed in this
-  version, a row each: the key group, ``keys`` and its sealed blob. ``keys``
-  null: the blob is the key group's full state (keyed state and timers; for
-  the async operator its in-flight elements as one record batch and their
-  timeout timers, ``asyncio_ops._runtime._inflight``); otherwise a delta: the
-  canonical bytes of the keys it replaces whole and their state and timers
-  (``asyncio_ops.state._keyed_snapshot``). The token is the attempt's, so two
+- ``kg-p<i>-<token>`` (keyed, kind ``KEY_GROUPS``): partition i's key groups
+  that changed in this version, one section each (tag: the key group): its
+  full state (part ``FULL``: keyed state and timers; for the async operator
+  its in-flight elements as one record batch and their timeout timers,
+  ``asyncio_ops._runtime._inflight``) or a delta (part ``DELTA``: the keys it
+  replaces whole, with their state and timers,
+  ``asyncio_ops.state._keyed_snapshot``). The token is the attempt's, so two
   attempts never write one name.
-- ``ops-<i>`` (the async operator): partition i's sealed operator-state blob:
-  the watermark state (union) and, unkeyed, its in-flight elements (even
-  split). ``keyed_process`` writes its watermark state into its manifest
-  instead (``aops.watermark``: one file and, for every partition, one read per
-  old partition less; its ``ops-<i>`` files of earlier releases still read).
-- ``subtask-<i>``: the manifest, written last: per key group of partition i
-  its chain, the files (with their versions and bytes) that rebuild it: its
-  last full blob and the deltas after it, in order; the number of partitions,
-  and the attempt's token (``aops.writer``). A key group follows to whichever
-  partition owns it next, which reads its chain. Manifests of earlier
-  releases (a ``file`` per key group, a full blob; files of one key group
-  each, ``kg-<kg>``) still read.
+- ``ops-<i>`` (the async operator, kind ``OPERATOR_STATE``): partition i's
+  operator state: the watermark state (union) and, unkeyed, its in-flight
+  elements (even split). ``keyed_process`` keeps its watermark state in its
+  manifest (``aops.watermark``) and writes no such file.
+- ``subtask-<i>`` (kind ``MANIFEST``): the manifest, written last: per key
+  group of partition i its chain, where the sections that rebuild it are:
+  ``(version, file, offset, length)`` of its last full section and of the
+  deltas after it, in order (Flink's key-group offsets: a partition reads the
+  byte ranges of its key groups, adjacent ones in one read); the number of
+  partitions, and the attempt's token (``aops.writer``). A key group follows
+  to whichever partition owns it next, which reads its chain.
 
 Incremental checkpoints (keyed_process): a version writes, per key group,
 the keys its micro-batch made current (a delta) and, once every
 ``full_snapshot_interval`` versions per key group (staggered: key group
 ``kg`` at the versions where ``(version + kg) % interval == 0``), when it has
-no chain yet, or when its chain's deltas hold as many bytes as its full blob,
-its full state instead, so a micro-batch writes what it touched plus
-``1/interval`` of the state, a chain holds at most ``interval`` files, and
-reading one costs at most about twice its full blob. Retention (partition 0,
-after its write) keeps the newest ``retain_versions`` versions and every older
-version directory their chains name.
+no chain yet, or when its chain's deltas hold as many bytes as its full
+section, its full state instead, so a micro-batch writes what it touched plus
+``1/interval`` of the state, a chain holds at most ``interval`` sections, and
+reading one costs at most about twice its full section. Retention (partition
+0, after its write) keeps the newest ``retain_versions`` versions and every
+older version directory their chains name.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage, Version
-from .._exceptions import CheckpointError
+from .._container import DELTA, FULL, Kind, Section
+from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange
+from ..state._payloads import read, table
 
 _KIND: Final = b"aops.kind"
 _KEYED: Final = b"aops.keyed"
@@ -58,35 +59,28 @@ _INPUT_SCHEMA: Final = b"aops.input_schema"
 _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
 _WRITER: Final = b"aops.writer"
-_BLOB: Final = "blob"
 _KEY_GROUP: Final = "key_group"
-_KEYS: Final = "keys"
-_KEY_GROUPS_SCHEMA: Final = pa.schema(
-    [pa.field(_KEY_GROUP, pa.int32(), nullable=False), pa.field(_BLOB, pa.binary(), nullable=False)]
-)  # earlier releases: full blobs only
-_CHANGES_SCHEMA: Final = pa.schema(
-    [
-        pa.field(_KEY_GROUP, pa.int32(), nullable=False),
-        pa.field(_KEYS, pa.list_(pa.field("item", pa.binary(), nullable=False))),
-        pa.field(_BLOB, pa.binary(), nullable=False),
-    ]
-)
+_CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths")
+
+
+def _list(name: str, item: pa.DataType) -> pa.Field:
+    return pa.field(name, pa.list_(pa.field("item", item, nullable=False)), nullable=False)
+
+
 _MANIFEST_SCHEMA: Final = pa.schema(
     [
         pa.field(_KEY_GROUP, pa.int32(), nullable=False),
-        pa.field("versions", pa.list_(pa.field("item", pa.int64(), nullable=False))),
-        pa.field("files", pa.list_(pa.field("item", pa.string(), nullable=False))),
-        # the bytes of the key group's blob in each file (what the chain costs to read)
-        pa.field("sizes", pa.list_(pa.field("item", pa.int64(), nullable=False))),
+        _list("versions", pa.int64()),
+        _list("files", pa.string()),
+        _list("offsets", pa.int64()),  # where the key group's section starts in the file
+        _list("lengths", pa.int64()),  # its bytes (what the chain costs to read)
     ]
 )
 
-Chain = tuple[tuple[int, str, int], ...]
-"""A key group's chain: ``(version, file, bytes)`` of its last full blob, then of its
-deltas (bytes: the key group's blob in that file; 0 where a manifest of an earlier
-release does not say)."""
-Change = tuple[list[bytes] | None, bytes]
-"""One key group's item in a file: (None, full blob) or (keys, delta blob)."""
+Link = tuple[int, str, int, int]
+"""Where one section of a key group's chain is: ``(version, file, offset, length)``."""
+Chain = tuple[Link, ...]
+"""A key group's chain: its last full section, then its deltas."""
 _OPERATOR: Final = b"aops.operator"
 ASYNC_WAIT: Final = b"async_wait"
 
@@ -96,45 +90,6 @@ def _int(meta: dict[bytes, bytes], key: bytes, name: str) -> int:
         return int(meta[key])
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"checkpoint file {name} lacks a valid {key.decode()}") from exc
-
-
-def _column(table: pa.Table, column: str, name: str) -> list[Any]:
-    """A column of a checkpoint file as Python values; CheckpointError naming the file."""
-    if column not in table.column_names:
-        raise CheckpointError(f"checkpoint file {name} lacks the column {column!r}")
-    return table.column(column).to_pylist()  # type: ignore[no-any-return]
-
-
-def _blob_table(blob: bytes) -> pa.Table:
-    return pa.table({_BLOB: pa.array([blob], pa.binary())})
-
-
-def _key_group_file(table: pa.Table, name: str) -> dict[int, Change] | None:
-    """``{key_group: (keys, blob)}`` of a partition's key-group file; None for a file of
-    one blob (earlier releases). CheckpointError naming the file for anything else."""
-    if _KEY_GROUP not in table.column_names:
-        return None
-    if table.schema == _KEY_GROUPS_SCHEMA:  # earlier releases: full blobs
-        keys: list[Any] = [None] * table.num_rows
-    elif table.schema.remove_metadata() == _CHANGES_SCHEMA:
-        keys = table.column(_KEYS).to_pylist()
-    else:
-        raise CheckpointError(
-            f"checkpoint file {name} has the columns {table.schema}, not {_CHANGES_SCHEMA}"
-        )
-    groups = table.column(_KEY_GROUP).to_pylist()
-    blobs = table.column(_BLOB).to_pylist()
-    held = {kg: (k, b) for kg, k, b in zip(groups, keys, blobs, strict=True)}
-    if len(held) != len(groups):
-        raise CheckpointError(f"checkpoint file {name} repeats a key group")
-    return held
-
-
-def _blob(table: pa.Table, name: str) -> bytes:
-    values = _column(table, _BLOB, name)
-    if len(values) != 1 or not isinstance(values[0], bytes):
-        raise CheckpointError(f"checkpoint file {name} does not hold one state blob")
-    return values[0]
 
 
 # -- one version's state files, shared by the operators that keep state -------------------
@@ -157,13 +112,18 @@ class VersionFiles:
                     f"not {operator.decode()}: give each operator its own uid or location"
                 )
 
-    def operator_blobs(self) -> list[bytes]:
-        """Every old partition's operator-state blob, in partition order."""
+    def operator_states(self) -> list[tuple[str, list[Any]]]:
+        """Every old partition's operator state (``OperatorStateBackend.dump``), with its
+        file, in partition order."""
         out = []
         for index in range(len(self.manifests)):
             name = f"ops-{index:05d}.ckpt"
             path = self.storage.path(self.version, name)
-            out.append(_blob(self.storage.read(self.version, name), path))
+            table = self.storage.read(self.version, name, Kind.OPERATOR_STATE)
+            try:
+                out.append((path, read(Kind.OPERATOR_STATE, table, f"checkpoint file {path}")))
+            except CorruptStateError as exc:
+                raise CorruptCheckpointError(str(exc)) from exc
         return out
 
     def chains(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
@@ -177,8 +137,16 @@ class VersionFiles:
         seen: dict[int, str] = {}
         out: dict[int, Chain] = {}
         for manifest, path in zip(self.manifests, self.paths, strict=True):
-            groups = _column(manifest, _KEY_GROUP, path)
-            for kg in groups:
+            if manifest.schema.types != _MANIFEST_SCHEMA.types or (
+                manifest.schema.names != _MANIFEST_SCHEMA.names
+            ):
+                raise CheckpointError(
+                    f"checkpoint file {path} has the columns {manifest.schema.names}, not "
+                    f"{_MANIFEST_SCHEMA.names}"
+                )
+            groups = manifest.column(_KEY_GROUP).to_pylist()
+            links = zip(*(manifest.column(c).to_pylist() for c in _CHAIN_COLUMNS), strict=True)
+            for kg, (vs, fs, offs, lens) in zip(groups, links, strict=True):
                 if not 0 <= kg < max_parallelism:
                     raise CheckpointError(
                         f"checkpoint file {path} names key group {kg}, outside 0.."
@@ -190,77 +158,77 @@ class VersionFiles:
                         f"checkpoint files {seen[kg]} and {path} both name key group {kg}"
                     )
                 seen[kg] = path
-            if "file" in manifest.column_names:  # earlier releases: one full file each
-                assert isinstance(self.version, int)
-                version = self.version
-                chains: list[Chain] = [
-                    ((version, f, 0),) for f in _column(manifest, "file", path)
-                ]
-            else:
-                versions = _column(manifest, "versions", path)
-                files = _column(manifest, "files", path)
-                sizes = (
-                    _column(manifest, "sizes", path)
-                    if "sizes" in manifest.column_names
-                    else [None] * len(groups)
-                )
-                chains = []
-                for kg, vs, fs, ss in zip(groups, versions, files, sizes, strict=True):
-                    ss = ss if ss is not None else [0] * len(vs or ())
-                    if not vs or not fs or len(vs) != len(fs) or len(ss) != len(vs):
-                        raise CheckpointError(
-                            f"checkpoint file {path}: key group {kg} has no chain"
-                        )
-                    chains.append(tuple(zip(vs, fs, ss, strict=True)))
-            for kg, chain in zip(groups, chains, strict=True):
+                if not vs or not len(vs) == len(fs) == len(offs) == len(lens):
+                    raise CheckpointError(f"checkpoint file {path}: key group {kg} has no chain")
                 if kg in key_groups:
-                    out[kg] = chain
+                    out[kg] = tuple(zip(vs, fs, offs, lens, strict=True))
         return out
 
-    def key_group_blobs(
+    def key_group_sections(
         self, key_groups: KeyGroupRange, max_parallelism: int
-    ) -> list[tuple[str, int, bytes]]:
-        """``(file, key group, blob)`` of the key groups in ``key_groups``, each a full blob
+    ) -> list[tuple[str, Section]]:
+        """``(file, section)`` of the key groups in ``key_groups``, each a full section
         (what the async operator writes); CheckpointError naming the file otherwise."""
-        reader = ChainReader(self.storage)
-        out = []
-        for kg, chain in sorted(self.chains(key_groups, max_parallelism).items()):
-            ((where, keys, blob),) = reader.read(kg, chain[-1:])
-            if keys is not None or len(chain) != 1:
+        chains = self.chains(key_groups, max_parallelism)
+        for kg, chain in chains.items():
+            if len(chain) != 1:
+                where = self.storage.path(chain[-1][0], chain[-1][1])
                 raise CheckpointError(
-                    f"checkpoint file {where}: key group {kg} is a delta, where a full "
-                    "snapshot was expected"
+                    f"checkpoint file {where}: key group {kg} has a chain of deltas, where "
+                    "one full section was expected"
                 )
-            out.append((where, kg, blob))
-        return out
+        read = read_chains(self.storage, chains)
+        return [read[kg][0] for kg in sorted(read)]
 
 
-class ChainReader:
-    """Reads key groups' chains; each file read once."""
-
-    def __init__(self, storage: CheckpointStorage) -> None:
-        self.storage = storage
-        self._files: dict[tuple[int, str], tuple[dict[int, Change] | None, pa.Table]] = {}
-
-    def read(self, kg: int, chain: Chain) -> list[tuple[str, list[bytes] | None, bytes]]:
-        """``(path, keys, blob)`` of each item of ``kg``'s ``chain`` (or of a part of it);
-        CheckpointError naming the file for one that is missing, damaged or lacks ``kg``."""
-        out: list[tuple[str, list[bytes] | None, bytes]] = []
-        for version, file, _ in chain:
-            where = self.storage.path(version, file)
-            cached = self._files.get((version, file))
-            if cached is None:
-                table = self.storage.read(version, file)
-                cached = self._files[(version, file)] = (_key_group_file(table, where), table)
-            held, table = cached
-            if held is None:  # one key group per file (earlier releases)
-                out.append((where, None, _blob(table, where)))
-            elif kg in held:
-                keys, blob = held[kg]
-                out.append((where, keys, blob))
+def read_chains(
+    storage: CheckpointStorage, chains: dict[int, Chain], tails: Collection[int] = ()
+) -> dict[int, list[tuple[str, Section]]]:
+    """``(path, section)`` of every link of ``chains``, in chain order, each verified;
+    per file one read of each run of adjacent sections. ``tails``: the key groups whose
+    given chain is the part after a full section (deltas only). CheckpointError naming
+    the file for one that is missing or damaged, or whose section is not the chain's:
+    another key group, or a delta where the chain starts (or a full one after)."""
+    wanted: dict[tuple[int, str], set[tuple[int, int]]] = {}
+    for chain in chains.values():
+        for version, file, offset, length in chain:
+            wanted.setdefault((version, file), set()).add((offset, length))
+    found: dict[tuple[int, str, int], Section] = {}
+    for (version, file), extents in wanted.items():
+        runs: list[list[int]] = []
+        for offset, length in sorted(extents):
+            if runs and runs[-1][0] + runs[-1][1] == offset:
+                runs[-1][1] += length
             else:
-                raise CheckpointError(f"checkpoint file {where} lacks key group {kg}")
-        return out
+                runs.append([offset, length])
+        sections = storage.read_sections(version, file, Kind.KEY_GROUPS, [(o, n) for o, n in runs])
+        offsets = sorted(o for o, _ in extents)
+        if len(sections) != len(offsets):
+            raise CorruptCheckpointError(
+                f"checkpoint file {storage.path(version, file)}: {len(sections)} sections "
+                f"where the manifest names {len(offsets)}"
+            )
+        for offset, section in zip(offsets, sections, strict=True):
+            found[(version, file, offset)] = section
+    out: dict[int, list[tuple[str, Section]]] = {}
+    for kg, chain in chains.items():
+        items = out[kg] = []
+        for i, (version, file, offset, _) in enumerate(chain):
+            path = storage.path(version, file)
+            section = found[(version, file, offset)]
+            if section.tag != kg:
+                raise CorruptCheckpointError(
+                    f"checkpoint file {path}: the manifest's section of key group {kg} holds "
+                    f"key group {section.tag}"
+                )
+            if section.part != (FULL if i == 0 and kg not in tails else DELTA):
+                raise CorruptCheckpointError(
+                    f"checkpoint file {path}: key group {kg}'s chain "
+                    + ("starts with a delta, not a full snapshot" if i == 0 else
+                       "holds a full snapshot after its first")
+                )  # fmt: skip
+            items.append((path, section))
+    return out
 
 
 def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles | None:
@@ -269,7 +237,7 @@ def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles |
     names = storage.list_files(version, "subtask-")
     if not names:
         return None
-    first = storage.read(version, names[0])
+    first = storage.read(version, names[0], Kind.MANIFEST)
     first_path = storage.path(version, names[0])
     old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
     expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
@@ -279,7 +247,7 @@ def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles |
             f"checkpoint version {version} of {storage.describe(storage.root)} "
             f"is incomplete: missing {[storage.path(version, m) for m in missing]}"
         )
-    manifests = [first] + [storage.read(version, n) for n in expected[1:]]
+    manifests = [first] + [storage.read(version, n, Kind.MANIFEST) for n in expected[1:]]
     return VersionFiles(storage, version, manifests, [storage.path(version, n) for n in expected])
 
 
@@ -324,53 +292,50 @@ def write_version(
     partition: int,
     num_partitions: int,
     keyed: bool,
-    changes: dict[int, Change],
-    operator_blob: bytes | None,
+    sections: dict[int, Section],
+    operator_state: list[Any] | None,
     meta: dict[bytes, bytes],
     operator: bytes = b"",
     chains: dict[int, Chain] | None = None,
     writer: str = "",
 ) -> dict[int, Chain]:
-    """Write one partition's key-group file (a row per key group in ``changes``: full
-    blobs, and deltas over the key group's chain in ``chains``, the previous version's),
-    its operator state (if any: ``keyed_process`` keeps its watermark in the manifest's
-    ``meta``), then its manifest (every key group's chain); returns the chains.
+    """Write one partition's key-group file (a section per key group in ``sections``: full
+    ones, and deltas over the key group's chain in ``chains``, the previous version's),
+    its operator state (if any, ``OperatorStateBackend.dump``: ``keyed_process`` keeps
+    its watermark in the manifest's ``meta``), then its manifest (every key group's
+    chain); returns the chains.
 
-    A key group in ``chains`` but not in ``changes`` keeps its chain; a full blob starts
-    a new one. ``writer``: the attempt's token, in the file's name and the manifest.
+    A key group in ``chains`` but not in ``sections`` keeps its chain; a full section
+    starts a new one. ``writer``: the attempt's token, in the file's name and the
+    manifest.
     """
     writer = writer or uuid.uuid4().hex[:12]
     new: dict[int, Chain] = dict(chains or {})
-    if changes:
+    if sections:
         name = f"kg-p{partition:05d}-{writer}.ckpt"
-        groups = sorted(changes)
+        groups = sorted(sections)
         for kg in groups:
-            keys, blob = changes[kg]
-            size = len(blob) + sum(len(k) for k in keys or ())
-            if keys is None:
-                new[kg] = ((version, name, size),)
-            elif kg in new:
-                new[kg] = new[kg] + ((version, name, size),)
-            else:
+            if sections[kg].tag != kg:
+                raise CheckpointError(f"key group {kg}: a section tagged {sections[kg].tag}")
+            if sections[kg].part == DELTA and kg not in new:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
-        table = pa.Table.from_arrays(
-            [
-                pa.array(groups, pa.int32()),
-                pa.array([changes[kg][0] for kg in groups], _CHANGES_SCHEMA.field(_KEYS).type),
-                pa.array([changes[kg][1] for kg in groups], pa.binary()),
-            ],
-            schema=_CHANGES_SCHEMA,
+        extents = storage.write_sections(
+            version, name, Kind.KEY_GROUPS, [sections[kg] for kg in groups]
         )
-        storage.write(version, name, table)
-    if operator_blob is not None:  # keyed_process: its watermark is in the manifest
-        storage.write(version, f"ops-{partition:05d}.ckpt", _blob_table(operator_blob))
+        for kg, (offset, length) in zip(groups, extents, strict=True):
+            link = (version, name, offset, length)
+            new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
+    if operator_state is not None:  # keyed_process: its watermark is in the manifest
+        storage.write(
+            version, f"ops-{partition:05d}.ckpt", Kind.OPERATOR_STATE,
+            table(Kind.OPERATOR_STATE, operator_state),
+        )  # fmt: skip
     kgs = sorted(new)
     manifest = pa.Table.from_arrays(
-        [
-            pa.array(kgs, pa.int32()),
-            pa.array([[c[0] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(1).type),
-            pa.array([[c[1] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(2).type),
-            pa.array([[c[2] for c in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(3).type),
+        [pa.array(kgs, pa.int32())]
+        + [
+            pa.array([[link[i] for link in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(c).type)
+            for i, c in enumerate(_CHAIN_COLUMNS)
         ],
         schema=_MANIFEST_SCHEMA,
     ).replace_schema_metadata(
@@ -384,7 +349,7 @@ def write_version(
             **meta,
         }
     )
-    storage.write(version, f"subtask-{partition:05d}.ckpt", manifest)
+    storage.write(version, f"subtask-{partition:05d}.ckpt", Kind.MANIFEST, manifest)
     return new
 
 
@@ -401,9 +366,9 @@ def prune_versions(storage: CheckpointStorage, version: int, retain: int) -> Non
     keep_from = oldest
     found = read_version(storage, oldest) if oldest >= 0 else None
     if found is not None:
-        for manifest, path in zip(found.manifests, found.paths, strict=True):
+        for manifest in found.manifests:
             if "versions" in manifest.column_names:
-                for vs in _column(manifest, "versions", path):
+                for vs in manifest.column("versions").to_pylist():
                     if vs:
                         keep_from = min(keep_from, min(vs))
     storage.delete_versions([v for v in storage.versions() if v < keep_from])

@@ -14,13 +14,17 @@ Call order, per operator instance::
     backend.snapshot()                 -> {key_group: blob}
     backend.close()
 
+``dump()`` / ``load(groups)`` are ``snapshot()`` / ``restore(blobs)`` without
+the sealing: the logical entries per key group, which checkpoint files write
+as sections of one container (``asyncio_ops._container``).
+
 Incremental snapshots (a streaming runtime that keeps the backend between
 checkpoints)::
 
     backend.track_changes()            from now on, record every key made current
     backend.take_touched()             -> the keys made current since (and start afresh)
-    backend.snapshot_keys(keys)        -> {key_group: blob} of exactly those keys' entries
-    backend.snapshot(key_groups)       -> the full blobs of some key groups
+    backend.dump_keys(keys)            -> {key_group: entries} of exactly those keys
+    backend.dump(key_groups)           -> the entries of some key groups, in full
     backend.remove_keys(kg, keys)      drop those keys' entries (before a delta's blob is
                                        restored: a delta replaces its keys whole)
     backend.clear_key_group(kg)        drop a key group (before a full blob replaces it)
@@ -32,7 +36,7 @@ next full snapshot: until then a restore holds them as expired entries, which
 state reads never return (nor does the TTL's ``return_expired`` promise them
 gone).
 
-What a snapshot is: one sealed blob (see ``_blob``) per non-empty key group,
+What a snapshot is: one sealed blob (a container, see ``_blob``) per non-empty key group,
 holding for every state of that group its name, kind and entries in a
 backend-independent form (canonical key and namespace bytes, values encoded
 with the descriptor's serializer, TTL timestamps). A heap snapshot restores
@@ -449,7 +453,13 @@ class KeyedStateBackend(ABC):
     # -- snapshot / restore -----------------------------------------------------------
     def snapshot(self, key_groups: Collection[int] | None = None) -> dict[int, bytes]:
         """``{key_group: blob}`` for every non-empty key group of this backend (of
-        ``key_groups`` only, if given).
+        ``key_groups`` only, if given): :meth:`dump`, sealed (``_blob``)."""
+        return seal_dumps(self.dump(key_groups))
+
+    def dump(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
+        """``{key_group: [(state, kind, has_ttl, entries), ...]}``: the logical entries of
+        every non-empty key group (of ``key_groups`` only, if given), what a snapshot
+        holds (:meth:`load` takes it back).
 
         An event-time TTL entry written before the first watermark has no time
         of its own (its TTL runs from the first watermark): once there is one,
@@ -457,21 +467,21 @@ class KeyedStateBackend(ABC):
         whose own first watermark comes later, expires them on time.
         """
         self._check_open()
-        return self._sealer()(self._dump_groups(key_groups), self._pending_dumps(key_groups))
+        return self._merger()(self._dump_groups(key_groups), self._pending_dumps(key_groups))
 
-    def _sealer(self) -> Callable[..., dict[int, bytes]]:
-        """What seals this backend's dumps now: :meth:`_seal`, with entries written
+    def _merger(self) -> Callable[..., dict[int, list[StateDump]]]:
+        """What merges this backend's dumps now: :func:`merge_dumps`, with entries written
         before the first watermark stamped with it once there is one."""
         first = self._first_watermark
         if first == _NEG_INF:
-            return self._seal
+            return merge_dumps
 
-        def seal(*parts: dict[int, list[StateDump]]) -> dict[int, bytes]:
+        def merge(*parts: dict[int, list[StateDump]]) -> dict[int, list[StateDump]]:
             for part in parts:
                 _stamp_unstamped(part, first)
-            return self._seal(*parts)
+            return merge_dumps(*parts)
 
-        return seal
+        return merge
 
     def _pending_dumps(
         self, key_groups: Collection[int] | None = None
@@ -484,31 +494,32 @@ class KeyedStateBackend(ABC):
                 groups.setdefault(kg, []).append((name, kind, False, list(entries)))
         return groups
 
-    @staticmethod
-    def _seal(*parts: dict[int, list[StateDump]]) -> dict[int, bytes]:
-        merged: dict[int, list[StateDump]] = {}
-        for part in parts:
-            for kg, dumps in part.items():
-                merged.setdefault(kg, []).extend(d for d in dumps if d[3])
-        return {kg: seal(KEYED_STATE, kg, dumps) for kg, dumps in sorted(merged.items()) if dumps}
-
     def restore(self, blobs: Mapping[int, bytes]) -> int:
         """Take the key groups of ``blobs`` inside this backend's range; returns how many.
 
         Every taken blob is verified before any is applied (CorruptStateError
-        names the key group). Restoring a key group that already holds data
-        merges into it: values and map entries are overwritten, list
-        elements appended.
+        names the key group); then as :meth:`load`.
         """
         self._check_open()
-        decoded: list[tuple[int, list[StateDump]]] = []
+        decoded: dict[int, list[StateDump]] = {}
         for kg, blob in blobs.items():
             if not isinstance(kg, int) or kg not in self.key_group_range:
                 continue
-            payload = unseal(KEYED_STATE, kg, blob)
-            if not isinstance(payload, list):
-                raise CorruptStateError(f"key group {kg}: snapshot payload is not a list")
-            decoded.append((kg, payload))
+            decoded[kg] = unseal(KEYED_STATE, kg, blob)
+        return self.load(decoded)
+
+    def load(self, groups: Mapping[int, list[StateDump]]) -> int:
+        """Take the key groups of ``groups`` (what :meth:`dump` gives, read back from a
+        verified snapshot) inside this backend's range; returns how many.
+
+        Restoring a key group that already holds data merges into it: values and
+        map entries are overwritten, list elements appended.
+        """
+        self._check_open()
+        decoded = [
+            (kg, dumps) for kg, dumps in groups.items()
+            if isinstance(kg, int) and kg in self.key_group_range
+        ]  # fmt: skip
         maxp = self.max_parallelism
         for kg, dumps in decoded:
             for dump in dumps:  # every key keeps the group it was filed under
@@ -571,17 +582,19 @@ class KeyedStateBackend(ABC):
             pairs.sort(key=_second)
         return out
 
-    def snapshot_keys(self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]) -> dict[int, bytes]:
-        """``{key_group: blob}`` holding every entry of the given keys (``{kg: [(key,
+    def dump_keys(
+        self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]
+    ) -> dict[int, list[StateDump]]:
+        """The logical entries (as :meth:`dump`) of the given keys (``{kg: [(key,
         canonical bytes), ...]}``, as :meth:`encoded_keys` gives) in every state and
-        namespace; a key group whose keys hold nothing has no blob."""
+        namespace; a key group whose keys hold nothing is left out."""
         self._check_open()
         wanted = {kg: {enc for _, enc in pairs} for kg, pairs in keys.items()}
         pending: dict[int, list[StateDump]] = {}
         for kg, dumps in self._pending_dumps(wanted).items():
             kept = [(n, k, t, [e for e in es if e[0] in wanted[kg]]) for n, k, t, es in dumps]
             pending[kg] = kept
-        return self._sealer()(self._dump_keys(keys), pending)
+        return self._merger()(self._dump_keys(keys), pending)
 
     def remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
         """Drop every entry of ``keys`` (``(key, canonical bytes)`` pairs of ``key_group``)."""
@@ -659,6 +672,21 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def _load_entries(self, table: Any, kg: int, entries: list[Entry]) -> None:
         """Write logical entries (of key group ``kg``) into a registered state."""
+
+
+def merge_dumps(*parts: dict[int, list[StateDump]]) -> dict[int, list[StateDump]]:
+    """``parts`` merged per key group, states without entries (and key groups without
+    states) left out."""
+    merged: dict[int, list[StateDump]] = {}
+    for part in parts:
+        for kg, dumps in part.items():
+            merged.setdefault(kg, []).extend(d for d in dumps if d[3])
+    return {kg: dumps for kg, dumps in sorted(merged.items()) if dumps}
+
+
+def seal_dumps(groups: Mapping[int, list[StateDump]]) -> dict[int, bytes]:
+    """``{key_group: blob}`` of :meth:`KeyedStateBackend.dump`'s entries."""
+    return {kg: seal(KEYED_STATE, kg, dumps) for kg, dumps in groups.items()}
 
 
 def _stamp_unstamped(groups: dict[int, list[StateDump]], stamp: float) -> None:

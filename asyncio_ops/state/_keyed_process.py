@@ -48,7 +48,7 @@ Semantics:
   ``AsyncWaitOperator`` in the same partition: ``AsyncWaitOperator(...,
   output=keyed_op.process)``.
 - A snapshot holds, per key group, one sealed blob with the key group's state
-  blob and its timers; restore takes the key groups inside the backend's
+  and its timers in one table; restore takes the key groups inside the backend's
   range, so state and timers move together on rescale.
 """
 
@@ -57,10 +57,11 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from .._clock import Scheduler
+from .._container import Section
 from .._elements import Record, StreamElement, Watermark
 from .._exceptions import ConfigurationError, StateError
 from .._functions import RuntimeContext
@@ -68,7 +69,6 @@ from .._timers import InternalTimerService, Timer
 from ._backend import KeyedStateBackend
 from ._descriptors import StateDescriptor
 from ._keyed_snapshot import (
-    Change,
     apply_change,
     restore_key_groups,
     snapshot_changes,
@@ -386,16 +386,17 @@ class KeyedProcessOperator:
         :meth:`snapshot_changes`."""
         self.backend.track_changes()
 
-    def snapshot_changes(self, full: Collection[int] = ()) -> dict[int, Change]:
-        """``{key_group: (keys, blob)}``: full blobs of the non-empty key groups in
+    def snapshot_changes(self, full: Collection[int] = ()) -> dict[int, Section]:
+        """``{key_group: section}``: the full state of the non-empty key groups in
         ``full``, deltas of the keys made current since the last call elsewhere."""
         return snapshot_changes(self.backend, self.timer_service, full)
 
-    def apply_change(self, kg: int, keys: Sequence[bytes] | None, blob: bytes) -> None:
-        """Apply one key group's full blob (``keys`` None) or delta, before ``open``."""
+    def apply_change(self, section: Section, where: str) -> None:
+        """Apply one key group's full or delta section, before ``open``; errors name
+        ``where``."""
         if self._opened:
             raise StateError("KeyedProcessOperator.apply_change must come before open")
-        apply_change(self.backend, self.timer_service, kg, keys, blob)
+        apply_change(self.backend, self.timer_service, section, where)
 
     def clear_key_group(self, kg: int) -> None:
         """Drop a key group's state and timers, before ``open``."""

@@ -12,8 +12,8 @@ taken at parallelism ``p`` is restored at parallelism ``q`` (Flink's
   instance gets every element of every old instance (for state like "offsets
   of all partitions" where each instance picks what it needs).
 
-A snapshot is one sealed blob per instance (``_blob``; the header's key-group
-field holds the subtask index, and a corrupt blob raises
+A snapshot is one sealed blob per instance (``_blob``; its section's tag is
+the subtask index, and a corrupt blob raises
 :class:`CorruptStateError` naming the subtask).
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from .._exceptions import ConfigurationError, CorruptStateError, StateError
+from .._exceptions import ConfigurationError, StateError
 from ._api import ListState
 from ._blob import OPERATOR_STATE, seal, unseal
 from ._serializers import PICKLE_SERIALIZER, Serializer
@@ -124,13 +124,18 @@ class OperatorStateBackend:
         return sorted(set(self._states) | set(self._pending))
 
     def snapshot(self) -> bytes:
-        """One sealed blob with every state of this instance."""
+        """One sealed blob with every state of this instance (:meth:`dump`, sealed)."""
+        return seal(OPERATOR_STATE, self.index, self.dump())
+
+    def dump(self) -> list[tuple[str, str, list[bytes]]]:
+        """``[(state, mode, items), ...]``: every state of this instance, its items as
+        their serializer's bytes (what a snapshot holds; :meth:`load` takes it back)."""
         payload = [
             (st.name, st.mode, [st.serializer.dumps(v) for v in st._items])
             for st in self._states.values()
         ]
         payload += [(name, mode, list(items)) for name, (mode, items) in self._pending.items()]
-        return seal(OPERATOR_STATE, self.index, payload)
+        return payload
 
     def restore(self, snapshots: Sequence[bytes]) -> None:
         """Take this instance's share of the snapshots of all old instances (subtask order)."""
@@ -139,13 +144,17 @@ class OperatorStateBackend:
             raise ConfigurationError(
                 "OperatorStateBackend.restore takes the list of every old instance's blob"
             )
-        decoded = []
-        for old_index, blob in enumerate(snapshots):
-            payload = unseal(OPERATOR_STATE, old_index, blob, what="operator state of subtask")
-            if not isinstance(payload, list):
-                raise CorruptStateError(f"operator state of subtask {old_index}: not a list")
-            decoded.append(payload)
-        same_parallelism = len(snapshots) == self.parallelism
+        self.load(
+            [
+                unseal(OPERATOR_STATE, old_index, blob, what="operator state of subtask")
+                for old_index, blob in enumerate(snapshots)
+            ]
+        )
+
+    def load(self, decoded: Sequence[list[tuple[str, str, list[bytes]]]]) -> None:
+        """:meth:`restore` from every old instance's :meth:`dump` (subtask order), read
+        back from a verified snapshot."""
+        same_parallelism = len(decoded) == self.parallelism
         by_name: dict[str, tuple[str, list[list[bytes]]]] = {}
         for payload in decoded:
             for name, mode, _items in payload:

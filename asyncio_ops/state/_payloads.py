@@ -1,61 +1,66 @@
-"""What a sealed blob carries, as one typed Arrow table per blob kind (never a pickle).
+"""The typed Arrow tables of state snapshots (never a pickle), one per container kind.
 
-:func:`encode` turns a blob kind's payload into Arrow IPC bytes; :func:`decode`
-reads them back, checking the schema and every value, and raises
-:class:`CorruptStateError` (naming the key group) for anything else. Loading
-a blob runs no code: the bytes are parsed as Arrow, validated, and turned into
-tuples of str, bytes, float and bool. User values stay the bytes their
-descriptor's serializer wrote (pickle by default: that serializer, not the
-blob, is where user code could be trusted or not; see ``_serializers``).
+:func:`table` turns a kind's payload into its Arrow table (one section of a
+container, ``asyncio_ops._container``); :func:`read` turns a verified
+section's table back into the payload, checking the schema and every value,
+and raises :class:`CorruptStateError` (naming ``where``) for anything else.
+Reading runs no code: values come back as str, bytes, float and bool. User
+values stay the bytes their descriptor's serializer wrote (pickle by default:
+that serializer, not the container, is where user code could be trusted or
+not; see ``_serializers``).
 
-Payloads, one row per item:
+Tables, one row per item:
 
-- keyed state (a list of ``(state, kind, has_ttl, entries)``): ``state``,
-  ``kind``, ``has_ttl``, ``key`` and ``namespace`` (canonical bytes), ``map_key``
-  (map state only), ``ts`` (the TTL timestamp, or null) and ``value`` (the
-  serializer's bytes). A value-like entry is one row; a list entry one row per
-  element and a map entry one row per map entry, consecutive and in order.
-- keyed operator (``(state blob or None, timers)``): one row per timer,
-  ``domain``, ``key`` and ``namespace`` (canonical bytes: a timer's key and
+- ``KEYED_STATE`` (one key group's keyed state, a list of ``(state, kind,
+  has_ttl, entries)``): ``state``, ``kind``, ``has_ttl``, ``key`` and
+  ``namespace`` (canonical bytes), ``map_key`` (map state only), ``ts`` (the
+  TTL timestamp, or null), ``value`` (the serializer's bytes) and ``entry``
+  (which entry of its state the row is of). A value-like entry is one row; a
+  list entry one row per element and a map entry one row per map entry,
+  consecutive and in order.
+- ``KEY_GROUPS`` (one key group of an operator: ``(state, timers, replaced)``):
+  the rows of its keyed state as above (``row`` 0), one row per timer (``row``
+  1: ``domain``, ``key``, ``namespace``, ``timestamp``; a timer's key and
   namespace must be canonically encodable, see ``_keygroups.canonical_bytes``)
-  and ``timestamp``, each with the key group's keyed-state blob in ``state``
-  (one row with null timer fields when there are no timers).
-- operator state (a list of ``(state, mode, items)``): ``state``, ``mode`` and
-  ``item`` (the serializer's bytes), one row per item, in order.
+  and, in a delta, one row per key it replaces whole (``row`` 2: ``key``).
+- ``OPERATOR_STATE`` (a list of ``(state, mode, items)``): ``state``, ``mode``
+  and ``item`` (the serializer's bytes), one row per item, in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
 
+from .._container import Kind
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
 from ._keycodec import decode_canonical
 
-__all__ = ["decode", "encode"]
+__all__ = ["KeyGroupPayload", "read", "table"]
 
-KEYED_STATE_SCHEMA: Final = pa.schema(
+_ENTRY_FIELDS: Final = [
+    pa.field("state", pa.string(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("has_ttl", pa.bool_(), nullable=False),
+    pa.field("key", pa.binary(), nullable=False),
+    pa.field("namespace", pa.binary(), nullable=False),
+    pa.field("map_key", pa.binary()),
+    pa.field("ts", pa.float64()),
+    pa.field("value", pa.binary(), nullable=False),
+    pa.field("entry", pa.int64(), nullable=False),  # which entry of its state a row is of
+]
+KEYED_STATE_SCHEMA: Final = pa.schema(_ENTRY_FIELDS)
+_ENTRY: Final = 0
+_TIMER: Final = 1
+_REPLACED: Final = 2
+KEY_GROUP_SCHEMA: Final = pa.schema(
     [
-        pa.field("state", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("has_ttl", pa.bool_(), nullable=False),
-        pa.field("key", pa.binary(), nullable=False),
-        pa.field("namespace", pa.binary(), nullable=False),
-        pa.field("map_key", pa.binary()),
-        pa.field("ts", pa.float64()),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("entry", pa.int64(), nullable=False),  # which entry of its state a row is of
-    ]
-)
-KEYED_OPERATOR_SCHEMA: Final = pa.schema(
-    [
-        pa.field("state", pa.binary()),
+        pa.field("row", pa.int8(), nullable=False),  # 0 state entry, 1 timer, 2 replaced key
+        *(f if f.name == "key" else f.with_nullable(True) for f in _ENTRY_FIELDS),
         pa.field("domain", pa.string()),
-        pa.field("key", pa.binary()),
-        pa.field("namespace", pa.binary()),
         pa.field("timestamp", pa.float64()),
     ]
 )
@@ -70,24 +75,14 @@ OPERATOR_STATE_SCHEMA: Final = pa.schema(
 _LIST: Final = "list"
 _MAP: Final = "map"
 
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
+KeyGroupPayload = tuple[list[Any], list[tuple[str, Any, Any, float]], list[bytes] | None]
+"""One key group of an operator: its keyed state (``(state, kind, has_ttl, entries)``
+dumps), its timers ``(domain, key, namespace, timestamp)`` and, in a delta, the
+canonical bytes of the keys it replaces whole (None: the key group's full state)."""
 
 
-def _read(data: memoryview, schema: pa.Schema, where: str) -> dict[str, list[Any]]:
-    try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-        table.validate(full=True)
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        raise CorruptStateError(
-            f"{where}: snapshot payload is not a valid Arrow table: {exc}"
-        ) from exc
-    if not table.schema.equals(schema):
+def _columns(schema: pa.Schema, table: pa.Table, where: str) -> dict[str, list[Any]]:
+    if not table.schema.remove_metadata().equals(schema):
         raise CorruptStateError(
             f"{where}: snapshot payload has the columns {table.schema.names} "
             f"({table.schema.types}), expected {schema.names}"
@@ -97,9 +92,10 @@ def _read(data: memoryview, schema: pa.Schema, where: str) -> dict[str, list[Any
 
 
 # -- keyed state ---------------------------------------------------------------------------
-def _encode_keyed_state(dumps: list[Any]) -> bytes:
-    cols: dict[str, list[Any]] = {f.name: [] for f in KEYED_STATE_SCHEMA}
+def _entry_columns(dumps: list[Any], cols: dict[str, list[Any]]) -> int:
+    """Append the rows of ``dumps`` to ``cols`` (the keyed-state columns); returns how many."""
     n = 0
+    rows = 0
     for name, kind, has_ttl, entries in dumps:
         for key, ns, data in entries:
             if kind == _LIST:
@@ -119,19 +115,25 @@ def _encode_keyed_state(dumps: list[Any]) -> bytes:
                 cols["ts"].append(ts)
                 cols["value"].append(value)
                 cols["entry"].append(n)
+                rows += 1
             n += 1
-    return _ipc(pa.table(cols, schema=KEYED_STATE_SCHEMA))
+    return rows
 
 
-def _decode_keyed_state(data: memoryview, where: str) -> list[Any]:
-    cols = _read(data, KEYED_STATE_SCHEMA, where)
+def _keyed_state_table(dumps: list[Any]) -> pa.Table:
+    cols: dict[str, list[Any]] = {f.name: [] for f in KEYED_STATE_SCHEMA}
+    _entry_columns(dumps, cols)
+    return pa.table(cols, schema=KEYED_STATE_SCHEMA)
+
+
+def _dumps(rows: Sequence[tuple[Any, ...]], where: str) -> list[Any]:
+    """``(state, kind, has_ttl, key, ns, map_key, ts, value, entry)`` rows back to dumps."""
     dumps: dict[str, tuple[str, bool, list[Any]]] = {}
     last_entry = -1
     current: list[Any] | None = None
-    for state, kind, has_ttl, key, ns, map_key, ts, value, entry in zip(
-        cols["state"], cols["kind"], cols["has_ttl"], cols["key"], cols["namespace"],
-        cols["map_key"], cols["ts"], cols["value"], cols["entry"], strict=True,
-    ):  # fmt: skip
+    for state, kind, has_ttl, key, ns, map_key, ts, value, entry in rows:
+        if state is None or kind is None or has_ttl is None or ns is None or value is None:
+            raise CorruptStateError(f"{where}: a state entry lacks its state, kind or value")
         dump = dumps.get(state)
         if dump is None:
             dump = dumps[state] = (kind, has_ttl, [])
@@ -154,7 +156,16 @@ def _decode_keyed_state(data: memoryview, where: str) -> list[Any]:
     return [(name, kind, has_ttl, entries) for name, (kind, has_ttl, entries) in dumps.items()]
 
 
-# -- keyed operator (keyed state and timers of one key group) --------------------------------
+def _read_keyed_state(table: pa.Table, where: str) -> list[Any]:
+    c = _columns(KEYED_STATE_SCHEMA, table, where)
+    return _dumps(
+        list(zip(c["state"], c["kind"], c["has_ttl"], c["key"], c["namespace"],
+                 c["map_key"], c["ts"], c["value"], c["entry"], strict=True)),
+        where,
+    )  # fmt: skip
+
+
+# -- key groups (keyed state, timers and replaced keys of one key group) --------------------
 def _canonical(value: Any, what: str) -> bytes:
     try:
         return canonical_bytes(value)
@@ -164,54 +175,65 @@ def _canonical(value: Any, what: str) -> bytes:
         ) from exc
 
 
-def _encode_keyed_operator(payload: Any) -> bytes:
-    state_blob, timers = payload
-    cols: dict[str, list[Any]] = {f.name: [] for f in KEYED_OPERATOR_SCHEMA}
-    rows = list(timers) or [None]
-    for timer in rows:
-        cols["state"].append(state_blob)
-        if timer is None:  # no timers: one row for the state blob
-            for name in ("domain", "key", "namespace", "timestamp"):
-                cols[name].append(None)
-            continue
-        domain, key, namespace, ts = timer
-        cols["domain"].append(domain)
+def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
+    dumps, timers, replaced = payload
+    cols: dict[str, list[Any]] = {f.name: [] for f in KEY_GROUP_SCHEMA}
+    entries = _entry_columns(dumps, cols)
+    timer_rows = 0
+    for domain, key, namespace, ts in timers:
         cols["key"].append(_canonical(key, "key"))
         cols["namespace"].append(_canonical(namespace, "namespace"))
+        cols["domain"].append(domain)
         cols["timestamp"].append(float(ts))
-    return _ipc(pa.table(cols, schema=KEYED_OPERATOR_SCHEMA))
+        timer_rows += 1
+    cols["key"] += replaced or ()
+    others = len(cols["key"]) - entries
+    for name in ("state", "kind", "has_ttl", "map_key", "ts", "value", "entry"):
+        cols[name] += [None] * others
+    cols["namespace"] += [None] * (others - timer_rows)
+    for name in ("domain", "timestamp"):
+        cols[name] = [None] * entries + cols[name] + [None] * (others - timer_rows)
+    cols["row"] = [_ENTRY] * entries + [_TIMER] * timer_rows + [_REPLACED] * (others - timer_rows)
+    return pa.table(cols, schema=KEY_GROUP_SCHEMA)
 
 
-def _decode_keyed_operator(data: memoryview, where: str) -> Any:
-    cols = _read(data, KEYED_OPERATOR_SCHEMA, where)
-    states = set(cols["state"])
-    if len(states) != 1:
-        raise CorruptStateError(f"{where}: keyed operator payload holds {len(states)} state blobs")
-    timers = []
-    for domain, key, namespace, ts in zip(
-        cols["domain"], cols["key"], cols["namespace"], cols["timestamp"], strict=True
-    ):
-        if domain is None:
-            continue
-        if key is None or namespace is None or ts is None:
-            raise CorruptStateError(f"{where}: a timer lacks its key, namespace or timestamp")
-        timers.append((domain, decode_canonical(key), decode_canonical(namespace), ts))
-    return (states.pop(), timers)
+def _read_key_group(table: pa.Table, where: str) -> KeyGroupPayload:
+    c = _columns(KEY_GROUP_SCHEMA, table, where)
+    entries: list[tuple[Any, ...]] = []
+    timers: list[tuple[str, Any, Any, float]] = []
+    replaced: list[bytes] = []
+    for i, row in enumerate(c["row"]):
+        key = c["key"][i]
+        if row == _ENTRY:
+            entries.append(
+                (c["state"][i], c["kind"][i], c["has_ttl"][i], key, c["namespace"][i],
+                 c["map_key"][i], c["ts"][i], c["value"][i], c["entry"][i])
+            )  # fmt: skip
+        elif row == _TIMER:
+            domain, namespace, ts = c["domain"][i], c["namespace"][i], c["timestamp"][i]
+            if domain is None or namespace is None or ts is None:
+                raise CorruptStateError(f"{where}: a timer lacks its domain, namespace or time")
+            timers.append((domain, decode_canonical(key), decode_canonical(namespace), ts))
+        elif row == _REPLACED:
+            replaced.append(key)
+        else:
+            raise CorruptStateError(f"{where}: a row of unknown kind {row}")
+    return _dumps(entries, where), timers, replaced
 
 
 # -- operator state -------------------------------------------------------------------------
-def _encode_operator_state(payload: list[Any]) -> bytes:
+def _operator_state_table(payload: list[Any]) -> pa.Table:
     cols: dict[str, list[Any]] = {f.name: [] for f in OPERATOR_STATE_SCHEMA}
     for name, mode, items in payload:
         for item in list(items) or [None]:
             cols["state"].append(name)
             cols["mode"].append(mode)
             cols["item"].append(item)
-    return _ipc(pa.table(cols, schema=OPERATOR_STATE_SCHEMA))
+    return pa.table(cols, schema=OPERATOR_STATE_SCHEMA)
 
 
-def _decode_operator_state(data: memoryview, where: str) -> list[Any]:
-    cols = _read(data, OPERATOR_STATE_SCHEMA, where)
+def _read_operator_state(table: pa.Table, where: str) -> list[Any]:
+    cols = _columns(OPERATOR_STATE_SCHEMA, table, where)
     out: dict[str, tuple[str, list[bytes]]] = {}
     for name, mode, item in zip(cols["state"], cols["mode"], cols["item"], strict=True):
         entry = out.setdefault(name, (mode, []))
@@ -222,24 +244,24 @@ def _decode_operator_state(data: memoryview, where: str) -> list[Any]:
     return [(name, mode, items) for name, (mode, items) in out.items()]
 
 
-def encode(kind: str, payload: Any) -> bytes:
-    """The payload of a blob of ``kind`` (``"keyed state"``, ``"keyed operator"``,
-    ``"operator state"``) as Arrow IPC bytes."""
-    return _ENCODERS[kind](payload)
+def table(kind: Kind, payload: Any) -> pa.Table:
+    """The Arrow table of a payload of ``kind`` (``KEYED_STATE``, ``KEY_GROUPS``,
+    ``OPERATOR_STATE``)."""
+    return _TABLES[kind](payload)
 
 
-def decode(kind: str, data: memoryview, where: str) -> Any:
-    """The payload back from :func:`encode`'s bytes; CorruptStateError naming ``where``."""
-    return _DECODERS[kind](data, where)
+def read(kind: Kind, data: pa.Table, where: str) -> Any:
+    """The payload back from :func:`table`'s table; CorruptStateError naming ``where``."""
+    return _READERS[kind](data, where)
 
 
-_ENCODERS: Final[dict[str, Callable[[Any], bytes]]] = {
-    "keyed state": _encode_keyed_state,
-    "keyed operator": _encode_keyed_operator,
-    "operator state": _encode_operator_state,
+_TABLES: Final[dict[Kind, Callable[[Any], pa.Table]]] = {
+    Kind.KEYED_STATE: _keyed_state_table,
+    Kind.KEY_GROUPS: _key_group_table,
+    Kind.OPERATOR_STATE: _operator_state_table,
 }
-_DECODERS: Final[dict[str, Callable[[memoryview, str], Any]]] = {
-    "keyed state": _decode_keyed_state,
-    "keyed operator": _decode_keyed_operator,
-    "operator state": _decode_operator_state,
+_READERS: Final[dict[Kind, Callable[[pa.Table, str], Any]]] = {
+    Kind.KEYED_STATE: _read_keyed_state,
+    Kind.KEY_GROUPS: _read_key_group,
+    Kind.OPERATOR_STATE: _read_operator_state,
 }

@@ -50,6 +50,7 @@ from ._backend import (
     TableBase,
     check_element,
     no_current_key,
+    seal_dumps,
 )
 from ._cells import AggregatingCell, ReducingCell, TtlValueCell
 from ._descriptors import (
@@ -429,12 +430,12 @@ class RocksDBSnapshot:
         path: Path,
         tables: list[tuple[str, str, bool, bool, float, Any]],
         pending: dict[int, list[StateDump]],
-        seal: Any,
+        merge: Any,
     ) -> None:
         self._path = path
         self._tables = tables
         self._pending = pending
-        self._seal = seal
+        self._merge = merge
         self._done = False
 
     def materialize(self) -> dict[int, bytes]:
@@ -463,7 +464,7 @@ class RocksDBSnapshot:
                     db.close()
         finally:
             self.discard()
-        return self._seal(groups, self._pending)  # type: ignore[no-any-return]
+        return seal_dumps(self._merge(groups, self._pending))
 
     def discard(self) -> None:
         self._done = True
@@ -621,7 +622,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             tables.append((t.name, t.kind, t.has_ttl, t.full_snapshot_cleanup, t.now(), t.expired))
         if tables:
             self._rd.Checkpoint(self._db).create_checkpoint(str(snap_dir))
-        return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._sealer())
+        return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._merger())
 
     def snapshot(self, key_groups: Collection[int] | None = None) -> dict[int, bytes]:
         if key_groups is None:

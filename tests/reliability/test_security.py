@@ -121,7 +121,10 @@ async def test_sql_injection_strings_as_keys_are_data(
     # a batch window far longer than submitting the rows takes on a loaded machine, so
     # that they are sure to travel as one batch (the default 2 ms is not)
     lookup = PostgresLookup(
-        dsn, f"SELECT name, id FROM {table} WHERE name = ANY($1)", key="name", many=True,
+        dsn,
+        f"SELECT name, id FROM {table} WHERE name = ANY($1)",
+        key="name",
+        many=True,
         max_batch_delay=1.0,
     )
     rows = [{"name": k} for k in [*keys, "alice"]]
@@ -477,10 +480,11 @@ _WRITE_CHECKPOINT = textwrap.dedent(
     os.umask(int(sys.argv[2], 8))
     import pyarrow as pa
     from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._container import Kind
     storage = CheckpointStorage(sys.argv[1], "op")
     storage.check_writable()
-    storage.write(1, "subtask-0.ckpt", pa.table({"card": ["4111-1111"]}))
-    storage.write(1, "kg-7.ckpt", pa.table({"n": [1, 2, 3]}))
+    storage.write(1, "subtask-0.ckpt", Kind.REPLAY_LOG, pa.table({"card": ["4111-1111"]}))
+    storage.write(1, "kg-7.ckpt", Kind.REPLAY_LOG, pa.table({"n": [1, 2, 3]}))
     """
 )
 

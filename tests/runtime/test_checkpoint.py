@@ -14,26 +14,43 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
-from asyncio_ops._checkpoint import (
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import (
+    DELTA,
     FORMAT_VERSION,
+    HEADER_SIZE,
     MAGIC,
-    SIGNED_FORMAT_VERSION,
-    CheckpointStorage,
+    SECTION_HEADER_SIZE,
+    Kind,
+    Section,
     decode,
     encode,
 )
+
+K = Kind.REPLAY_LOG  # the kind of the plain tables below
+_SECTION = struct.Struct("<iHQQI")  # tag, part, length, raw length (0: raw), CRC
 
 
 def t(**columns: list[object]) -> pa.Table:
     return pa.table(columns)
 
 
+def _crc(kind: int, tag: int, part: int, body: bytes) -> int:
+    return zlib.crc32(body, zlib.crc32(struct.pack("<HiH", kind, tag, part)))
+
+
+def _contained(body: bytes, kind: int = K, version: int = FORMAT_VERSION) -> bytes:
+    """A container of one section holding ``body`` as it is, its CRC right."""
+    head = struct.pack("<8sHHHI", MAGIC, version, kind, 0, 1)
+    return head + _SECTION.pack(0, 0, len(body), 0, _crc(kind, 0, 0, body)) + body
+
+
 def test_round_trip_and_listing(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
     s.check_writable()
-    s.write(3, "subtask-00000.ckpt", t(rows=[1, 2, 3]))
-    s.write(3, "kg-00007.ckpt", t(k=["a"], v=[1]))
-    assert s.read(3, "subtask-00000.ckpt") == t(rows=[1, 2, 3])
+    s.write(3, "subtask-00000.ckpt", K, t(rows=[1, 2, 3]))
+    s.write(3, "kg-00007.ckpt", K, t(k=["a"], v=[1]))
+    assert s.read(3, "subtask-00000.ckpt", K) == t(rows=[1, 2, 3])
     assert s.list_files(3) == ["kg-00007.ckpt", "subtask-00000.ckpt"]
     assert s.list_files(3, "kg-") == ["kg-00007.ckpt"]
     assert s.versions() == [3]
@@ -44,48 +61,55 @@ def test_round_trip_and_listing(tmp_path: Path) -> None:
 
 def test_file_uri_works_like_a_path(tmp_path: Path) -> None:
     s = CheckpointStorage(f"file://{tmp_path}", "op")
-    s.write(1, "x.ckpt", t(x=[42]))
+    s.write(1, "x.ckpt", K, t(x=[42]))
     assert (tmp_path / "op" / "v0000000001" / "x.ckpt").is_file()
-    assert CheckpointStorage(str(tmp_path), "op").read(1, "x.ckpt") == t(x=[42])
+    assert CheckpointStorage(str(tmp_path), "op").read(1, "x.ckpt", K) == t(x=[42])
 
 
 def test_a_torn_temp_file_is_never_read(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "subtask-00000.ckpt", t(s=["whole"]))
+    s.write(1, "subtask-00000.ckpt", K, t(s=["whole"]))
     torn = tmp_path / "op" / "v0000000001" / "subtask-00001.ckpt.tmp-deadbeef"
-    torn.write_bytes(encode(t(s=["half"]))[:10])  # a writer died half-way
+    torn.write_bytes(encode(K, [Section(0, t(s=["half"]))])[0][:10])  # a writer died half-way
     assert s.list_files(1) == ["subtask-00000.ckpt"]
 
 
 def test_truncated_file_is_named(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "kg-00001.ckpt", t(n=list(range(1000))))
+    s.write(1, "kg-00001.ckpt", K, t(n=list(range(1000))))
     f = tmp_path / "op" / "v0000000001" / "kg-00001.ckpt"
     f.write_bytes(f.read_bytes()[:-7])
     with pytest.raises(CorruptCheckpointError, match=r"kg-00001\.ckpt.*truncated"):
-        s.read(1, "kg-00001.ckpt")
+        s.read(1, "kg-00001.ckpt", K)
     f.write_bytes(b"AOPS")
     with pytest.raises(CorruptCheckpointError, match=r"kg-00001\.ckpt"):
-        s.read(1, "kg-00001.ckpt")
+        s.read(1, "kg-00001.ckpt", K)
 
 
 def test_bit_flip_fails_the_checksum(tmp_path: Path) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "kg-00002.ckpt", t(payload=["x" * 100]))
+    s.write(1, "kg-00002.ckpt", K, t(payload=["x" * 100]))
     f = tmp_path / "op" / "v0000000001" / "kg-00002.ckpt"
     data = bytearray(f.read_bytes())
     data[-20] ^= 0x04
     f.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"kg-00002\.ckpt fails its checksum"):
-        s.read(1, "kg-00002.ckpt")
+        s.read(1, "kg-00002.ckpt", K)
 
 
 def test_newer_format_version_is_refused_by_name() -> None:
-    newer = SIGNED_FORMAT_VERSION + 1  # 3 is a signed file of FORMAT_VERSION's frame
-    data = bytearray(encode(t(s=["future"])))
+    newer = FORMAT_VERSION + 1
+    data = bytearray(encode(K, [Section(0, t(s=["future"]))])[0])
     data[8] = newer  # the u16 after the magic
     with pytest.raises(CorruptCheckpointError, match=rf"format version {newer}.*upgrade"):
-        decode(bytes(data), "some/file.ckpt")
+        decode(bytes(data), K, "some/file.ckpt", error=CorruptCheckpointError)
+
+
+def test_a_file_of_another_kind_is_refused_by_name(tmp_path: Path) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    s.write(1, "ops-00000.ckpt", Kind.MANIFEST, t(x=[1]))
+    with pytest.raises(CorruptCheckpointError, match=r"ops-00000\.ckpt holds manifest, not"):
+        s.read(1, "ops-00000.ckpt", Kind.OPERATOR_STATE)
 
 
 class _Payload:
@@ -99,30 +123,37 @@ class _Payload:
 
 
 def _framed(version: int, body: bytes) -> bytes:
+    """A file of the earlier frame (format versions 1 to 3): magic, version, length, CRC."""
     return struct.pack("<8sHQI", MAGIC, version, len(body), zlib.crc32(body)) + body
 
 
-@pytest.mark.parametrize("version", [1, FORMAT_VERSION])
+@pytest.mark.parametrize("version", [1, 2, 3, FORMAT_VERSION])
 def test_a_crafted_pickle_with_a_valid_header_and_crc_never_runs(
     tmp_path: Path, version: int
 ) -> None:
     marker = tmp_path / "pwned"
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "subtask-00000.ckpt", t(x=[1]))
+    s.write(1, "subtask-00000.ckpt", K, t(x=[1]))
     victim = tmp_path / "op" / "v0000000001" / "subtask-00000.ckpt"
-    victim.write_bytes(_framed(version, pickle.dumps(_Payload(marker))))
-    expected = "pickle" if version == 1 else "not a readable Arrow stream"
+    body = pickle.dumps(_Payload(marker))
+    victim.write_bytes(_contained(body) if version == FORMAT_VERSION else _framed(version, body))
+    expected = {
+        1: "format version 1 .pickle",
+        2: "format version 2 .an earlier release",
+        3: "format version 3",
+        FORMAT_VERSION: "not a readable Arrow stream",
+    }[version]
     with pytest.raises(CorruptCheckpointError, match=rf"subtask-00000\.ckpt.*{expected}"):
-        s.read(1, "subtask-00000.ckpt")
+        s.read(1, "subtask-00000.ckpt", K)
     assert not marker.exists()
 
 
 def test_not_a_checkpoint_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(CorruptCheckpointError, match="not an asyncio_ops checkpoint"):
-        decode(b"PK\x03\x04" + b"\x00" * 40, "x.zip")
+        decode(b"PK\x03\x04" + b"\x00" * 40, K, "x.zip", error=CorruptCheckpointError)
     s = CheckpointStorage(str(tmp_path), "op")
     with pytest.raises(CheckpointError, match=r"missing"):
-        s.read(5, "subtask-00000.ckpt")
+        s.read(5, "subtask-00000.ckpt", Kind.MANIFEST)
 
 
 def test_location_under_a_file_is_not_writable(tmp_path: Path) -> None:
@@ -162,15 +193,19 @@ def test_listing_a_directory_another_task_creates_or_deletes_meanwhile(
     assert seen == [[]] * len(seen)  # an empty directory, or none: nothing listed
 
 
-def test_a_valid_frame_of_the_wrong_shape_names_the_file() -> None:
-    from asyncio_ops._runtime._versions import _blob, _column
+def test_a_valid_file_of_the_wrong_shape_names_the_file(tmp_path: Path) -> None:
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._versions import VersionFiles
 
-    manifest = pa.table({"key_group": [1, 2]})  # a keyed manifest without its "file" column
-    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/subtask-00000 lacks .*'file'"):
-        _column(manifest, "file", "/ck/subtask-00000")
-    two = pa.table({"blob": [b"a", b"b"]})  # a key-group file must hold one blob
-    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-00003 does not hold one"):
-        _blob(two, "/ck/kg-00003")
+    s = CheckpointStorage(str(tmp_path), "op")
+    manifest = pa.table({"key_group": pa.array([1, 2], pa.int32())})  # no chains
+    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"])
+    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/subtask-00000 has the colum"):
+        found.chains(KeyGroupRange(0, 3), 128)
+    s.write(0, "ops-00000.ckpt", Kind.OPERATOR_STATE, t(x=[1]))  # not operator state's table
+    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"])
+    with pytest.raises(CorruptCheckpointError, match=r"ops-00000\.ckpt: .*has the columns"):
+        found.operator_states()
 
 
 def test_arrow_offsets_pointing_outside_their_buffer_are_an_error_naming_the_file(
@@ -179,87 +214,110 @@ def test_arrow_offsets_pointing_outside_their_buffer_are_an_error_naming_the_fil
     # A valid header and checksum around an Arrow stream whose string offsets point far
     # past the data: reading its values would read outside the buffer (a crash).
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "results-p0-x-0.ckpt", t(v=["a", "bb", "ccc"]))
-    victim = tmp_path / "op" / "v0000000001" / "results-p0-x-0.ckpt"
-    body = victim.read_bytes()[struct.calcsize("<8sHQI") :]
+    sink = pa.BufferOutputStream()
+    table = t(v=["a", "bb", "ccc"])
+    with pa.ipc.new_stream(sink, table.schema) as writer:  # uncompressed: offsets visible
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
     offsets = struct.pack("<4i", 0, 1, 3, 6)
     assert body.count(offsets) == 1
     crafted = body.replace(offsets, struct.pack("<4i", 0, 1, 3, 0x7FFF0000))
-    victim.write_bytes(_framed(FORMAT_VERSION, crafted))
+    s.write(1, "results-p0-x-0.ckpt", K, table)
+    victim = tmp_path / "op" / "v0000000001" / "results-p0-x-0.ckpt"
+    victim.write_bytes(_contained(crafted))
     with pytest.raises(
         CorruptCheckpointError, match=r"results-p0-x-0\.ckpt verifies but is not a readable"
     ):
-        s.read(1, "results-p0-x-0.ckpt")
+        s.read(1, "results-p0-x-0.ckpt", K)
 
 
-def test_a_partition_writes_its_key_groups_in_one_file_and_earlier_files_still_read(
+def _kg(kg: int, value: str, part: int = 0) -> Section:
+    return Section(kg, t(v=[value]), part)
+
+
+def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_theirs(
     tmp_path: Path,
 ) -> None:
-    """One ``kg-p<i>-<token>`` file per partition, a row per key group; a partition owning
-    some of them reads just those; a one-blob ``kg-<kg>`` file and a ``file`` manifest of
-    earlier releases still read; a key group the manifest names but the file lacks is an
-    error naming the file."""
+    """One ``kg-p<i>-<token>`` file per partition, a section per key group; a partition
+    owning some of them reads just those byte ranges; a manifest whose offsets point at
+    another key group's section is an error naming the file."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._versions import _blob_table, read_version, write_version
+    from asyncio_ops._runtime._versions import read_version, write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
-    write_version(s, 4, 0, 2, True, {3: (None, b"three"), 70: (None, b"seventy")}, b"ops0", {},
-                  writer="w0")  # fmt: skip
-    write_version(s, 4, 1, 2, True, {}, b"ops1", {})
+    chains = write_version(s, 4, 0, 2, True, {3: _kg(3, "three"), 70: _kg(70, "seventy")},
+                           [], {}, writer="w0")  # fmt: skip
+    write_version(s, 4, 1, 2, True, {}, [], {})
     assert s.list_files(4, "kg-") == ["kg-p00000-w0.ckpt"]
+    (_, name, offset, length) = chains[70][0]
+    assert (name, offset) == ("kg-p00000-w0.ckpt", HEADER_SIZE + chains[3][0][3])
     found = read_version(s, 4)
     assert found is not None
-    assert [(kg, b) for _, kg, b in found.key_group_blobs(KeyGroupRange(64, 127), 128)] == [
-        (70, b"seventy")
-    ]
-    s.write(4, "kg-00005.ckpt", _blob_table(b"five"))  # an earlier release's file
-    manifest = pa.table({"key_group": pa.array([5, 9], pa.int32()),
-                         "file": ["kg-00005.ckpt", "kg-p00000-w0.ckpt"]})  # fmt: skip
-    s.write(4, "subtask-00001.ckpt", manifest.replace_schema_metadata(
-        found.manifests[1].schema.metadata))  # fmt: skip
-    found = read_version(s, 4)
-    assert found is not None
-    assert [b for _, _, b in found.key_group_blobs(KeyGroupRange(0, 5), 128)] == [b"three", b"five"]
-    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt lacks key group 9"):
-        found.key_group_blobs(KeyGroupRange(9, 9), 128)
+    got = found.key_group_sections(KeyGroupRange(64, 127), 128)
+    assert [(sec.tag, sec.table.column("v").to_pylist()) for _, sec in got] == [(70, ["seventy"])]
+    # only the byte range of key group 70 is read: damage to key group 3's section is
+    # not seen by a partition that does not own it, and is an error for the one that does
+    path = tmp_path / "op" / "v0000000004" / name
+    data = bytearray(path.read_bytes())
+    assert len(data) == offset + length
+    data[offset - 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert found.key_group_sections(KeyGroupRange(64, 127), 128)[0][1].tag == 70
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-w0\.ckpt fails its checksum"):
+        found.key_group_sections(KeyGroupRange(0, 63), 128)
+    swapped = {3: chains[70], 70: chains[3]}
+    write_version(s, 5, 0, 1, True, {}, [], {}, chains=swapped)
+    later = read_version(s, 5)
+    assert later is not None
+    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt: the manifest's section of"):
+        later.key_group_sections(KeyGroupRange(0, 5), 128)
 
 
-def test_a_chain_is_a_full_blob_then_deltas_and_retention_keeps_what_chains_name(
+def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_name(
     tmp_path: Path,
 ) -> None:
-    """A delta extends its key group's chain, a full blob restarts it, an untouched key
-    group keeps it; pruning keeps every version the oldest retained version's chains
-    name, and deletes the rest."""
+    """A delta extends its key group's chain, a full section restarts it, an untouched
+    key group keeps it; adjacent sections of one file are one ranged read; pruning keeps
+    every version the oldest retained version's chains name, and deletes the rest."""
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._versions import (
-        ChainReader,
         prune_versions,
+        read_chains,
         read_version,
         write_version,
     )
 
     s = CheckpointStorage(str(tmp_path), "op")
-    chains = write_version(s, 0, 0, 1, True, {1: (None, b"f1"), 2: (None, b"f2")}, b"o", {},
+    chains = write_version(s, 0, 0, 1, True, {1: _kg(1, "f1"), 2: _kg(2, "f2")}, [], {},
                            writer="a")  # fmt: skip
-    chains = write_version(s, 1, 0, 1, True, {1: ([b"k"], b"d1")}, b"o", {}, chains=chains,
+    chains = write_version(s, 1, 0, 1, True, {1: _kg(1, "d1", DELTA)}, [], {}, chains=chains,
                            writer="b")  # fmt: skip
-    chains = write_version(s, 2, 0, 1, True, {2: (None, b"g2")}, b"o", {}, chains=chains,
+    chains = write_version(s, 2, 0, 1, True, {2: _kg(2, "g2")}, [], {}, chains=chains,
                            writer="c")  # fmt: skip
-    assert chains == {1: ((0, "kg-p00000-a.ckpt", 2), (1, "kg-p00000-b.ckpt", 3)),
-                      2: ((2, "kg-p00000-c.ckpt", 2),)}  # fmt: skip
+    assert [(v, f) for v, f, _, _ in chains[1]] == [(0, "kg-p00000-a.ckpt"),
+                                                    (1, "kg-p00000-b.ckpt")]  # fmt: skip
+    assert [(v, f) for v, f, _, _ in chains[2]] == [(2, "kg-p00000-c.ckpt")]
     found = read_version(s, 2)
     assert found is not None
     read = found.chains(KeyGroupRange(0, 3), 128)
     assert read == chains
-    reader = ChainReader(s)
-    assert [(k, b) for _, k, b in reader.read(1, read[1])] == [(None, b"f1"), ([b"k"], b"d1")]
-    with pytest.raises(CheckpointError, match=r"key group 1 is a delta"):
-        found.key_group_blobs(KeyGroupRange(1, 1), 128)
-    write_version(s, 3, 0, 1, True, {}, b"o", {}, chains=chains)
+    got = read_chains(s, {1: read[1]})
+    assert [(sec.part, sec.table.column("v").to_pylist()) for _, sec in got[1]] == [
+        (0, ["f1"]),
+        (DELTA, ["d1"]),
+    ]
+    with pytest.raises(CheckpointError, match=r"key group 1's chain starts with a delta"):
+        read_chains(s, {1: read[1][1:]})
+    assert read_chains(s, {1: read[1][1:]}, tails={1})[1][0][1].part == DELTA
+    with pytest.raises(CheckpointError, match=r"key group 1 has a chain of deltas"):
+        found.key_group_sections(KeyGroupRange(1, 1), 128)
+    with pytest.raises(CheckpointError, match=r"key group 5: a delta without a full"):
+        write_version(s, 3, 0, 1, True, {5: _kg(5, "x", DELTA)}, [], {}, chains=chains)
+    write_version(s, 3, 0, 1, True, {}, [], {}, chains=chains)
     prune_versions(s, 3, 2)  # retains 2 and 3; 2's chains name version 0 too
     assert s.versions() == [0, 1, 2, 3]
-    write_version(s, 4, 0, 1, True, {1: (None, b"h1")}, b"o", {}, chains=chains)
-    write_version(s, 5, 0, 1, True, {}, b"o", {}, chains={1: ((4, "x", 1),), 2: chains[2]})
+    write_version(s, 4, 0, 1, True, {1: _kg(1, "h1")}, [], {}, chains=chains)
+    write_version(s, 5, 0, 1, True, {}, [], {}, chains={1: ((4, "x", 0, 1),), 2: chains[2]})
     prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
     assert s.versions() == [2, 3, 4, 5]
 
@@ -276,24 +334,24 @@ def test_a_signed_file_round_trips_and_needs_the_key(
     tmp_path: Path, signing: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "results-p0-a-0.ckpt", t(v=[1, 2]))
-    assert s.read(1, "results-p0-a-0.ckpt").column("v").to_pylist() == [1, 2]
+    s.write(1, "results-p0-a-0.ckpt", K, t(v=[1, 2]))
+    assert s.read(1, "results-p0-a-0.ckpt", K).column("v").to_pylist() == [1, 2]
     monkeypatch.setenv("ASYNCIO_OPS_STATE_SIGNING_KEY", "another key")
     with pytest.raises(CorruptCheckpointError, match=r"results-p0-a-0\.ckpt: its signature"):
-        s.read(1, "results-p0-a-0.ckpt")
+        s.read(1, "results-p0-a-0.ckpt", K)
     monkeypatch.delenv("ASYNCIO_OPS_STATE_SIGNING_KEY")
     with pytest.raises(CorruptCheckpointError, match=r"is signed; set ASYNCIO_OPS_STATE_SIGNING"):
-        s.read(1, "results-p0-a-0.ckpt")
+        s.read(1, "results-p0-a-0.ckpt", K)
 
 
 def test_a_forged_unsigned_replay_log_is_refused_while_a_key_is_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = CheckpointStorage(str(tmp_path), "op")
-    s.write(1, "results-p0-a-0.ckpt", t(v=[666]))  # written without a key: a forgery
+    s.write(1, "results-p0-a-0.ckpt", K, t(v=[666]))  # written without a key: a forgery
     monkeypatch.setenv("ASYNCIO_OPS_STATE_SIGNING_KEY", "k-1")
     with pytest.raises(CorruptCheckpointError, match=r"results-p0-a-0\.ckpt is not signed"):
-        s.read(1, "results-p0-a-0.ckpt")
+        s.read(1, "results-p0-a-0.ckpt", K)
 
 
 @pytest.mark.parametrize(
@@ -309,10 +367,28 @@ def test_a_signed_file_copied_to_another_identity_does_not_verify(
     tmp_path: Path, signing: None, source: tuple[str, int, str], target: tuple[str, int, str]
 ) -> None:
     uid, version, name = source
-    CheckpointStorage(str(tmp_path), uid).write(version, name, t(v=[3]))
+    kind = Kind.MANIFEST if name.startswith("subtask") else K
+    CheckpointStorage(str(tmp_path), uid).write(version, name, kind, t(v=[3]))
     to = CheckpointStorage(str(tmp_path), target[0])
-    to.write(target[1], target[2], t(v=[2]))
-    data = (tmp_path / uid / f"v{version:010d}" / name).read_bytes()
-    (tmp_path / target[0] / f"v{target[1]:010d}" / target[2]).write_bytes(data)
+    to.write(target[1], target[2], K, t(v=[2]))
+    data = bytearray((tmp_path / uid / f"v{version:010d}" / name).read_bytes())
+    data[10:12] = struct.pack("<H", K)  # even with the header's kind changed to match
+    (tmp_path / target[0] / f"v{target[1]:010d}" / target[2]).write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=rf"{re.escape(target[2])}: its signature"):
-        to.read(target[1], target[2])
+        to.read(target[1], target[2], K)
+
+
+def test_a_signed_section_read_by_its_range_verifies_alone(tmp_path: Path, signing: None) -> None:
+    s = CheckpointStorage(str(tmp_path), "op")
+    extents = s.write_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS,
+                               [_kg(3, "three"), _kg(9, "nine")])  # fmt: skip
+    (sec,) = s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1]])
+    assert (sec.tag, sec.table.column("v").to_pylist()) == (9, ["nine"])
+    path = tmp_path / "op" / "v0000000001" / "kg-p00000-a.ckpt"
+    data = bytearray(path.read_bytes())
+    offset, _ = extents[1]
+    data[offset : offset + 4] = struct.pack("<i", 3)  # the section claims key group 3
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-a\.ckpt: its signature"):
+        s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1]])
+    assert _SECTION.size == SECTION_HEADER_SIZE

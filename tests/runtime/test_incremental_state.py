@@ -18,8 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import DELTA, Kind
 from asyncio_ops._exceptions import CheckpointError
-from asyncio_ops._keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
+from asyncio_ops._keygroups import (
+    assign_to_key_group,
+    canonical_bytes,
+    compute_key_group_range_for_operator_index,
+)
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_process import run_keyed_process
 from asyncio_ops.state import (
@@ -186,11 +191,13 @@ def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> 
     storage = spec.checkpoint
     assert storage is not None
     (name,) = storage.list_files(1, "kg-")
-    table = storage.read(1, name)
-    keys = [k for ks in table.column("keys").to_pylist() for k in ks]
-    assert len(keys) == len(touched)
-    assert table.num_rows == len({assign_to_key_group(k, MAXP) for k in touched})
-    manifest = storage.read(1, "subtask-00000.ckpt")
+    sections = storage.read_sections(1, name, Kind.KEY_GROUPS)
+    assert {s.part for s in sections} == {DELTA}
+    keys = [k for s in sections for k, row in zip(s.table.column("key").to_pylist(),
+            s.table.column("row").to_pylist(), strict=True) if row == 2]  # fmt: skip
+    assert sorted(keys) == sorted(canonical_bytes(k) for k in touched)
+    assert len(sections) == len({assign_to_key_group(k, MAXP) for k in touched})
+    manifest = storage.read(1, "subtask-00000.ckpt", Kind.MANIFEST)
     assert {v for vs in manifest.column("versions").to_pylist() for v in vs} == {0, 1}
 
 
@@ -265,11 +272,7 @@ class Late(KeyedProcessFunction[int, Row, Row]):
         out.collect({"k": value["k"], "wm": ctx.timer_service().current_watermark()})
 
 
-def test_the_watermark_travels_in_the_manifest_and_an_earlier_release_ops_file_still_reads(
-    tmp_path: Path,
-) -> None:
-    from asyncio_ops._runtime._inflight import WatermarkState, snapshot_operator_state
-
+def test_the_watermark_travels_in_the_manifest(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path), "late")
     spec = KeyedProcessSpec(
         function=Late(), key_columns=("k",), output_schema=pa.schema([("k", pa.int64()),
@@ -287,12 +290,12 @@ def test_the_watermark_travels_in_the_manifest_and_an_earlier_release_ops_file_s
     run(0, 100.0)
     assert storage.list_files(0, "ops-") == []  # one file less per version
     assert run(1, 200.0) == 100.0  # the watermark of micro-batch 0's end
-    # version 1 as an earlier release wrote it: the watermark in ops-00000, not the manifest
-    manifest = storage.read(1, "subtask-00000.ckpt")
+    _warm.clear()  # read from the manifest, not a warm worker
+    assert run(2, 300.0) == 200.0
+    manifest = storage.read(2, "subtask-00000.ckpt", Kind.MANIFEST)
     meta = dict(manifest.schema.metadata or {})
-    del meta[b"aops.watermark"]
-    storage.write(1, "subtask-00000.ckpt", manifest.replace_schema_metadata(meta))
-    blob = snapshot_operator_state(0, 1, WatermarkState(200.0, 150.0))
-    storage.write(1, "ops-00000.ckpt", pa.table({"blob": pa.array([blob], pa.binary())}))
+    meta[b"aops.watermark"] = b"not a watermark"
+    storage.write(2, "subtask-00000.ckpt", Kind.MANIFEST, manifest.replace_schema_metadata(meta))
     _warm.clear()
-    assert run(2, 300.0) == 150.0
+    with pytest.raises(CheckpointError, match=r"subtask-00000\.ckpt: unreadable watermark"):
+        run(3, 400.0)

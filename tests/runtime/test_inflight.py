@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, OutputSchemaError
+from asyncio_ops._container import Section
 from asyncio_ops._runtime._inflight import (
     ARROW,
     ROW,
@@ -84,18 +85,19 @@ def test_keyed_elements_and_deadlines_follow_the_spark_key_group(backend: str) -
     mine = KeyGroupRange(spark_kg, spark_kg)
     only = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=mine,
                      state_backend=backend)  # fmt: skip
-    got = only.restore_keyed([(f"kg-{kg}", kg, blob) for kg, blob in blobs.items()
+    got = only.restore_keyed([(f"kg-{kg}", sec) for kg, sec in blobs.items()
                               if kg == spark_kg])  # fmt: skip
     assert sorted(got, key=lambda e: e.seq) == [element(1, deadline=50.0), done]
 
 
 def test_a_corrupt_key_group_file_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    ((kg, blob),) = carry.snapshot_keyed([(1, 5, element(1))]).items()
-    middle = len(blob) // 2
-    bad = blob[:middle] + bytes([blob[middle] ^ 0xFF]) + blob[middle + 1 :]
-    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-00005: key group 5"):
-        carry.restore_keyed([("/ck/kg-00005", kg, bad)])
+    ((kg, sec),) = carry.snapshot_keyed([(1, 5, element(1))]).items()
+    rows = sec.table.to_pylist()
+    rows[0]["value"] = b"not a record batch"
+    bad = Section(kg, pa.Table.from_pylist(rows, schema=sec.table.schema))
+    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-p00000-a\.ckpt: "):
+        carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad)])
 
 
 def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
@@ -104,7 +106,7 @@ def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
         carry.snapshot_operator(0, 2, WatermarkState(10.0, 5.0), [element(1), element(2)]),
         carry.snapshot_operator(1, 2, WatermarkState(30.0, 20.0), [element(3, partition=1)]),
     ]
-    parts = [carry.restore_operator(i, 3, olds, "/ck") for i in range(3)]
+    parts = [carry.restore_operator(i, 3, _named(olds), "/ck") for i in range(3)]
     assert {p[0] for p in parts} == {WatermarkState(30.0, 20.0)}
     assert [[e.seq for e in p[1]] for p in parts] == [[1], [2], [3]]
     assert parts[0][1][0].deadline == 100.0  # unkeyed: the deadline travels in the element
@@ -112,25 +114,25 @@ def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 def test_a_key_group_of_many_elements_is_one_record_batch(backend: str) -> None:
-    """300 elements of one key group (100 keys) are one value of one batch in its blob,
-    and come back with their deadlines; heap and RocksDB write the same rows."""
+    """300 elements of one key group (100 keys) are one value of one batch in its
+    section, and come back with their deadlines; heap and RocksDB write the same rows."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL,
                       state_backend=backend)  # fmt: skip
     todo = [element(i, deadline=1000.0 + i if i % 3 else None) for i in range(300)]
     blobs = carry.snapshot_keyed([(e.seq % 100, 9, e) for e in todo])
     assert list(blobs) == [9]
-    from asyncio_ops.state._blob import KEYED_OPERATOR, KEYED_STATE, unseal
+    from asyncio_ops._container import Kind
+    from asyncio_ops.state._payloads import read
 
-    state_blob, timers = unseal(KEYED_OPERATOR, 9, blobs[9])
-    ((name, kind, _ttl, entries),) = unseal(KEYED_STATE, 9, state_blob)
+    ((name, kind, _ttl, entries),), timers, _ = read(Kind.KEY_GROUPS, blobs[9].table, "kg 9")
     assert (name, kind, len(entries)) == ("in-flight-batch", "value", 1)
     (_key, _ns, (_ts, value)) = entries[0]
     assert carry.batches.loads(value).num_rows == 300
     assert len(timers) == 200
-    got = carry.restore_keyed([("/ck/kg-p00000.ckpt", 9, blobs[9])])
+    got = carry.restore_keyed([("/ck/kg-p00000.ckpt", blobs[9])])
     assert got == todo
     heap = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    assert heap.restore_keyed([("f", 9, blobs[9])]) == todo
+    assert heap.restore_keyed([("f", blobs[9])]) == todo
 
 
 def test_rescale_moves_the_elements_by_key_group() -> None:
@@ -142,7 +144,7 @@ def test_rescale_moves_the_elements_by_key_group() -> None:
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
         part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
-        got = part.restore_keyed([("f", kg, b) for kg, b in blobs.items() if kg in half])
+        got = part.restore_keyed([("f", b) for kg, b in blobs.items() if kg in half])
         want = [e for _, kg, e in todo if kg in half]
         assert sorted(got, key=lambda e: e.seq) == want
 
@@ -165,9 +167,9 @@ def test_a_corrupt_element_batch_is_an_error_naming_the_file() -> None:
         carry.batches.loads(data)
     from asyncio_ops._runtime._inflight import snapshot_operator_state
 
-    blob = snapshot_operator_state(0, 1, WatermarkState(), data)
+    state = snapshot_operator_state(0, 1, WatermarkState(), data)
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/ops-00000\.ckpt: in-flight"):
-        carry.restore_operator(0, 1, [blob], "/ck/", ["/ck/ops-00000.ckpt"])
+        carry.restore_operator(0, 1, [("/ck/ops-00000.ckpt", state)], "/ck/")
 
 
 def test_unkeyed_batches_keep_their_partition_or_split_evenly() -> None:
@@ -176,7 +178,13 @@ def test_unkeyed_batches_keep_their_partition_or_split_evenly() -> None:
     b = [element(i, kind=ROWS, partition=1) for i in range(2)]
     olds = [carry.snapshot_operator(0, 2, WatermarkState(), a),
             carry.snapshot_operator(1, 2, WatermarkState(), b)]  # fmt: skip
-    assert [carry.restore_operator(i, 2, olds, "/ck")[1] for i in range(2)] == [a, b]
-    parts = [carry.restore_operator(i, 3, olds, "/ck")[1] for i in range(3)]
+    named = _named(olds)
+    assert [carry.restore_operator(i, 2, named, "/ck")[1] for i in range(2)] == [a, b]
+    parts = [carry.restore_operator(i, 3, named, "/ck")[1] for i in range(3)]
     assert [len(p) for p in parts] == [3, 2, 2] and [e for p in parts for e in p] == a + b
-    assert carry.restore_operator(0, 1, olds, "/ck")[1] == a + b
+    assert carry.restore_operator(0, 1, named, "/ck")[1] == a + b
+
+
+def _named(states: list[Any]) -> list[tuple[str, Any]]:
+    """Operator states as the checkpoint hands them over: with their files."""
+    return [(f"/ck/ops-{i:05d}.ckpt", state) for i, state in enumerate(states)]

@@ -12,6 +12,7 @@ import pytest
 
 from asyncio_ops import AsyncFunction, CheckpointError, OutputMode, OutputSchemaError
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import Kind
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
 
@@ -377,17 +378,17 @@ def test_an_operator_without_any_version_starts_empty_at_any_micro_batch(
 def test_a_manifest_naming_a_stray_key_group_is_an_error_naming_it(
     tmp_path: Path, rewrite: str
 ) -> None:
-    from asyncio_ops._checkpoint import decode, encode
-
     spec = _carried_keyed(Lookup(), tmp_path)
-    manifest = tmp_path / "op" / "v0000000000" / "subtask-00000.ckpt"
-    table = decode(manifest.read_bytes(), str(manifest))
+    storage = spec.checkpoint
+    assert storage is not None
+    table = storage.read(0, "subtask-00000.ckpt", Kind.MANIFEST)
     groups = table.column("key_group").to_pylist()
     assert len(groups) > 1
     # one key group moved outside 0..max_parallelism-1, or renamed as another one there
     groups[0] = spec.max_parallelism + 7 if rewrite == "outside the range" else groups[1]
     stray = table.set_column(0, "key_group", pa.array(groups, pa.int32()))
-    manifest.write_bytes(encode(stray.replace_schema_metadata(table.schema.metadata)))
+    meta = table.schema.metadata
+    storage.write(0, "subtask-00000.ckpt", Kind.MANIFEST, stray.replace_schema_metadata(meta))
     last = spec.max_parallelism - 1
     message = rf"outside 0\.\.{last}" if rewrite == "outside the range" else "both name key group"
     with pytest.raises(CheckpointError, match=rf"subtask-00000\.ckpt.*{message}"):
@@ -413,11 +414,11 @@ def test_an_adaptive_limit_starts_where_the_partition_ended_its_last_micro_batch
     # cannot reach by chance on a loaded machine (how far it grew depends on the load).
     storage = spec.checkpoint
     assert storage is not None
-    manifest = storage.read(0, "subtask-00000.ckpt")
+    manifest = storage.read(0, "subtask-00000.ckpt", Kind.MANIFEST)
     meta = dict(manifest.schema.metadata or {})
     assert int(meta[b"aops.limit"]) == ended[-1].capacity_limits[0]
     meta[b"aops.limit"] = b"123"
-    storage.write(0, "subtask-00000.ckpt", manifest.replace_schema_metadata(meta))
+    storage.write(0, "subtask-00000.ckpt", Kind.MANIFEST, manifest.replace_schema_metadata(meta))
     grown = 123
     WorkerRuntime.get().limits.clear()  # the next micro-batch runs on another worker
     # too few rows for a round to end: the limit it ends with is the one it started with

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import Kind
 from asyncio_ops.spark import ordered_wait
 from tests.conftest import S3Server
 
@@ -73,7 +74,7 @@ def test_runs_sort_by_the_sequence_in_their_names_not_by_time() -> None:
             "1800000000000-e0000000010-0000",  # execution 10 after 2, whatever the token
         ]
         for name in reversed(names):  # created newest first: mtimes say the opposite
-            storage.write(name, "fnstate-p0.ckpt", pa.table({"x": [1]}))
+            storage.write(name, "fnstate-p0.ckpt", Kind.REPLAY_LOG, pa.table({"x": [1]}))
         (Path(tmp) / "op" / "run-legacytoken-e5").mkdir()  # a name without the sequence
         assert storage.runs() == ["legacytoken-e5", *names]
 
@@ -81,14 +82,15 @@ def test_runs_sort_by_the_sequence_in_their_names_not_by_time() -> None:
 def test_a_checkpoint_file_on_s3_is_one_upload_under_its_final_name(s3_server: S3Server) -> None:
     storage = CheckpointStorage(s3_server("uploads"), "op")
     s3_server.requests.clear()
-    storage.write(3, "kg-p00000.ckpt", pa.table({"x": list(range(1000))}))
+    storage.write(3, "kg-p00000.ckpt", Kind.REPLAY_LOG, pa.table({"x": list(range(1000))}))
     # one PUT of the final key: no multipart upload's three requests, no temporary
     # name, no copy, no delete, no directory marker
     assert len(s3_server.requests) == 1, s3_server.requests
     assert s3_server.requests[0].startswith("PUT "), s3_server.requests
     assert all("/aops-tests/uploads/op/v0000000003/kg-p00000.ckpt" in r
                for r in s3_server.requests), s3_server.requests  # fmt: skip
-    assert storage.read(3, "kg-p00000.ckpt").column("x").to_pylist() == list(range(1000))
+    table = storage.read(3, "kg-p00000.ckpt", Kind.REPLAY_LOG)
+    assert table.column("x").to_pylist() == list(range(1000))
     assert storage.list_files(3) == ["kg-p00000.ckpt"]
     assert storage.versions() == [3]
 
@@ -101,7 +103,7 @@ def test_a_write_into_a_missing_bucket_is_an_error_naming_the_file(s3_server: S3
     location = s3_server("x").replace("@aops-tests/", "@no-such-bucket/")
     storage = CheckpointStorage(location, "op")
     with pytest.raises(CheckpointError, match=r"cannot write checkpoint file .*kg-p00000\.ckpt"):
-        storage.write(1, "kg-p00000.ckpt", pa.table({"x": [1]}))
+        storage.write(1, "kg-p00000.ckpt", Kind.REPLAY_LOG, pa.table({"x": [1]}))
 
 
 def test_credentials_in_a_location_never_reach_a_message(s3_server: S3Server) -> None:
@@ -132,8 +134,8 @@ def test_endpoint_region_and_credentials_can_come_from_the_environment(
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{endpoint}")
     storage = CheckpointStorage("s3://aops-tests/from-env", "op")
     storage.check_writable()
-    storage.write(0, "fnstate-p0.ckpt", pa.table({"x": [7]}))
-    assert storage.read(0, "fnstate-p0.ckpt").column("x").to_pylist() == [7]
+    storage.write(0, "fnstate-p0.ckpt", Kind.REPLAY_LOG, pa.table({"x": [7]}))
+    assert storage.read(0, "fnstate-p0.ckpt", Kind.REPLAY_LOG).column("x").to_pylist() == [7]
 
 
 def test_streaming_keyed_state_lives_on_s3_across_restarts_and_rescaling(

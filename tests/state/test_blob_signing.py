@@ -11,18 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from asyncio_ops._container import HEADER_SIZE, SECTION_HEADER_SIZE, Kind, Section, encode
 from asyncio_ops.state import CorruptStateError, ValueStateDescriptor
-from asyncio_ops.state._blob import (
-    HEADER_SIZE,
-    KEYED_STATE,
-    MAGIC,
-    SIGNED_FORMAT_VERSION,
-    SIGNING_KEY_ENV,
-    seal,
-    unseal,
-)
+from asyncio_ops.state._blob import KEYED_STATE, SIGNING_KEY_ENV, seal, unseal
 
 from .conftest import BackendFactory
+
+_FLAGS = 12  # the header's flags field: bit 0, signed
+_CONTAINER = struct.Struct("<8sHHHI")
+_SECTION = struct.Struct("<iHQQI")  # tag, part, length, raw length (0: raw), CRC
+
+
+def _crc(kind: int, tag: int, part: int, body: bytes) -> int:
+    return zlib.crc32(body, zlib.crc32(struct.pack("<HiH", kind, tag, part)))
+
+
+def _container(body: bytes, *, flags: int = 0, version: int = 4, tag: int = 3) -> bytes:
+    """A container of one KEYED_STATE section holding ``body`` as it is (CRC right)."""
+    head = _CONTAINER.pack(b"AOPSCKP1", version, KEYED_STATE, flags, 1)
+    section = _SECTION.pack(tag, 0, len(body), 0, _crc(KEYED_STATE, tag, 0, body))
+    return head + section + body + (b"\x00" * 32 if flags else b"")
+
 
 # one value state, one list state: (state, kind, has_ttl, [(key, namespace, data)])
 PAYLOAD = [
@@ -49,7 +58,7 @@ def test_a_signed_snapshot_restores_with_the_key(
         src.set_current_key(key)
         state.update(key * 10)
     blobs = src.snapshot()
-    assert all(b[4] == SIGNED_FORMAT_VERSION for b in blobs.values())
+    assert all(b[_FLAGS] & 1 for b in blobs.values())
     dst = make_backend()
     assert dst.restore(blobs) == len(blobs)
     restored = dst.get_state(ValueStateDescriptor("count"))
@@ -65,10 +74,10 @@ def test_a_signed_blob_needs_the_same_key(
     blob = seal(KEYED_STATE, 5, PAYLOAD)
     if reader_key is None:
         monkeypatch.delenv(SIGNING_KEY_ENV)
-        expected = rf"key group 5: the blob is signed; set {SIGNING_KEY_ENV}"
+        expected = rf"key group 5: snapshot blob is signed; set {SIGNING_KEY_ENV}"
     else:
         monkeypatch.setenv(SIGNING_KEY_ENV, reader_key)
-        expected = "key group 5: the blob's signature does not verify"
+        expected = "key group 5: snapshot blob: its signature does not verify"
     with pytest.raises(CorruptStateError, match=expected):
         unseal(KEYED_STATE, 5, blob)
 
@@ -78,15 +87,10 @@ def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_read(
 ) -> None:
     marker = tmp_path / "pwned"
     body = pickle.dumps(_Payload(marker))
-    header = struct.Struct(">4sBBHII")
-    unsigned = header.pack(MAGIC, 3, KEYED_STATE, 3, len(body), zlib.crc32(body)) + body
-    forged = (
-        header.pack(MAGIC, SIGNED_FORMAT_VERSION, KEYED_STATE, 3, len(body), zlib.crc32(body))
-        + body
-        + b"\x00" * 32
-    )
+    unsigned = _container(body)
+    forged = _container(body, flags=1)
     monkeypatch.setenv(SIGNING_KEY_ENV, "k1")
-    with pytest.raises(CorruptStateError, match="an unsigned blob is not loaded"):
+    with pytest.raises(CorruptStateError, match="is not signed and is not loaded"):
         unseal(KEYED_STATE, 3, unsigned)
     with pytest.raises(CorruptStateError, match="signature does not verify"):
         unseal(KEYED_STATE, 3, forged)
@@ -96,25 +100,34 @@ def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_read(
 def test_an_altered_signed_blob_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SIGNING_KEY_ENV, "k1")
     blob = bytearray(seal(KEYED_STATE, 9, PAYLOAD))
-    blob[HEADER_SIZE + 2] ^= 0x01
+    blob[HEADER_SIZE + SECTION_HEADER_SIZE + 2] ^= 0x01
     with pytest.raises(CorruptStateError, match="signature does not verify"):
         unseal(KEYED_STATE, 9, bytes(blob))
 
 
 def test_a_payload_round_trips_as_typed_arrow() -> None:
     blob = seal(KEYED_STATE, 4, PAYLOAD)
-    assert pickle.dumps(None)[:1] not in blob[HEADER_SIZE : HEADER_SIZE + 1]  # not a pickle
-    assert blob[HEADER_SIZE : HEADER_SIZE + 8] != b""  # an Arrow IPC stream
+    body = blob[HEADER_SIZE + SECTION_HEADER_SIZE :]
+    assert body[:4] == b"\x28\xb5\x2f\xfd"  # one zstd frame (of an Arrow IPC stream)
     assert unseal(KEYED_STATE, 4, blob) == PAYLOAD
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_a_pickle_blob_of_an_older_format_is_refused_unread(tmp_path: Path, version: int) -> None:
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_container_of_an_older_format_is_refused_unread(tmp_path: Path, version: int) -> None:
+    marker = tmp_path / "pwned"
+    blob = _container(pickle.dumps(_Payload(marker)), version=version)
+    with pytest.raises(CorruptStateError, match=f"key group 3: .*format version {version}"):
+        unseal(KEYED_STATE, 3, blob)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_a_blob_of_the_earlier_blob_format_is_refused_unread(tmp_path: Path, version: int) -> None:
     marker = tmp_path / "pwned"
     body = pickle.dumps(_Payload(marker))
     header = struct.Struct(">4sBBHII")
-    blob = header.pack(MAGIC, version, KEYED_STATE, 3, len(body), zlib.crc32(body)) + body
-    with pytest.raises(CorruptStateError, match=f"format version {version} holds a pickle"):
+    blob = header.pack(b"AOSB", version, 1, 3, len(body), zlib.crc32(body)) + body
+    with pytest.raises(CorruptStateError, match="a snapshot blob of an earlier release"):
         unseal(KEYED_STATE, 3, blob)
     assert not marker.exists()
 
@@ -122,16 +135,9 @@ def test_a_pickle_blob_of_an_older_format_is_refused_unread(tmp_path: Path, vers
 def test_a_valid_frame_around_a_foreign_table_names_the_key_group() -> None:
     import pyarrow as pa
 
-    sink = pa.BufferOutputStream()
-    table = pa.table({"x": [1, 2]})
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    body = sink.getvalue().to_pybytes()
-    header = struct.Struct(">4sBBHII")
-    blob = header.pack(MAGIC, 3, KEYED_STATE, 6, len(body), zlib.crc32(body)) + body
+    blob, _ = encode(Kind.KEYED_STATE, [Section(6, pa.table({"x": [1, 2]}))])
     with pytest.raises(CorruptStateError, match=r"key group 6: .* has the columns \['x'\]"):
         unseal(KEYED_STATE, 6, blob)
-    garbage = b"not arrow at all"
-    blob = header.pack(MAGIC, 3, KEYED_STATE, 6, len(garbage), zlib.crc32(garbage)) + garbage
-    with pytest.raises(CorruptStateError, match=r"key group 6: .* not a valid Arrow table"):
-        unseal(KEYED_STATE, 6, blob)
+    garbage = _container(b"not arrow at all", tag=6)
+    with pytest.raises(CorruptStateError, match=r"key group 6: .* not a readable Arrow stream"):
+        unseal(KEYED_STATE, 6, garbage)

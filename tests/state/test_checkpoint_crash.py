@@ -51,7 +51,7 @@ import tempfile
 import threading
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -62,6 +62,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops._checkpoint import CheckpointStorage, Version
+from asyncio_ops._container import Kind, Section, encode
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
@@ -189,21 +190,25 @@ class FaultyStorage(CheckpointStorage):
         super().__init__(location, uid)
         self.failure = failure
         self.written = 0
-        self.held: list[tuple[Version, str, pa.Table]] = []
+        self.held: list[tuple[Version, str, Kind, list[Section]]] = []
 
-    def write(self, version: Version, name: str, table: pa.Table) -> None:
+    def write_sections(
+        self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
+    ) -> list[tuple[int, int]]:
         f = self.failure
         if f is None:
-            super().write(version, name, table)
-        elif f.from_end:
-            self.held.append((version, name, table))
+            return super().write_sections(version, name, kind, sections)
+        _, extents = encode(kind, sections, self.identity(version, name))
+        if f.from_end:
+            self.held.append((version, name, kind, list(sections)))
             while len(self.held) > f.from_end:
-                super().write(*self.held.pop(0))
+                super().write_sections(*self.held.pop(0))
         else:
             if self.written == f.k:
                 crash(f.die)
-            super().write(version, name, table)
+            super().write_sections(version, name, kind, sections)
             self.written += 1
+        return extents
 
     def delete_versions(self, versions: Any) -> None:
         self.end()

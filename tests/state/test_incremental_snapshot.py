@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from asyncio_ops._container import DELTA, Kind, decode, encode
 from asyncio_ops._timers import InternalTimerService, Timer
 from asyncio_ops.state import (
     KeyedStateBackend,
@@ -22,6 +23,7 @@ from asyncio_ops.state import (
     ListStateDescriptor,
     MapStateDescriptor,
     ValueStateDescriptor,
+    canonical_bytes,
 )
 from asyncio_ops.state._keyed_snapshot import apply_change, snapshot_changes
 
@@ -113,8 +115,10 @@ def test_full_blobs_and_deltas_rebuild_state_and_timers(
                 m.clear()
         full = {kg for kg in range(MAXP) if (step + kg) % full_every == 0}
         changes = snapshot_changes(a, ta, full)
-        for kg, (keys, blob) in changes.items():
-            apply_change(b, tb, kg, keys, blob)
+        # through one container (a key-group file): every section verified and read back
+        data, _ = encode(Kind.KEY_GROUPS, [changes[kg] for kg in sorted(changes)])
+        for section in decode(data, Kind.KEY_GROUPS, "key-group file"):
+            apply_change(b, tb, section, "key-group file")
         for kg in full - changes.keys():  # a full key group with nothing in it: dropped
             b.clear_key_group(kg)
             tb.clear_key_group(kg)
@@ -136,8 +140,13 @@ def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) 
     a.set_current_key(8)
     v.clear()
     changes = snapshot_changes(a, t, full=())
-    keys = sorted(k for ks, _ in changes.values() for k in ks or ())
-    assert len(keys) == 2
+    assert {s.part for s in changes.values()} == {DELTA}
+    keys = sorted(
+        k for s in changes.values() for k, row in zip(
+            s.table.column("key").to_pylist(), s.table.column("row").to_pylist(), strict=True
+        ) if row == 2
+    )  # fmt: skip
+    assert keys == sorted([canonical_bytes(7), canonical_bytes(8)])
     assert snapshot_changes(a, t, full=()) == {}  # nothing made current since
 
 

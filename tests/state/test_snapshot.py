@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from asyncio_ops._container import FORMAT_VERSION, HEADER_SIZE
 from asyncio_ops._timers import InternalTimerService, Timer
 from asyncio_ops.state import (
     AggregatingStateDescriptor,
@@ -30,7 +31,7 @@ from asyncio_ops.state import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
 )
-from asyncio_ops.state._blob import HEADER_SIZE, KEYED_STATE, SIGNED_FORMAT_VERSION, unseal
+from asyncio_ops.state._blob import KEYED_STATE, unseal
 from asyncio_ops.state._keycodec import decode_canonical
 from asyncio_ops.testing import ManualClock
 
@@ -202,14 +203,14 @@ def blobs(make_backend: BackendFactory) -> dict[int, bytes]:
 def _corruptions(blob: bytes) -> Iterator[tuple[str, object]]:
     yield "truncated", blob[: len(blob) // 2]
     yield "truncated", blob[: HEADER_SIZE - 1]
-    yield "checksum", blob[:-1] + bytes([blob[-1] ^ 0x01])
+    yield "checksum|not a readable", blob[:-1] + bytes([blob[-1] ^ 0x01])
     yield (
         "checksum",
         blob[:HEADER_SIZE] + bytes([blob[HEADER_SIZE] ^ 0x80]) + blob[HEADER_SIZE + 1 :],
     )
-    yield "magic", b"XXXX" + blob[4:]
-    yield "version", blob[:4] + bytes([SIGNED_FORMAT_VERSION + 1]) + blob[5:]
-    yield "truncated or padded", blob + b"\x00"
+    yield "not an asyncio_ops", b"XXXX" + blob[4:]
+    yield "format version", blob[:8] + bytes([FORMAT_VERSION + 1]) + blob[9:]
+    yield "padded", blob + b"\x00"
     yield "must be bytes", "not a blob"
 
 
@@ -219,7 +220,7 @@ def test_corrupt_blob_names_the_key_group(
     victim = sorted(blobs)[len(blobs) // 2]
     for what, bad in _corruptions(blobs[victim]):
         dst = make_backend()
-        with pytest.raises(CorruptStateError, match=rf"key group {victim}\b.*{what}"):
+        with pytest.raises(CorruptStateError, match=rf"key group {victim}\b.*({what})"):
             dst.restore({**blobs, victim: bad})  # type: ignore[dict-item]
         # verification precedes application: nothing was restored
         assert dst.state_names() == []
