@@ -162,9 +162,10 @@ class CheckpointStorage:
 
     def write_sections(
         self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
-    ) -> list[tuple[int, int]]:
+    ) -> list[tuple[int, int, int]]:
         """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
-        ``kind``; returns each section's ``(offset, length)`` in the file.
+        ``kind``; returns each section's ``(offset, length)`` in the file (of its frame)
+        and its own size (``asyncio_ops._container.encode``).
 
         On an object store (S3, GCS) the object is uploaded under its final name: it
         appears whole when its upload completes or not at all, and the store has no

@@ -334,7 +334,7 @@ def _snapshot(
     full = {
         kg for kg in op.backend.key_group_range
         if kg not in chains or len(chains[kg]) >= interval or (version + kg) % interval == 0
-        or sum(c[3] for c in chains[kg][1:]) >= chains[kg][0][3] > 0
+        or sum(c[4] for c in chains[kg][1:]) >= chains[kg][0][4] > 0
     }  # fmt: skip
     changes = op.snapshot_changes(full)
     p = task.num_partitions or 1

@@ -16,9 +16,10 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   manifest (``aops.watermark``) and writes no such file.
 - ``subtask-<i>`` (kind ``MANIFEST``): the manifest, written last: per key
   group of partition i its chain, where the sections that rebuild it are:
-  ``(version, file, offset, length)`` of its last full section and of the
-  deltas after it, in order (Flink's key-group offsets: a partition reads the
-  byte ranges of its key groups, adjacent ones in one read); the number of
+  ``(version, file, offset, length, size)`` of its last full section and of
+  the deltas after it, in order: the frame holding it and the section's own
+  bytes (Flink's key-group offsets: a partition reads the frames of its key
+  groups, adjacent ones in one read); the number of
   partitions, and the attempt's token (``aops.writer``). A key group follows
   to whichever partition owns it next, which reads its chain.
 
@@ -60,7 +61,7 @@ _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
 _WRITER: Final = b"aops.writer"
 _KEY_GROUP: Final = "key_group"
-_CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths")
+_CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
 
 
 def _list(name: str, item: pa.DataType) -> pa.Field:
@@ -73,12 +74,14 @@ _MANIFEST_SCHEMA: Final = pa.schema(
         _list("versions", pa.int64()),
         _list("files", pa.string()),
         _list("offsets", pa.int64()),  # where the key group's section starts in the file
-        _list("lengths", pa.int64()),  # its bytes (what the chain costs to read)
+        _list("lengths", pa.int64()),  # the bytes read to reach it (its frame's)
+        _list("sizes", pa.int64()),  # its own bytes, uncompressed (full vs deltas)
     ]
 )
 
-Link = tuple[int, str, int, int]
-"""Where one section of a key group's chain is: ``(version, file, offset, length)``."""
+Link = tuple[int, str, int, int, int]
+"""One section of a key group's chain: ``(version, file, offset, length, size)``: where
+its frame is, and the section's own bytes (uncompressed)."""
 Chain = tuple[Link, ...]
 """A key group's chain: its last full section, then its deltas."""
 _OPERATOR: Final = b"aops.operator"
@@ -146,7 +149,7 @@ class VersionFiles:
                 )
             groups = manifest.column(_KEY_GROUP).to_pylist()
             links = zip(*(manifest.column(c).to_pylist() for c in _CHAIN_COLUMNS), strict=True)
-            for kg, (vs, fs, offs, lens) in zip(groups, links, strict=True):
+            for kg, (vs, fs, offs, lens, sizes) in zip(groups, links, strict=True):
                 if not 0 <= kg < max_parallelism:
                     raise CheckpointError(
                         f"checkpoint file {path} names key group {kg}, outside 0.."
@@ -158,10 +161,10 @@ class VersionFiles:
                         f"checkpoint files {seen[kg]} and {path} both name key group {kg}"
                     )
                 seen[kg] = path
-                if not vs or not len(vs) == len(fs) == len(offs) == len(lens):
+                if not vs or not len(vs) == len(fs) == len(offs) == len(lens) == len(sizes):
                     raise CheckpointError(f"checkpoint file {path}: key group {kg} has no chain")
                 if kg in key_groups:
-                    out[kg] = tuple(zip(vs, fs, offs, lens, strict=True))
+                    out[kg] = tuple(zip(vs, fs, offs, lens, sizes, strict=True))
         return out
 
     def key_group_sections(
@@ -191,9 +194,9 @@ def read_chains(
     another key group, or a delta where the chain starts (or a full one after)."""
     wanted: dict[tuple[int, str], set[tuple[int, int]]] = {}
     for chain in chains.values():
-        for version, file, offset, length in chain:
+        for version, file, offset, length, _ in chain:
             wanted.setdefault((version, file), set()).add((offset, length))
-    found: dict[tuple[int, str, int], Section] = {}
+    found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
     for (version, file), extents in wanted.items():
         runs: list[list[int]] = []
         for offset, length in sorted(extents):
@@ -201,33 +204,26 @@ def read_chains(
                 runs[-1][1] += length
             else:
                 runs.append([offset, length])
-        sections = storage.read_sections(version, file, Kind.KEY_GROUPS, [(o, n) for o, n in runs])
-        offsets = sorted(o for o, _ in extents)
-        if len(sections) != len(offsets):
-            raise CorruptCheckpointError(
-                f"checkpoint file {storage.path(version, file)}: {len(sections)} sections "
-                f"where the manifest names {len(offsets)}"
-            )
-        for offset, section in zip(offsets, sections, strict=True):
-            found[(version, file, offset)] = section
+        ranges = [(o, n) for o, n in runs]
+        for got in storage.read_sections(version, file, Kind.KEY_GROUPS, ranges):
+            found[(version, file, got.tag)] = got
     out: dict[int, list[tuple[str, Section]]] = {}
     for kg, chain in chains.items():
         items = out[kg] = []
-        for i, (version, file, offset, _) in enumerate(chain):
+        for i, (version, file, *_) in enumerate(chain):
             path = storage.path(version, file)
-            section = found[(version, file, offset)]
-            if section.tag != kg:
+            held = found.get((version, file, kg))
+            if held is None:
                 raise CorruptCheckpointError(
-                    f"checkpoint file {path}: the manifest's section of key group {kg} holds "
-                    f"key group {section.tag}"
+                    f"checkpoint file {path} lacks key group {kg} where the manifest says it is"
                 )
-            if section.part != (FULL if i == 0 and kg not in tails else DELTA):
+            if held.part != (FULL if i == 0 and kg not in tails else DELTA):
                 raise CorruptCheckpointError(
                     f"checkpoint file {path}: key group {kg}'s chain "
                     + ("starts with a delta, not a full snapshot" if i == 0 else
                        "holds a full snapshot after its first")
                 )  # fmt: skip
-            items.append((path, section))
+            items.append((path, held))
     return out
 
 
@@ -322,8 +318,8 @@ def write_version(
         extents = storage.write_sections(
             version, name, Kind.KEY_GROUPS, [sections[kg] for kg in groups]
         )
-        for kg, (offset, length) in zip(groups, extents, strict=True):
-            link = (version, name, offset, length)
+        for kg, (offset, length, size) in zip(groups, extents, strict=True):
+            link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
     if operator_state is not None:  # keyed_process: its watermark is in the manifest
         storage.write(

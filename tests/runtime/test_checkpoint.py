@@ -20,7 +20,6 @@ from asyncio_ops._container import (
     FORMAT_VERSION,
     HEADER_SIZE,
     MAGIC,
-    SECTION_HEADER_SIZE,
     Kind,
     Section,
     decode,
@@ -28,21 +27,21 @@ from asyncio_ops._container import (
 )
 
 K = Kind.REPLAY_LOG  # the kind of the plain tables below
-_SECTION = struct.Struct("<iHQQI")  # tag, part, length, raw length (0: raw), CRC
+_FRAME = struct.Struct("<IQQI")  # sections, stored length, raw length (0: raw), CRC
+_SECTION = struct.Struct("<iHQ")  # tag, part, length
 
 
 def t(**columns: list[object]) -> pa.Table:
     return pa.table(columns)
 
 
-def _crc(kind: int, tag: int, part: int, body: bytes) -> int:
-    return zlib.crc32(body, zlib.crc32(struct.pack("<HiH", kind, tag, part)))
-
-
 def _contained(body: bytes, kind: int = K, version: int = FORMAT_VERSION) -> bytes:
-    """A container of one section holding ``body`` as it is, its CRC right."""
-    head = struct.pack("<8sHHHI", MAGIC, version, kind, 0, 1)
-    return head + _SECTION.pack(0, 0, len(body), 0, _crc(kind, 0, 0, body)) + body
+    """A container of one frame of one section holding ``body`` as it is (stored raw),
+    its CRC right."""
+    head = struct.pack("<8sHHHII", MAGIC, version, kind, 0, 1, 1)
+    stored = _SECTION.pack(0, 0, len(body)) + body
+    crc = zlib.crc32(stored, zlib.crc32(struct.pack("<HIQ", kind, 1, 0)))
+    return head + _FRAME.pack(1, len(stored), 0, crc) + stored
 
 
 def test_round_trip_and_listing(tmp_path: Path) -> None:
@@ -249,28 +248,47 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_thei
                            [], {}, writer="w0")  # fmt: skip
     write_version(s, 4, 1, 2, True, {}, [], {})
     assert s.list_files(4, "kg-") == ["kg-p00000-w0.ckpt"]
-    (_, name, offset, length) = chains[70][0]
-    assert (name, offset) == ("kg-p00000-w0.ckpt", HEADER_SIZE + chains[3][0][3])
+    (_, name, offset, _, _) = chains[70][0]
+    assert (name, offset) == ("kg-p00000-w0.ckpt", HEADER_SIZE)  # small: one frame
     found = read_version(s, 4)
     assert found is not None
     got = found.key_group_sections(KeyGroupRange(64, 127), 128)
     assert [(sec.tag, sec.table.column("v").to_pylist()) for _, sec in got] == [(70, ["seventy"])]
-    # only the byte range of key group 70 is read: damage to key group 3's section is
-    # not seen by a partition that does not own it, and is an error for the one that does
+    stray = {9: chains[70]}  # a key group the file does not hold
+    write_version(s, 5, 0, 1, True, {}, [], {}, chains=stray)
+    later = read_version(s, 5)
+    assert later is not None
+    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt lacks key group 9 where"):
+        later.key_group_sections(KeyGroupRange(0, 63), 128)
+
+
+def test_a_partition_reads_only_the_frames_of_its_key_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sections share a frame up to about 4 MiB; a partition owning some key groups
+    reads only their frames' byte ranges: damage in another frame is not read, damage
+    in its own is named."""
+    import asyncio_ops._container as container
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._versions import read_version, write_version
+
+    monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
+    s = CheckpointStorage(str(tmp_path), "op")
+    chains = write_version(s, 4, 0, 1, True, {3: _kg(3, "three"), 70: _kg(70, "seventy")},
+                           [], {}, writer="w0")  # fmt: skip
+    (_, name, offset, length, _) = chains[70][0]
+    assert offset == HEADER_SIZE + chains[3][0][3]
+    found = read_version(s, 4)
+    assert found is not None
     path = tmp_path / "op" / "v0000000004" / name
     data = bytearray(path.read_bytes())
     assert len(data) == offset + length
-    data[offset - 3] ^= 0x10
+    data[offset - 3] ^= 0x10  # inside key group 3's frame
     path.write_bytes(bytes(data))
-    assert found.key_group_sections(KeyGroupRange(64, 127), 128)[0][1].tag == 70
+    got = found.key_group_sections(KeyGroupRange(64, 127), 128)
+    assert [(sec.tag, sec.table.column("v").to_pylist()) for _, sec in got] == [(70, ["seventy"])]
     with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-w0\.ckpt fails its checksum"):
         found.key_group_sections(KeyGroupRange(0, 63), 128)
-    swapped = {3: chains[70], 70: chains[3]}
-    write_version(s, 5, 0, 1, True, {}, [], {}, chains=swapped)
-    later = read_version(s, 5)
-    assert later is not None
-    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt: the manifest's section of"):
-        later.key_group_sections(KeyGroupRange(0, 5), 128)
 
 
 def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_name(
@@ -294,9 +312,9 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
                            writer="b")  # fmt: skip
     chains = write_version(s, 2, 0, 1, True, {2: _kg(2, "g2")}, [], {}, chains=chains,
                            writer="c")  # fmt: skip
-    assert [(v, f) for v, f, _, _ in chains[1]] == [(0, "kg-p00000-a.ckpt"),
+    assert [(v, f) for v, f, *_ in chains[1]] == [(0, "kg-p00000-a.ckpt"),
                                                     (1, "kg-p00000-b.ckpt")]  # fmt: skip
-    assert [(v, f) for v, f, _, _ in chains[2]] == [(2, "kg-p00000-c.ckpt")]
+    assert [(v, f) for v, f, *_ in chains[2]] == [(2, "kg-p00000-c.ckpt")]
     found = read_version(s, 2)
     assert found is not None
     read = found.chains(KeyGroupRange(0, 3), 128)
@@ -317,7 +335,7 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
     prune_versions(s, 3, 2)  # retains 2 and 3; 2's chains name version 0 too
     assert s.versions() == [0, 1, 2, 3]
     write_version(s, 4, 0, 1, True, {1: _kg(1, "h1")}, [], {}, chains=chains)
-    write_version(s, 5, 0, 1, True, {}, [], {}, chains={1: ((4, "x", 0, 1),), 2: chains[2]})
+    write_version(s, 5, 0, 1, True, {}, [], {}, chains={1: ((4, "x", 0, 1, 1),), 2: chains[2]})
     prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
     assert s.versions() == [2, 3, 4, 5]
 
@@ -378,17 +396,27 @@ def test_a_signed_file_copied_to_another_identity_does_not_verify(
         to.read(target[1], target[2], K)
 
 
-def test_a_signed_section_read_by_its_range_verifies_alone(tmp_path: Path, signing: None) -> None:
+def test_a_signed_frame_read_by_its_range_verifies_alone(
+    tmp_path: Path, signing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio_ops._container as container
+
+    monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
     s = CheckpointStorage(str(tmp_path), "op")
     extents = s.write_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS,
                                [_kg(3, "three"), _kg(9, "nine")])  # fmt: skip
-    (sec,) = s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1]])
+    (sec,) = s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1][:2]])
     assert (sec.tag, sec.table.column("v").to_pylist()) == (9, ["nine"])
     path = tmp_path / "op" / "v0000000001" / "kg-p00000-a.ckpt"
     data = bytearray(path.read_bytes())
-    offset, _ = extents[1]
-    data[offset : offset + 4] = struct.pack("<i", 3)  # the section claims key group 3
+    offset, _, _ = extents[1]
+    data[offset + _FRAME.size] ^= 0x01  # inside the frame's stored bytes
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-a\.ckpt: its signature"):
-        s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1]])
-    assert _SECTION.size == SECTION_HEADER_SIZE
+        s.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [extents[1][:2]])
+    other = CheckpointStorage(str(tmp_path), "other")  # the same frame, another operator
+    other.write_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS, [_kg(3, "x")])
+    moved = tmp_path / "other" / "v0000000001" / "kg-p00000-a.ckpt"
+    moved.write_bytes(path.read_bytes()[:HEADER_SIZE] + bytes(data[extents[0][0] : offset]))
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-a\.ckpt: its signature"):
+        other.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS)

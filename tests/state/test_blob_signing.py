@@ -11,26 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from asyncio_ops._container import HEADER_SIZE, SECTION_HEADER_SIZE, Kind, Section, encode
+from asyncio_ops._container import FRAME_HEADER_SIZE, HEADER_SIZE, Kind, Section, encode
 from asyncio_ops.state import CorruptStateError, ValueStateDescriptor
 from asyncio_ops.state._blob import KEYED_STATE, SIGNING_KEY_ENV, seal, unseal
 
 from .conftest import BackendFactory
 
 _FLAGS = 12  # the header's flags field: bit 0, signed
-_CONTAINER = struct.Struct("<8sHHHI")
-_SECTION = struct.Struct("<iHQQI")  # tag, part, length, raw length (0: raw), CRC
-
-
-def _crc(kind: int, tag: int, part: int, body: bytes) -> int:
-    return zlib.crc32(body, zlib.crc32(struct.pack("<HiH", kind, tag, part)))
+_CONTAINER = struct.Struct("<8sHHHII")
+_FRAME = struct.Struct("<IQQI")
+_SECTION = struct.Struct("<iHQ")
 
 
 def _container(body: bytes, *, flags: int = 0, version: int = 4, tag: int = 3) -> bytes:
-    """A container of one KEYED_STATE section holding ``body`` as it is (CRC right)."""
-    head = _CONTAINER.pack(b"AOPSCKP1", version, KEYED_STATE, flags, 1)
-    section = _SECTION.pack(tag, 0, len(body), 0, _crc(KEYED_STATE, tag, 0, body))
-    return head + section + body + (b"\x00" * 32 if flags else b"")
+    """A container of one frame (stored raw) of one KEYED_STATE section holding ``body``
+    as it is (CRC right)."""
+    head = _CONTAINER.pack(b"AOPSCKP1", version, KEYED_STATE, flags, 1, 1)
+    stored = _SECTION.pack(tag, 0, len(body)) + body
+    crc = zlib.crc32(stored, zlib.crc32(struct.pack("<HIQ", KEYED_STATE, 1, 0)))
+    frame = _FRAME.pack(1, len(stored), 0, crc) + stored
+    return head + frame + (b"\x00" * 32 if flags else b"")
 
 
 # one value state, one list state: (state, kind, has_ttl, [(key, namespace, data)])
@@ -100,15 +100,15 @@ def test_with_a_key_set_an_unsigned_or_forged_blob_is_never_read(
 def test_an_altered_signed_blob_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SIGNING_KEY_ENV, "k1")
     blob = bytearray(seal(KEYED_STATE, 9, PAYLOAD))
-    blob[HEADER_SIZE + SECTION_HEADER_SIZE + 2] ^= 0x01
+    blob[HEADER_SIZE + FRAME_HEADER_SIZE + 2] ^= 0x01
     with pytest.raises(CorruptStateError, match="signature does not verify"):
         unseal(KEYED_STATE, 9, bytes(blob))
 
 
 def test_a_payload_round_trips_as_typed_arrow() -> None:
     blob = seal(KEYED_STATE, 4, PAYLOAD)
-    body = blob[HEADER_SIZE + SECTION_HEADER_SIZE :]
-    assert body[:4] == b"\x28\xb5\x2f\xfd"  # one zstd frame (of an Arrow IPC stream)
+    body = blob[HEADER_SIZE + FRAME_HEADER_SIZE :]
+    assert body[:4] == b"\x28\xb5\x2f\xfd"  # one zstd frame (of a section: Arrow IPC)
     assert unseal(KEYED_STATE, 4, blob) == PAYLOAD
 
 

@@ -194,7 +194,7 @@ class FaultyStorage(CheckpointStorage):
 
     def write_sections(
         self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
-    ) -> list[tuple[int, int]]:
+    ) -> list[tuple[int, int, int]]:
         f = self.failure
         if f is None:
             return super().write_sections(version, name, kind, sections)
