@@ -729,7 +729,10 @@ def ordered_wait(
     ``on_empty="keep"``). The
     result has the input columns (unless ``keep_input_columns=False``), the
     output columns, ``_error`` with ``on_error="error_column"`` and ``_late``
-    with ``event_time``. See docs/spark.md for every option.
+    with ``event_time``. Before it returns, a function with a preflight (the
+    connectors: ``asyncio_ops.SupportsPreflight``) checks on the driver what it can
+    without the data, its failure raised here before any job (``preflight=False``
+    skips it). See docs/spark.md for every option.
     """
     return _wait(
         df, fn, OutputMode.ORDERED, timeout=timeout, output_schema=output_schema,
