@@ -32,11 +32,13 @@ from ._functions import (
     CacheCounters,
     CheckpointedFunction,
     PrefersChunks,
+    PreflightContext,
     RuntimeContext,
     SupportsCacheStatistics,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     SupportsOutputColumns,
+    SupportsPreflight,
 )
 from ._limit import AdaptiveLimit, SignalsOverload
 from ._operator import AsyncWaitOperator, OutputMode
@@ -81,6 +83,7 @@ __all__ = [
     "OutputMode",
     "OutputSchemaError",
     "PrefersChunks",
+    "PreflightContext",
     "Record",
     "ResultHandle",
     "RuntimeContext",
@@ -93,6 +96,7 @@ __all__ = [
     "SupportsInvokeArrow",
     "SupportsInvokeChunk",
     "SupportsOutputColumns",
+    "SupportsPreflight",
     "SystemClock",
     "Timer",
     "TimerHeap",

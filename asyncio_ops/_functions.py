@@ -30,6 +30,15 @@ Optional abilities are declared as protocols, never probed by name:
   fails single rows of the chunk on their own.
 - :class:`SupportsCacheStatistics`: cache counters that reach the operator
   metrics.
+- :class:`SupportsPreflight`: ``async preflight(context)`` runs once on the
+  driver before any Spark job (``preflight=True``, the default, of the Spark
+  functions) and checks what it can without the data: a connector connects
+  and authenticates, prepares its query, reaches its endpoint. It raises
+  asyncio_ops' exceptions (a connector's ``ConnectorError``, a
+  ``ConfigurationError``) naming the option, address or column at fault; it
+  must leave nothing open, and must not change the function (the object is
+  pickled to the executors afterwards). :class:`PreflightContext` says what
+  the function will be given and asked for.
 
 Clients, pools and sessions belong in ``open``: the function object is
 pickled to Spark executors, and ``__init__`` runs on the driver.
@@ -208,6 +217,27 @@ class CheckpointedFunction(Protocol):
     def snapshot_function_state(self) -> pa.Table | None: ...
 
     def initialize_function_state(self, tables: Sequence[pa.Table]) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreflightContext:
+    """What a function's :meth:`SupportsPreflight.preflight` may check itself against.
+
+    ``input_schema``: the Arrow schema of the rows the function will receive
+    (every input column); ``output_schema``: the Arrow schema of the columns
+    it is declared to return (``output_schema=`` of the Spark function).
+    """
+
+    input_schema: pa.Schema
+    output_schema: pa.Schema
+
+
+@runtime_checkable
+class SupportsPreflight(Protocol):
+    """A function that checks, once on the driver before any Spark job, what it can
+    without the data (see the module docstring); plain functions have no preflight."""
+
+    async def preflight(self, context: PreflightContext) -> None: ...
 
 
 class CacheCounters(Protocol):

@@ -6,7 +6,8 @@ porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessFunction`` with keyed state and timers (Flink's
 ``KeyedProcessOperator``); ``session()`` builds a SparkSession whose Python
 workers run this interpreter; ``AsyncMetrics`` collects operator metrics across
-tasks.
+tasks; ``library_errors()`` raises a job's failure as the library's exception
+instead of Spark's (the function's preflight runs before any job).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .._runtime import KEY_GROUP_COLUMN
 from ._api import AsyncMetrics, ordered_wait, unordered_wait
 from ._datastream import AsyncDataStream
+from ._errors import library_error, library_errors
 from ._keyed import route_values
 from ._keyed_process import keyed_process
 from ._session import session
@@ -25,6 +27,8 @@ __all__ = [
     "AsyncMetrics",
     "Time",
     "keyed_process",
+    "library_error",
+    "library_errors",
     "ordered_wait",
     "route_values",
     "session",

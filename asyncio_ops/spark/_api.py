@@ -73,6 +73,7 @@ from ..options import (
 )
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
+from ._preflight import preflight as run_preflight
 
 log = logging.getLogger("asyncio_ops.spark")
 
@@ -226,6 +227,7 @@ def _wait(
     checkpoint_flush_interval: float | timedelta | str,
     state_backend: str,
     max_capacity: int,
+    preflight: bool,
 ) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -329,6 +331,8 @@ def _wait(
         storage = checkpoint_storage(df, checkpoint_location, operator_uid)
     elif checkpoint_version is not None or drain_timeout is not None:
         raise ConfigurationError("checkpoint_version and drain_timeout need checkpoint_location=")
+
+    run_preflight(preflight, function, df, added)
 
     parts = num_partitions
     if key_cols:
@@ -714,6 +718,7 @@ def ordered_wait(
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
     state_backend: str = "heap",
     max_capacity: int = DEFAULT_MAX_CAPACITY,
+    preflight: bool = True,
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -724,7 +729,10 @@ def ordered_wait(
     ``on_empty="keep"``). The
     result has the input columns (unless ``keep_input_columns=False``), the
     output columns, ``_error`` with ``on_error="error_column"`` and ``_late``
-    with ``event_time``. See docs/spark.md for every option.
+    with ``event_time``. Before it returns, a function with a preflight (the
+    connectors: ``asyncio_ops.SupportsPreflight``) checks on the driver what it can
+    without the data, its failure raised here before any job (``preflight=False``
+    skips it). See docs/spark.md for every option.
     """
     return _wait(
         df, fn, OutputMode.ORDERED, timeout=timeout, output_schema=output_schema,
@@ -738,7 +746,7 @@ def ordered_wait(
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
         checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
-        max_capacity=max_capacity,
+        max_capacity=max_capacity, preflight=preflight,
     )  # fmt: skip
 
 
@@ -775,6 +783,7 @@ def unordered_wait(
     checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
     state_backend: str = "heap",
     max_capacity: int = DEFAULT_MAX_CAPACITY,
+    preflight: bool = True,
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
@@ -793,5 +802,5 @@ def unordered_wait(
         drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
         output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
         checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
-        max_capacity=max_capacity,
+        max_capacity=max_capacity, preflight=preflight,
     )  # fmt: skip

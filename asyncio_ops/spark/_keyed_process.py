@@ -45,6 +45,7 @@ from ._api import (
 )
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
+from ._preflight import preflight as run_preflight
 
 
 @known_keywords()
@@ -65,6 +66,7 @@ def keyed_process(
     retain_versions: int = 10,
     batch_size: int | None = None,
     full_snapshot_interval: int = 50,
+    preflight: bool = True,
 ) -> DataFrame:
     """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
 
@@ -124,6 +126,8 @@ def keyed_process(
             "keyed_process on a streaming DataFrame needs checkpoint_location=: state and "
             "timers live there between micro-batches"
         )
+
+    run_preflight(preflight, fn, df, out_struct)
 
     df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
     spec = KeyedProcessSpec(

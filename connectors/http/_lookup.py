@@ -27,7 +27,7 @@ import aiohttp
 from aiolimiter import AsyncLimiter
 from yarl import URL
 
-from asyncio_ops import ConfigurationError
+from asyncio_ops import ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
@@ -35,6 +35,7 @@ from .._cache import LookupCache, _Miss
 from .._exceptions import (
     LookupConnectionError,
     LookupDecodeError,
+    LookupKeyError,
     LookupResponseError,
     LookupTimeout,
 )
@@ -446,6 +447,60 @@ class HttpLookup(BaseLookup[_Runtime]):
         """Answer only the declared output columns: other JSON fields are left out, a
         declared field an answer lacks is null (as Spark's ``from_json``)."""
         self.output_columns = tuple(columns)
+
+    async def preflight(self, context: PreflightContext) -> None:
+        """Check on the driver, before any Spark job, what needs no data
+        (:class:`asyncio_ops.SupportsPreflight`): the input has every field the request
+        templates use and the batch key (else LookupKeyError naming it), and the endpoint
+        is reachable: one ``HEAD`` request, with the lookup's headers and TLS settings,
+        within ``timeout``, redirects not followed, on a session of its own closed
+        afterwards, to the URL (the URL up to the last ``/`` before its first placeholder
+        when it has placeholders; none when a placeholder is in the host). Reachable
+        means that an HTTP server answered, whatever the status: a 404 or a 405 for
+        the prefix, or a 401, says nothing of the lookups themselves, which need a
+        row's values. A refused connection, an unknown host, a failed TLS
+        verification or no answer in time raise LookupConnectionError, LookupTLSError
+        or LookupTimeout naming the URL (without credentials); nothing is retried."""
+        fields = list(self.url.fields) + list(self.params.fields)
+        fields += list(self.json.fields) if self.json is not None else []
+        fields += [self.batch.key] if self.batch is not None else []
+        present = context.input_schema.names
+        for name in fields:
+            if name not in present:
+                used = "the batch key" if self.batch is not None else "the request template"
+                raise LookupKeyError(
+                    f"input has no field {name!r} used by {used}; fields present: "
+                    f"{sorted(present)!r}"
+                )
+        url = self._preflight_url()
+        if url is None:
+            return
+        session = await _create_session(self._session_settings)
+        try:
+            async with session.request(
+                "HEAD",
+                URL(url, encoded=True),
+                headers=self.headers,
+                timeout=self._client_timeout,
+                allow_redirects=False,
+            ):
+                pass  # any status: an HTTP server answered
+        except Exception as exc:
+            mapped = aiohttp_error(exc, "HEAD", url, self._scrub)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        finally:
+            await _close_session(session)
+
+    def _preflight_url(self) -> str | None:
+        """Where :meth:`preflight` sends its request (None: the host is a placeholder)."""
+        if not self.url.fields:
+            return self.url.url_prefix()
+        parts = urlsplit(self.url.url_prefix())
+        if "/" not in parts.path:  # the placeholder is in the host or the port
+            return None
+        return f"{parts.scheme}://{parts.netloc}{parts.path[: parts.path.rfind('/') + 1]}"
 
     async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Rows]]) -> Rows:
         cache = self.cache

@@ -114,6 +114,15 @@ class Template:
             else None
         )
 
+    def url_prefix(self) -> str:
+        """The URL-encoded text before the first placeholder (all of it without one)."""
+        out: list[str] = []
+        for literal, name, _ in self._url_parts:
+            out.append(literal)
+            if name is not None:
+                break
+        return "".join(out)
+
     def render(self, row: Mapping[str, Any], *, url: bool = False) -> str:
         """The text with each placeholder replaced by the row's value.
 

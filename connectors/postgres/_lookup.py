@@ -33,18 +33,25 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-from asyncio_ops import ArrowResult, ConfigurationError
+from asyncio_ops import ArrowResult, ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, int_between, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import MISS, LookupCache
-from .._exceptions import LookupAmbiguousError, LookupQueryError
+from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
 from ._columnar import ARRAY_OIDS, TEXT_OIDS, Columnar, decode
 from ._errors import is_query_error, map_asyncpg_errors
-from ._matching import arrow_kind, foreign_kind, not_asked, python_kind
+from ._matching import (
+    arrow_kind,
+    foreign_column,
+    foreign_kind,
+    not_asked,
+    postgres_kind,
+    python_kind,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -669,26 +676,79 @@ class PostgresLookup(BaseLookup[_Runtime]):
         return records
 
     def _check_columns(self, present: list[str]) -> None:
+        self._check_result(present, self.columns, self._columns_declared)
+
+    def _check_result(
+        self, present: Sequence[str], columns: Sequence[str] | None, declared: bool
+    ) -> None:
+        """The query's result columns ``present`` hold the ``on`` column(s) and every
+        output column (``columns``: from output_schema when ``declared``, else from
+        ``columns=``); else a LookupQueryError naming the missing ones."""
         if not set(self.on.names) <= set(present):
             raise LookupQueryError(
                 f"the query's result has no column {self.on.spec()!r} to match keys on; "
                 f"it returned {list(present)!r} (select it, or set on=)"
             )
-        columns = self.columns
         if columns is not None and not set(columns) <= set(present):
             missing = sorted(set(columns) - set(present))
-            what = "output_schema column(s)" if self._columns_declared else "columns="
+            what = "output_schema column(s)" if declared else "columns="
             raise LookupQueryError(
-                f"{what} {missing!r} are not in the query's result (it returned {present!r})"
+                f"{what} {missing!r} are not in the query's result (it returned {list(present)!r})"
             )
+
+    def _columns_for(self, declared: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+        """The columns answered when output_schema declares ``declared``, and whether
+        they come from it (True) or from ``columns=`` (False)."""
+        if self.columns is None or self._columns_declared:
+            return tuple(declared), True
+        return self.columns, False
 
     def bind_output_columns(self, columns: Sequence[str]) -> None:
         """Answer only the declared output columns (unless ``columns=`` chose them): the
         query's other columns are left out, and a declared column the query does not
         return is an error naming it."""
-        if self.columns is None or self._columns_declared:
-            self.columns = tuple(columns)
-            self._columns_declared = True
+        self.columns, self._columns_declared = self._columns_for(columns)
+
+    async def preflight(self, context: PreflightContext) -> None:
+        """Check on the driver, before any Spark job, what needs no data
+        (:class:`asyncio_ops.SupportsPreflight`): the input has the key column(s)
+        (else LookupKeyError); the DSN connects and authenticates, on one connection
+        of its own, closed afterwards (LookupConnectionError, LookupAuthError,
+        LookupTimeout, naming the DSN without its password); the server prepares the
+        query, which parses and plans it without running it (LookupQueryError); the
+        prepared statement's result columns hold the ``on`` column(s), of the kind of
+        their key column (for PostgreSQL's built-in types), and every output column
+        (LookupQueryError naming the column)."""
+        names = context.input_schema.names
+        for name in self.key.names:
+            if name not in names:
+                raise LookupKeyError(
+                    f"input has no key column {name!r} (key={self.key.spec()!r}); "
+                    f"columns present: {sorted(names)!r}"
+                )
+        with map_asyncpg_errors("connect", self._where, self._scrub):
+            connection = await asyncpg.connect(
+                self.dsn,
+                timeout=self.connect_timeout,
+                command_timeout=self.query_timeout,
+                server_settings=dict(self._pool_settings.server_settings),
+            )
+        try:
+            with map_asyncpg_errors("prepare the lookup query", self._where, self._scrub):
+                statement = await connection.prepare(self.query, timeout=self.query_timeout)
+                attributes = {a.name: a.type.name for a in statement.get_attributes()}
+        finally:
+            try:
+                await connection.close(timeout=self.query_timeout)
+            except Exception:  # the check is done; a slow goodbye is not its failure
+                connection.terminate()
+        self._check_result(list(attributes), *self._columns_for(context.output_schema.names))
+        for on, key in zip(self.on.names, self.key.names, strict=True):
+            kind = postgres_kind(attributes[on])
+            key_type = context.input_schema.field(key).type
+            key_kind = arrow_kind(key_type)
+            if kind is not None and kind != key_kind:
+                raise foreign_column(on, attributes[on], kind, key, key_type, key_kind)
 
     async def _send(
         self, connection: asyncpg.Connection, sql: str, args: Sequence[Sequence[Any]]

@@ -30,7 +30,14 @@ from .._exceptions import LookupQueryError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["arrow_kind", "foreign_kind", "not_asked", "python_kind"]
+__all__ = [
+    "arrow_kind",
+    "foreign_column",
+    "foreign_kind",
+    "not_asked",
+    "postgres_kind",
+    "python_kind",
+]
 
 _SHOWN: Final = 80  # characters of a value shown in a message
 
@@ -85,6 +92,40 @@ def arrow_kind(type_: pa.DataType) -> str:
     if t.is_duration(type_) or t.is_interval(type_):
         return "interval"
     return str(type_)
+
+
+_POSTGRES_KINDS: Final = {
+    "bool": "boolean",
+    "int2": "number", "int4": "number", "int8": "number", "oid": "number",
+    "float4": "number", "float8": "number", "numeric": "number",
+    "text": "string", "varchar": "string", "bpchar": "string", "name": "string",
+    "bytea": "binary",
+    "timestamp": "timestamp", "timestamptz": "timestamp",
+    "date": "date",
+    "time": "time", "timetz": "time",
+    "interval": "interval",
+}  # fmt: skip
+
+
+def postgres_kind(type_name: str) -> str | None:
+    """The kind of the values of a PostgreSQL result column of the built-in type
+    ``type_name`` (``int4``, ``text``, ...) as asyncpg decodes them, as
+    :func:`python_kind` names it; None for a type not listed (an enum, a domain, an
+    extension's type), whose kind only its values tell."""
+    return _POSTGRES_KINDS.get(type_name)
+
+
+def foreign_column(
+    column: str, type_name: str, kind: str, key: str, key_type: object, key_kind: str
+) -> LookupQueryError:
+    """The error for a result ``column`` whose type is of another kind than its key
+    column's (found before any row, from the prepared query's description)."""
+    return LookupQueryError(
+        f"the query's column {column!r} is {type_name} (a {kind}), but the key column "
+        f"{key!r} is {key_type} (a {key_kind}): a result row is matched to the key it "
+        f"equals, and a {kind} never equals a {key_kind} (cast it in SQL to the key's "
+        f"type, e.g. {column}::text for string keys, and compare the cast column)"
+    )
 
 
 def foreign_kind(column: str, value: Any, kind: str, key_kind: str) -> LookupQueryError:

@@ -85,7 +85,7 @@ def test_a_failed_chunk_gives_an_error_row_per_row(
     )  # fmt: skip
     rows = ordered_wait(
         _orders(spark, 100), broken, timeout=10, output_schema="nope string",
-        chunk_size=30, on_error="error_column",
+        chunk_size=30, on_error="error_column", preflight=False,  # the chunks' path
     ).collect()  # fmt: skip
     assert [r.id for r in rows] == list(range(100))
     assert all(r._error is not None and "nope" in r._error.message for r in rows)

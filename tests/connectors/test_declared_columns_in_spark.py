@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from asyncio_ops.connectors import LookupQueryError
 from asyncio_ops.connectors.http import HttpLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
 from pyspark.sql import SparkSession
@@ -51,9 +52,13 @@ def test_a_declared_column_the_query_lacks_is_named(
 ) -> None:
     query = f"SELECT id, name, tier FROM {pg_tables.customers} WHERE id = ANY($1)"
     lookup = PostgresLookup(pg_tables.dsn, query, key="customer_id", on="id")
+    missing = r"output_schema column\(s\) \['vip'\] are not in the"
+    with pytest.raises(LookupQueryError, match=missing):  # the driver's preflight
+        ordered_wait(_orders(spark), lookup, timeout=10, chunk_size=chunk_size,
+                     output_schema="tier string, vip boolean")  # fmt: skip
     out = ordered_wait(_orders(spark), lookup, timeout=10, chunk_size=chunk_size,
-                       output_schema="tier string, vip boolean")  # fmt: skip
-    with pytest.raises(Exception, match=r"output_schema column\(s\) \['vip'\] are not in the"):
+                       output_schema="tier string, vip boolean", preflight=False)  # fmt: skip
+    with pytest.raises(Exception, match=missing):  # the executors' check
         out.collect()
 
 

@@ -439,7 +439,7 @@ def test_spark_error_column_and_job_failure_never_show_secrets(
     # A row that fails becomes an error row; its message names the server, not the password.
     rows = ordered_wait(
         df, bad_query, timeout=10.0, output_schema="name string", on_error="error_column",
-        metrics=metrics,
+        metrics=metrics, preflight=False,  # the executors' path; the driver's is below
     ).collect()  # fmt: skip
     assert len(rows) == 3 and all(r["_error"] is not None for r in rows), rows
     assert {r["_error"]["exception"] for r in rows} == {"LookupQueryError"}
@@ -451,11 +451,18 @@ def test_spark_error_column_and_job_failure_never_show_secrets(
     # a row's failure): the error Spark reports, worker traceback included, is clean too.
     with pytest.raises(Exception) as failed:
         ordered_wait(
-            df, bad_auth, timeout=10.0, output_schema="name string", on_error="error_column"
-        ).collect()
+            df, bad_auth, timeout=10.0, output_schema="name string", on_error="error_column",
+            preflight=False,
+        ).collect()  # fmt: skip
     texts["job failure"] = chain_text(failed.value)
     assert "LookupAuthError" in texts["job failure"]
     assert f"127.0.0.1:{server.port}" in texts["job failure"]
+    # The driver's preflight refuses the password before any job, as cleanly.
+    with pytest.raises(ConnectorError) as refused:
+        ordered_wait(df, bad_auth, timeout=10.0, output_schema="name string")
+    texts["preflight"] = chain_text(refused.value) + "".join(refused.value.__notes__)
+    assert type(refused.value).__name__ == "LookupAuthError"
+    assert f"127.0.0.1:{server.port}" in texts["preflight"]
 
     tokens = HttpLookup(
         "http://127.0.0.1:1/customers/{id}",
@@ -465,9 +472,13 @@ def test_spark_error_column_and_job_failure_never_show_secrets(
         timeout=1.0,
     )
     rows = ordered_wait(
-        df, tokens, timeout=10.0, output_schema="name string", on_error="error_column"
-    ).collect()
+        df, tokens, timeout=10.0, output_schema="name string", on_error="error_column",
+        preflight=False,
+    ).collect()  # fmt: skip
     texts["http: _error"] = "\n".join(str(r["_error"].asDict()) for r in rows)
+    with pytest.raises(ConnectorError) as unreachable:
+        ordered_wait(df, tokens, timeout=10.0, output_schema="name string")
+    texts["http preflight"] = chain_text(unreachable.value)
     assert all(r["_error"]["exception"] == "LookupConnectionError" for r in rows)
     assert_no_secret([PG_PASSWORD, WRONG_PASSWORD, TOKEN, API_KEY], texts)
 

@@ -1,0 +1,117 @@
+"""A job that failed in the function, raised on the driver as the library's exception.
+
+When a task fails on an executor, Spark's action (``collect``, ``count``,
+``write...``, ``awaitTermination``) raises Spark's own exception
+(``pyspark.errors.PythonException``, a ``StreamingQueryException``, or py4j's
+``Py4JJavaError`` for RDD actions), whose text holds the worker's Python
+traceback and, last in it, the exception that failed the task
+(``asyncio_ops.AsyncOperatorError: async lookup failed for input {...}``).
+Those actions are Spark's: asyncio_ops cannot change what they raise without
+patching Spark, and does not. Instead:
+
+- :func:`library_errors`, a context manager (and decorator) around the
+  actions, raises the library's exception in place of Spark's when the task
+  failed with one: the same class under its public name
+  (``asyncio_ops.AsyncOperatorError``,
+  ``asyncio_ops.connectors.LookupQueryError``, ...), with the worker's message,
+  and Spark's exception, with its trace, as ``__cause__``. Anything else
+  (a failure that is not asyncio_ops', a driver-side error) passes unchanged.
+- :func:`library_error` is the translation itself, for an ``except`` clause of
+  one's own: the library's exception for Spark's, or None.
+
+The exception is rebuilt on the driver from the text of the trace: its class
+(looked up under ``asyncio_ops`` only, and only a subclass of
+:class:`~asyncio_ops.AsyncOpsError`) and its message, which names the option,
+column, value or row at fault. Attributes of the executor's object
+(``AsyncOperatorError.element``, ``LookupResponseError.status``) are not
+carried: the message states them. Spark's log lines of the failed task
+attempts (``ERROR Executor: Exception in task ...``) are Spark's logging and
+are printed as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from .._exceptions import AsyncOpsError
+
+__all__ = ["library_error", "library_errors"]
+
+_TRACEBACK: Final = "Traceback (most recent call last):"
+_FINAL: Final = re.compile(r"^(asyncio_ops(?:\.[A-Za-z_]\w*)*)\.([A-Za-z_]\w*)(?:: (.*))?$")
+# where the exception's message ends in the text Spark wraps it in
+_END: Final = re.compile(r"^(?:$|\s|JVM stacktrace:|at |Caused by: |Driver stacktrace:)")
+
+
+def _spark_errors() -> tuple[type[BaseException], ...]:
+    from pyspark.errors import PySparkException
+
+    kinds: list[type[BaseException]] = [PySparkException]
+    try:
+        from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+    except ImportError:  # a Spark Connect client without py4j
+        pass
+    else:
+        kinds.append(Py4JJavaError)
+    return tuple(kinds)
+
+
+def library_error(exc: BaseException) -> AsyncOpsError | None:
+    """The asyncio_ops exception that failed the Spark task behind ``exc`` (Spark's
+    exception of an action), its ``__cause__`` set to ``exc``; None when ``exc`` is
+    not Spark's, or the task's last exception is not one of asyncio_ops'."""
+    if not isinstance(exc, _spark_errors()):
+        return None
+    try:
+        text = str(exc)
+    except Exception:  # a py4j error whose JVM is gone cannot render itself
+        return None
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    lines = iter(text[at + len(_TRACEBACK) :].splitlines()[1:])
+    final = next((line for line in lines if line and not line[0].isspace()), None)
+    match = _FINAL.match(final or "")
+    if match is None:
+        return None
+    module, name, first = match.groups()
+    try:
+        kind = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    if not (isinstance(kind, type) and issubclass(kind, AsyncOpsError)):
+        return None
+    message = [first or ""]
+    for line in lines:
+        if _END.match(line):
+            break
+        message.append(line)
+    try:
+        error = kind("\n".join(message))
+    except Exception:  # a subclass with a constructor of its own
+        error = kind.__new__(kind)
+        Exception.__init__(error, "\n".join(message))
+    error.__cause__ = exc
+    error.add_note(
+        "raised by a Spark task on an executor; Spark's error, with the worker's "
+        "traceback, is this exception's __cause__"
+    )
+    return error
+
+
+@contextmanager
+def library_errors() -> Iterator[None]:
+    """Around Spark actions: a task failed by an asyncio_ops exception raises that
+    exception (:func:`library_error`) instead of Spark's, which becomes its cause.
+    Also a decorator (``@library_errors()``)."""
+    try:
+        yield
+    except Exception as exc:
+        error = library_error(exc)
+        if error is None:
+            raise
+        raise error from exc
