@@ -44,11 +44,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-            stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
+            stderr=subprocess.STDOUT, env={**_env(), "SPARK_LOCAL_IP": host},
+            start_new_session=True,
         )  # fmt: skip
 
 
@@ -77,10 +78,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     work = tmp / "work"
     workers = []
     for i in range(WORKERS):
-        args = ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+        # a host each (127.0.0.2, .3: loopback too), as machines of a cluster have:
+        # Spark never runs a speculative copy on the host of the attempt it copies
+        host = f"127.0.0.{2 + i}"
+        args = ["org.apache.spark.deploy.worker.Worker", url, "--host", host,
                 "--cores", "1", "--memory", "1g", "--webui-port", "0",
                 "--work-dir", str(work / f"w{i}")]  # fmt: skip
-        workers.append(_start(args, tmp / f"worker{i}.log"))
+        workers.append(_start(args, tmp / f"worker{i}.log", host))
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -139,6 +143,7 @@ def test_a_submitted_job_runs_on_the_executor_with_the_shipped_package(
     assert list((tmp_path / "ckpt" / "shared").glob("run-*/results-*.ckpt"))
 
 
+@pytest.mark.timeout(480)
 def test_a_streaming_job_on_s3_gives_each_event_once_when_an_executor_is_killed(
     cluster: tuple[str, Path], shipped_zip: Path, s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -180,3 +185,30 @@ def test_a_streaming_job_on_s3_gives_each_event_once_when_an_executor_is_killed(
     }  # counts continue across micro-batches and the killed attempt
     assert all(Path(r["executor"]).is_relative_to(work) for r in rows)
     assert any("/cluster-kill/counts/v" in r for r in s3_server.requests)  # state on S3
+
+
+@pytest.mark.timeout(360)
+def test_a_speculative_copy_on_s3_gives_each_row_once(
+    cluster: tuple[str, Path], shipped_zip: Path, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """With speculation on, a straggling partition's copy runs on the other executor
+    and wins; the output holds every row once."""
+    url, _ = cluster
+    out = tmp_path / "out.json"
+    run = subprocess.run(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", url, "--py-files",
+         str(shipped_zip), "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.speculation=true", "--conf", "spark.speculation.interval=100ms",
+         "--conf", "spark.speculation.quantile=0.5", "--conf", "spark.speculation.multiplier=1.5",
+         "--conf", "spark.speculation.minTaskRuntime=1s",
+         str(ROOT / "tests" / "cluster" / "speculation_job.py"), s3_server("speculation"),
+         str(tmp_path / "work"), str(out)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert sorted(r["doubled"] for r in result["rows"]) == [2 * i for i in range(400)]
+    attempts = {tuple(map(int, line.split()[:2])) for line in result["log"].split("\n") if line}
+    # a speculative copy of partition 0 ran (attempt 1; its first attempt, slow to start
+    # or waiting on its lookups, was killed when the copy won)
+    assert (0, 1) in attempts, sorted(attempts)
