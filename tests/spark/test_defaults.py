@@ -43,7 +43,7 @@ def documented(spark: SparkSession) -> dict[str, Any]:
         "checkpoint_location": None, "checkpoint_version": None, "drain_timeout": None,
         "retain_versions": 10, "chunk_size": "auto", "output_buffer": 400,
         "checkpoint_flush_rows": 1000, "checkpoint_flush_interval": 1.0,
-        "state_backend": "heap", "max_capacity": 1024,
+        "state_backend": "heap", "max_capacity": 1024, "preflight": True,
     }  # fmt: skip
 
 
