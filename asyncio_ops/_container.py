@@ -6,7 +6,7 @@ container: a header, then frames of sections, each section one typed Arrow
 table::
 
     header    magic b"AOPSCKP1"            8 bytes
-              format version               u16   (4)
+              format version               u16   (5; 4 is read too)
               kind                         u16   what the container holds (:class:`Kind`)
               flags                        u16   bit 0: the frames are signed
               frames                       u32
@@ -20,7 +20,9 @@ table::
                                                  as one zstd frame (if that is smaller)
               HMAC-SHA256                  32 bytes, signed containers only
     section   tag                          i32   its key group, partition or subtask
-              part                         u16   FULL, or DELTA (the keys it names replaced)
+              part                         u16   FULL, or DELTA (the keys it names replaced:
+                                                 since version 5 a key with entries or
+                                                 timers in it is named by those alone)
               length                       u64
               table                        an Arrow IPC stream of one table
 
@@ -75,7 +77,10 @@ __all__ = [
 ]
 
 MAGIC: Final = b"AOPSCKP1"
-FORMAT_VERSION: Final = 4
+FORMAT_VERSION: Final = 5
+# Version 4 differs only in its deltas naming every key they replace in a row of its
+# own, which the reader of version 5 deltas also reads right: both are read.
+_READS: Final = frozenset({4, FORMAT_VERSION})
 _EARLIER_BLOB_MAGIC: Final = b"AOSB"  # state snapshots of earlier releases
 _HEADER: Final = struct.Struct("<8sHHHII")
 _FRAME: Final = struct.Struct("<IQQI")
@@ -207,7 +212,7 @@ def decode(
         if bytes(view[:4]) == _EARLIER_BLOB_MAGIC:
             raise error(_earlier(where, "a snapshot blob of an earlier release"))
         raise error(f"{where} is not an asyncio_ops checkpoint or snapshot")
-    if version != FORMAT_VERSION:
+    if version not in _READS:
         if version > FORMAT_VERSION:
             raise error(
                 f"{where} has format version {version}, newer than this asyncio_ops reads "
@@ -228,8 +233,8 @@ def decode(
 
 def _earlier(where: str, what: str) -> str:
     return (
-        f"{where} holds {what}: this asyncio_ops reads format version {FORMAT_VERSION} "
-        "only (loading older payloads could run code, and one reader keeps one format); "
+        f"{where} holds {what}: this asyncio_ops reads format versions 4 and "
+        f"{FORMAT_VERSION} only (loading older payloads could run code, and one reader keeps one format); "
         "finish the query with the release that wrote it, or start from another "
         "checkpoint location"
     )

@@ -13,9 +13,11 @@ container, ``asyncio_ops._container``): :func:`snapshot_changes` returns,
 per key group, a section of the same table: the key group's full state
 (part ``FULL``), or a delta (part ``DELTA``): the canonical bytes of the keys
 made current since the last snapshot (``KeyedStateBackend.track_changes``)
-with exactly those keys' state and timers. :func:`apply_change` applies one
-such section: a full one replaces the key group, a delta replaces its keys
-whole (a key without entries in it is deleted), so applying a key group's
+with exactly those keys' state and timers (a key with entries or timers is
+named by them alone; a row of its own names a key that has neither).
+:func:`apply_change` applies one such section: a full one replaces the key
+group, a delta replaces its keys whole (a key without entries in it is
+deleted), so applying a key group's
 last full section and the deltas after it, in order, rebuilds the key group
 as it was.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from .._container import DELTA, Kind, Section
 from .._exceptions import CorruptStateError
+from .._keygroups import canonical_bytes
 from .._timers import InternalTimerService
 from ._backend import KeyedStateBackend
 from ._blob import KEYED_OPERATOR, seal, unseal
@@ -123,7 +126,16 @@ def apply_change(
     if kg not in backend.key_group_range:
         return
     dumps, kg_timers, replaced = read(Kind.KEY_GROUPS, section.table, where)
-    _apply(backend, timers, kg, (dumps, kg_timers, replaced if section.part == DELTA else None))
+    if section.part != DELTA:
+        _apply(backend, timers, kg, (dumps, kg_timers, None))
+        return
+    # a delta replaces whole every key it names: in a row of its own (a key deleted), or
+    # by its entries and timers
+    named = dict.fromkeys(replaced)
+    for _, _, _, entries in dumps:
+        named.update(dict.fromkeys(key for key, _, _ in entries))
+    named.update(dict.fromkeys(canonical_bytes(key) for _, key, _, _ in kg_timers))
+    _apply(backend, timers, kg, (dumps, kg_timers, list(named)))
 
 
 def _apply(

@@ -186,7 +186,9 @@ def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
         cols["domain"].append(domain)
         cols["timestamp"].append(float(ts))
         timer_rows += 1
-    cols["key"] += replaced or ()
+    if replaced:  # a delta: a key with entries or timers here is named by them alone
+        named = set(cols["key"])
+        cols["key"] += [enc for enc in replaced if enc not in named]
     others = len(cols["key"]) - entries
     for name in ("state", "kind", "has_ttl", "map_key", "ts", "value", "entry"):
         cols[name] += [None] * others

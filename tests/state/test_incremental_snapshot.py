@@ -141,12 +141,13 @@ def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) 
     v.clear()
     changes = snapshot_changes(a, t, full=())
     assert {s.part for s in changes.values()} == {DELTA}
-    keys = sorted(
-        k for s in changes.values() for k, row in zip(
+    rows = sorted(
+        (row, k) for s in changes.values() for k, row in zip(
             s.table.column("key").to_pylist(), s.table.column("row").to_pylist(), strict=True
-        ) if row == 2
+        )
     )  # fmt: skip
-    assert keys == sorted([canonical_bytes(7), canonical_bytes(8)])
+    # key 7 is named by its entry alone, key 8 (deleted) by a row of its own
+    assert rows == [(0, canonical_bytes(7)), (2, canonical_bytes(8))]
     assert snapshot_changes(a, t, full=()) == {}  # nothing made current since
 
 
@@ -155,3 +156,45 @@ def test_take_touched_needs_tracking(make_backend: BackendFactory) -> None:
 
     with pytest.raises(StateError, match="track_changes"):
         make_backend().take_touched()
+
+
+def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
+    make_backend: BackendFactory,
+) -> None:
+    """Format version 4 wrote a delta's every key as a row of its own, beside its entries:
+    such a delta rebuilds the same state as the version 5 delta that names a key with
+    entries or timers by those alone."""
+    import pyarrow as pa
+
+    full = KeyGroupRange(0, MAXP - 1)
+    a = make_backend(max_parallelism=MAXP, key_group_range=full)
+    ta = timers_of(a)
+    v = a.get_state(ValueStateDescriptor[float]("v"))
+    for k in range(KEYS):
+        a.set_current_key(k)
+        v.update(float(k))
+    a.track_changes()
+    base = snapshot_changes(a, ta, full=range(MAXP))
+    a.set_current_key(3)
+    v.update(30.0)
+    a.set_current_key(4)
+    v.clear()
+    a.set_current_key(5)
+    ta.register_event_time_timer(None, 9.0)
+    changes = snapshot_changes(a, ta, full=())
+    for rebuilt in ("v5", "v4"):
+        b = make_backend(max_parallelism=MAXP, key_group_range=full)
+        tb = timers_of(b)
+        for section in base.values():
+            apply_change(b, tb, section, "full")
+        for section in changes.values():
+            t = section.table
+            if rebuilt == "v4":  # add the rows a version 4 writer added for every key
+                rows = t.to_pylist()
+                listed = {r["key"] for r in rows if r["row"] == 2}
+                for enc in dict.fromkeys(r["key"] for r in rows if r["row"] in (0, 1)):
+                    if enc not in listed:
+                        rows.append(dict.fromkeys(t.schema.names) | {"row": 2, "key": enc})
+                t = pa.Table.from_pylist(rows, schema=t.schema)
+            apply_change(b, tb, section.__class__(section.tag, t, section.part), rebuilt)
+        assert read_all(b, tb) == read_all(a, ta), rebuilt
