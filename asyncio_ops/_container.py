@@ -234,7 +234,8 @@ def decode(
 def _earlier(where: str, what: str) -> str:
     return (
         f"{where} holds {what}: this asyncio_ops reads format versions 4 and "
-        f"{FORMAT_VERSION} only (loading older payloads could run code, and one reader keeps one format); "
+        f"{FORMAT_VERSION} only (loading older payloads could run code, and one reader "
+        "keeps one format); "
         "finish the query with the release that wrote it, or start from another "
         "checkpoint location"
     )

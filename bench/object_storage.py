@@ -104,7 +104,7 @@ def _inputs(keys: int, touch: int, batches: int) -> list[pa.Table]:
 
 def _run(
     spark: SparkSession, inputs: list[pa.Table], location: str, work: Path, partitions: int,
-    requests: _Requests,
+    requests: _Requests, show: bool = False,
 ) -> list[tuple[int, int, float]]:  # fmt: skip
     """(S3 requests, bytes written, seconds) of each small micro-batch.
 
@@ -140,6 +140,10 @@ def _run(
             )
         )
         seen.append((len(requests.lines), size, progress["durationMs"]["triggerExecution"]))
+        if show and batch == len(inputs) - 1 and requests.lines:
+            print(f"requests of micro-batch {batch}:")
+            for line in requests.lines:
+                print(f"    {line}")
     return seen[1:]  # the small micro-batches
 
 
@@ -149,6 +153,10 @@ def main() -> None:
     parser.add_argument("--touch", type=int, default=100)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument(
+        "--show-requests", action="store_true",
+        help="print the S3 requests of the last micro-batch (method and path)",
+    )  # fmt: skip
     args = parser.parse_args()
     spark = session(master="local[2]", app_name="bench-object-storage")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
@@ -169,7 +177,7 @@ def main() -> None:
                     ("s3", s3_template.format(path=f"k{keys}")),
                 ):
                     small = _run(spark, inputs, location, Path(tmp) / name,
-                                 args.partitions, requests)  # fmt: skip
+                                 args.partitions, requests, args.show_requests)  # fmt: skip
                     reqs = statistics.median(r for r, _, _ in small) if name == "s3" else 0
                     size = statistics.median(b for _, b, _ in small)
                     secs = statistics.median(t for _, _, t in small) / 1000

@@ -64,7 +64,7 @@ keys = st.recursive(
         # an aware datetime in a DST gap or fold never equals another zone's datetime in
         # Python (PEP 495), not even its own instant in UTC, which is what it encodes as
         st.datetimes(timezones=st.timezones()).filter(
-            lambda d: d == d.astimezone(dt.timezone.utc)
+            lambda d: d == d.astimezone(dt.UTC)
         ),
         st.decimals(allow_nan=False, allow_infinity=False),
     ),
