@@ -102,7 +102,7 @@ def run_keyed_process(
     streaming = task.batch_id is not None
     if streaming and spec.checkpoint is None:  # the driver refuses this; a worker never runs it
         raise CheckpointError("keyed_process on a stream needs checkpoint_location=")
-    previous = _previous(spec, task) if streaming else None
+    previous = _previous(spec, task, key_groups) if streaming else None
     warm_key = _warm_key(spec, task) if streaming else None
     held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
     backend = (
@@ -200,12 +200,17 @@ def _process(
                 op.process_watermark(Watermark(wm))
 
 
-def _previous(spec: KeyedProcessSpec, task: TaskInfo) -> VersionFiles | None:
-    """The version micro-batch ``N`` starts from, ``N - 1`` (None for the first)."""
+def _previous(
+    spec: KeyedProcessSpec, task: TaskInfo, key_groups: KeyGroupRange
+) -> VersionFiles | None:
+    """The version micro-batch ``N`` starts from, ``N - 1`` (None for the first): the
+    manifests of the old partitions that held ``key_groups`` (and partition 0's); with
+    event time all of them, whose highest watermark the partition starts from."""
     assert spec.checkpoint is not None and task.batch_id is not None
     if task.batch_id <= 0:
         return None
-    found = read_previous(spec.checkpoint, task.batch_id - 1)
+    owners = (key_groups, spec.max_parallelism) if spec.event_time is None else None
+    found = read_previous(spec.checkpoint, task.batch_id - 1, owners)
     if found is not None:
         found.check_operator(OPERATOR)
     return found
@@ -237,12 +242,13 @@ def _proven(
     ):
         name = f"subtask-{task.partition_id:05d}.ckpt"
         try:
-            if held.version == previous.version:
-                manifest = previous.manifests[task.partition_id]
-            else:
-                manifest = storage.read(held.version, name, Kind.MANIFEST)
-            proven = writer_of(manifest) == held.writer
-        except (CheckpointError, IndexError):
+            manifest = (
+                previous.manifest_of(task.partition_id)
+                if held.version == previous.version
+                else storage.read(held.version, name, Kind.MANIFEST)
+            )
+            proven = manifest is not None and writer_of(manifest) == held.writer
+        except CheckpointError:
             proven = False
     if not proven:
         log.info(

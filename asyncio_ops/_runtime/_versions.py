@@ -47,7 +47,7 @@ import pyarrow as pa
 from .._checkpoint import CheckpointStorage, Version
 from .._container import DELTA, FULL, Kind, Section
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
-from .._keygroups import KeyGroupRange
+from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state._payloads import read, table
 
 _KIND: Final = b"aops.kind"
@@ -98,12 +98,23 @@ def _int(meta: dict[bytes, bytes], key: bytes, name: str) -> int:
 # -- one version's state files, shared by the operators that keep state -------------------
 @dataclass(frozen=True)
 class VersionFiles:
-    """The manifests of every partition that wrote one version (see the module docstring)."""
+    """The manifests of the partitions that wrote one version (see the module docstring):
+    of all of them, or of those a reader needed (``read_version``'s ``key_groups``);
+    ``partitions`` names which, in the order of ``manifests``."""
 
     storage: CheckpointStorage
     version: Version
     manifests: list[pa.Table]
     paths: list[str]
+    partitions: list[int]
+    num_partitions: int
+
+    def manifest_of(self, partition: int) -> pa.Table | None:
+        """The manifest partition ``partition`` wrote, if it was read."""
+        try:
+            return self.manifests[self.partitions.index(partition)]
+        except ValueError:
+            return None
 
     def check_operator(self, operator: bytes) -> None:
         """CheckpointError naming the file if another kind of operator wrote this version."""
@@ -119,7 +130,7 @@ class VersionFiles:
         """Every old partition's operator state (``OperatorStateBackend.dump``), with its
         file, in partition order."""
         out = []
-        for index in range(len(self.manifests)):
+        for index in range(self.num_partitions):
             name = f"ops-{index:05d}.ckpt"
             path = self.storage.path(self.version, name)
             table = self.storage.read(self.version, name, Kind.OPERATOR_STATE)
@@ -227,9 +238,22 @@ def read_chains(
     return out
 
 
-def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles | None:
+def read_version(
+    storage: CheckpointStorage,
+    version: Version,
+    key_groups: tuple[KeyGroupRange, int] | None = None,
+) -> VersionFiles | None:
     """The manifests of ``version`` (None if it holds none); CheckpointError naming the
-    missing ones if some partitions did not finish writing it."""
+    missing ones if some partitions did not finish writing it.
+
+    Partition 0's manifest is always read: it says how many partitions wrote the
+    version (the last run of a micro-batch wrote it, where an earlier failed run
+    with more partitions may have left manifests of partitions the last did not
+    have). ``key_groups``: ``(range, max_parallelism)``: read only the manifests of
+    the partitions that owned key groups of ``range`` besides (one more at the same
+    number of partitions, a few after a rescale), not every partition's: a reader's
+    requests then do not grow with the number of partitions.
+    """
     names = storage.list_files(version, "subtask-")
     if not names:
         return None
@@ -243,12 +267,33 @@ def read_version(storage: CheckpointStorage, version: Version) -> VersionFiles |
             f"checkpoint version {version} of {storage.describe(storage.root)} "
             f"is incomplete: missing {[storage.path(version, m) for m in missing]}"
         )
-    manifests = [first] + [storage.read(version, n, Kind.MANIFEST) for n in expected[1:]]
-    return VersionFiles(storage, version, manifests, [storage.path(version, n) for n in expected])
+    partitions = list(range(old_parallelism))
+    if key_groups is not None:
+        wanted, max_parallelism = key_groups
+        if old_parallelism > max_parallelism:
+            raise CheckpointError(
+                f"checkpoint file {first_path}: written by {old_parallelism} partitions, more "
+                f"than max_parallelism={max_parallelism}: was the version written with "
+                "another max_parallelism?"
+            )
+        partitions = [0] + [
+            i for i in range(1, old_parallelism)
+            if compute_key_group_range_for_operator_index(
+                max_parallelism, old_parallelism, i
+            ).intersection(wanted)
+        ]  # fmt: skip
+    manifests = [first] + [
+        storage.read(version, expected[i], Kind.MANIFEST) for i in partitions[1:]
+    ]
+    paths = [storage.path(version, expected[i]) for i in partitions]
+    return VersionFiles(storage, version, manifests, paths, partitions, old_parallelism)
 
 
-def read_previous(storage: CheckpointStorage, version: int) -> VersionFiles | None:
-    """The version a streaming micro-batch ``version + 1`` restores: ``version``'s files.
+def read_previous(
+    storage: CheckpointStorage, version: int, key_groups: tuple[KeyGroupRange, int] | None = None
+) -> VersionFiles | None:
+    """The version a streaming micro-batch ``version + 1`` restores: ``version``'s files
+    (the manifests ``read_version`` reads for ``key_groups``).
 
     None only when the operator has no version yet (its first micro-batch, or an
     operator new to a running query). A ``version`` that holds files but no manifest
@@ -257,7 +302,7 @@ def read_previous(storage: CheckpointStorage, version: int) -> VersionFiles | No
     cannot see it) is a CheckpointError naming it: restoring an earlier one, or
     nothing, would drop the changes of the micro-batches after it without a word.
     """
-    found = read_version(storage, version)
+    found = read_version(storage, version, key_groups)
     if found is not None:
         return found
     held = storage.list_files(version)

@@ -198,11 +198,11 @@ def test_a_valid_file_of_the_wrong_shape_names_the_file(tmp_path: Path) -> None:
 
     s = CheckpointStorage(str(tmp_path), "op")
     manifest = pa.table({"key_group": pa.array([1, 2], pa.int32())})  # no chains
-    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"])
+    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"], [0], 1)
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/subtask-00000 has the colum"):
         found.chains(KeyGroupRange(0, 3), 128)
     s.write(0, "ops-00000.ckpt", Kind.OPERATOR_STATE, t(x=[1]))  # not operator state's table
-    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"])
+    found = VersionFiles(s, 0, [manifest], ["/ck/subtask-00000"], [0], 1)
     with pytest.raises(CorruptCheckpointError, match=r"ops-00000\.ckpt: .*has the columns"):
         found.operator_states()
 
