@@ -202,6 +202,16 @@ class CheckpointStorage:
             )
         return sections[0].table
 
+    def read_if_present(self, version: Version, name: str, kind: Kind) -> pa.Table | None:
+        """:meth:`read`, or None if the file does not exist (one request fewer than
+        asking first: on S3 a read is a HEAD and a GET, a listing one more)."""
+        try:
+            return self.read(version, name, kind)
+        except CheckpointError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return None
+            raise
+
     def read_sections(
         self,
         version: Version,

@@ -246,27 +246,29 @@ def read_version(
     """The manifests of ``version`` (None if it holds none); CheckpointError naming the
     missing ones if some partitions did not finish writing it.
 
-    Partition 0's manifest is always read: it says how many partitions wrote the
-    version (the last run of a micro-batch wrote it, where an earlier failed run
-    with more partitions may have left manifests of partitions the last did not
-    have). ``key_groups``: ``(range, max_parallelism)``: read only the manifests of
-    the partitions that owned key groups of ``range`` besides (one more at the same
-    number of partitions, a few after a rescale), not every partition's: a reader's
-    requests then do not grow with the number of partitions.
+    Partition 0's manifest is read first, without listing the version: it says how
+    many partitions wrote the version (the last run of a micro-batch wrote it, where
+    an earlier failed run with more partitions may have left manifests of partitions
+    the last did not have); the version is listed only when it is missing. Every
+    other manifest read must exist (CheckpointError naming it). ``key_groups``:
+    ``(range, max_parallelism)``: read only the manifests of the partitions that owned
+    key groups of ``range`` besides (one more at the same number of partitions, a few
+    after a rescale), not every partition's: a reader's requests then do not grow with
+    the number of partitions.
     """
-    names = storage.list_files(version, "subtask-")
-    if not names:
-        return None
-    first = storage.read(version, names[0], Kind.MANIFEST)
-    first_path = storage.path(version, names[0])
-    old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
-    expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
-    missing = sorted(set(expected) - set(names))
-    if missing:
+    expected = ["subtask-00000.ckpt"]
+    first = storage.read_if_present(version, expected[0], Kind.MANIFEST)
+    if first is None:
+        names = storage.list_files(version, "subtask-")
+        if not names:
+            return None
         raise CheckpointError(
             f"checkpoint version {version} of {storage.describe(storage.root)} "
-            f"is incomplete: missing {[storage.path(version, m) for m in missing]}"
+            f"is incomplete: missing {storage.path(version, expected[0])}"
         )
+    first_path = storage.path(version, expected[0])
+    old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
+    expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
     partitions = list(range(old_parallelism))
     if key_groups is not None:
         wanted, max_parallelism = key_groups
@@ -282,9 +284,15 @@ def read_version(
                 max_parallelism, old_parallelism, i
             ).intersection(wanted)
         ]  # fmt: skip
-    manifests = [first] + [
-        storage.read(version, expected[i], Kind.MANIFEST) for i in partitions[1:]
-    ]
+    manifests = [first]
+    for i in partitions[1:]:
+        manifest = storage.read_if_present(version, expected[i], Kind.MANIFEST)
+        if manifest is None:
+            raise CheckpointError(
+                f"checkpoint version {version} of {storage.describe(storage.root)} "
+                f"is incomplete: missing {storage.path(version, expected[i])}"
+            )
+        manifests.append(manifest)
     paths = [storage.path(version, expected[i]) for i in partitions]
     return VersionFiles(storage, version, manifests, paths, partitions, old_parallelism)
 
