@@ -185,8 +185,9 @@ def main() -> None:
                     most = max(r for r, _, _ in small) if name == "s3" else 0
                     size = statistics.median(b for _, b, _ in small)
                     secs = statistics.median(t for _, _, t in small) / 1000
-                    print(f"{keys:>9,} {name:>8} {reqs:>9.0f} {reqs / args.partitions:>9.1f} "
-                          f"{most / args.partitions:>9.1f} {size:>11,.0f} {secs:>8.2f}")  # fmt: skip
+                    per, top = reqs / args.partitions, most / args.partitions
+                    print(f"{keys:>9,} {name:>8} {reqs:>9.0f} {per:>9.1f} {top:>9.1f} "
+                          f"{size:>11,.0f} {secs:>8.2f}")  # fmt: skip
     finally:
         server.stop()
         spark.stop()
