@@ -5,7 +5,8 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
     <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: per key group
                                         its chain (files, offsets, lengths), element kind,
                                         input schema
-    <uid>/v<version>/ops-<i>.ckpt       operator state of partition i (the async operator):
+    <uid>/v<version>/ops-p<i>-<attempt>.ckpt
+                                        operator state of partition i (the async operator):
                                         watermark state, its in-flight elements (unkeyed)
     <uid>/v<version>/kg-p<i>-<attempt>.ckpt
                                         partition i's key groups that changed, a section

@@ -10,11 +10,15 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   replaces whole, with their state and timers,
   ``asyncio_ops.state._keyed_snapshot``). The token is the attempt's, so two
   attempts never write one name.
-- ``ops-<i>`` (the async operator, kind ``OPERATOR_STATE``): partition i's
-  operator state: the watermark state (union) and, unkeyed, its in-flight
-  elements (even split). ``keyed_process`` keeps its watermark state in its
-  manifest (``aops.watermark``) and writes no such file.
-- ``subtask-<i>`` (kind ``MANIFEST``): the manifest, written last: per key
+- ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
+  partition i's operator state: the watermark state (union) and, unkeyed, its
+  in-flight elements (even split); the manifest names it (``aops.ops``).
+  ``keyed_process`` keeps its watermark state in its manifest
+  (``aops.watermark``) and writes no such file.
+- ``subtask-<i>`` (kind ``MANIFEST``): the manifest, written last (the
+  partition's commit record: its data files are attempt-unique and only the
+  manifest names them, so of two attempts that both finish, the one whose
+  manifest was written last is in force, whole): per key
   group of partition i its chain, where the sections that rebuild it are:
   ``(version, file, offset, length, size)`` of its last full section and of
   the deltas after it, in order: the frame holding it and the section's own
@@ -60,6 +64,9 @@ _INPUT_SCHEMA: Final = b"aops.input_schema"
 _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
 _WRITER: Final = b"aops.writer"
+# the partition's operator state file, attempt-unique as its key-group file (earlier
+# manifests lack it: ops-<i>.ckpt)
+_OPS: Final = b"aops.ops"
 _KEY_GROUP: Final = "key_group"
 _CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
 
@@ -131,7 +138,9 @@ class VersionFiles:
         file, in partition order."""
         out = []
         for index in range(self.num_partitions):
-            name = f"ops-{index:05d}.ckpt"
+            manifest = self.manifest_of(index)
+            raw = (manifest.schema.metadata or {}).get(_OPS) if manifest is not None else None
+            name = raw.decode(errors="replace") if raw else f"ops-{index:05d}.ckpt"
             path = self.storage.path(self.version, name)
             table = self.storage.read(self.version, name, Kind.OPERATOR_STATE)
             try:
@@ -374,11 +383,13 @@ def write_version(
         for kg, (offset, length, size) in zip(groups, extents, strict=True):
             link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
+    named: dict[bytes, bytes] = {}
     if operator_state is not None:  # keyed_process: its watermark is in the manifest
+        ops = f"ops-p{partition:05d}-{writer}.ckpt"
         storage.write(
-            version, f"ops-{partition:05d}.ckpt", Kind.OPERATOR_STATE,
-            table(Kind.OPERATOR_STATE, operator_state),
-        )  # fmt: skip
+            version, ops, Kind.OPERATOR_STATE, table(Kind.OPERATOR_STATE, operator_state)
+        )
+        named[_OPS] = ops.encode()
     kgs = sorted(new)
     manifest = pa.Table.from_arrays(
         [pa.array(kgs, pa.int32())]
@@ -395,6 +406,7 @@ def write_version(
             _PARTITION: str(partition).encode(),
             _OPERATOR: operator or ASYNC_WAIT,
             _WRITER: writer.encode(),
+            **named,
             **meta,
         }
     )

@@ -262,6 +262,36 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_thei
         later.key_group_sections(KeyGroupRange(0, 63), 128)
 
 
+def test_of_two_attempts_the_manifest_written_last_is_in_force_whole(tmp_path: Path) -> None:
+    """Two attempts of one task (a speculative copy) write one version: their data files
+    have names of their own and only the manifest names them, so whichever manifest
+    lands last, the version is that attempt's key groups and operator state, never the
+    other's operator state beside them (the operator state file was one name for both
+    before)."""
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._versions import read_version, write_version
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    manifest = tmp_path / "op" / "v0000000003" / "subtask-00000.ckpt"
+
+    def attempt(who: str) -> bytes:
+        write_version(s, 3, 0, 1, False, {5: _kg(5, who)},
+                      [("in-flight", "split", [who.encode()])], {}, writer=who)  # fmt: skip
+        return manifest.read_bytes()
+
+    first = attempt("a")
+    attempt("b")
+    for landed_last, who in ((None, "b"), (first, "a")):
+        if landed_last is not None:
+            manifest.write_bytes(landed_last)  # attempt a's manifest upload ends last
+        found = read_version(s, 3)
+        assert found is not None
+        (((_, states),)) = found.operator_states()
+        assert states == [("in-flight", "split", [who.encode()])]
+        got = found.key_group_sections(KeyGroupRange(0, 127), 128)
+        assert [sec.table.column("v").to_pylist() for _, sec in got] == [[who]]
+
+
 def test_a_partition_reads_only_the_frames_of_its_key_groups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
