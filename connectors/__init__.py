@@ -5,12 +5,18 @@ in the folder ``connectors/``):
 
 - :mod:`asyncio_ops.connectors.postgres` — ``PostgresLookup`` (needs asyncpg)
 - :mod:`asyncio_ops.connectors.http` — ``HttpLookup`` (needs aiohttp, aiolimiter)
+- :mod:`asyncio_ops.connectors.redis` — ``RedisLookup`` (needs redis-py)
 
-This facade holds what both share and imports neither client library: the
-exceptions, :func:`is_retryable` (a retry predicate), and :class:`LookupCache`.
+This facade holds what they share and imports no client library: the
+exceptions, :func:`is_retryable` (a retry predicate), :class:`LookupCache`, and
+the base a connector is written on (docs/connectors.md, "Writing a
+connector"): :class:`BaseLookup` (lifecycle, pickling, cache, statistics),
+:class:`KeyFields` (the key of a row or of an Arrow batch),
+:class:`KeyBatcher` (concurrent lookups gathered into batches) and
+:class:`SharedResources` (one client per worker process and event loop).
 """
 
-from ._batching import BatchStatistics
+from ._batching import BatchStatistics, KeyBatcher
 from ._cache import MISS, CacheStatistics, LookupCache
 from ._exceptions import (
     ConnectorError,
@@ -25,13 +31,17 @@ from ._exceptions import (
     LookupTLSError,
     is_retryable,
 )
-from ._lookup import LookupStatistics
+from ._lookup import BaseLookup, KeyFields, LookupStatistics, Row
+from ._resources import SharedResources
 
 __all__ = [
     "MISS",
+    "BaseLookup",
     "BatchStatistics",
     "CacheStatistics",
     "ConnectorError",
+    "KeyBatcher",
+    "KeyFields",
     "LookupAmbiguousError",
     "LookupAuthError",
     "LookupCache",
@@ -43,5 +53,7 @@ __all__ = [
     "LookupStatistics",
     "LookupTLSError",
     "LookupTimeout",
+    "Row",
+    "SharedResources",
     "is_retryable",
 ]

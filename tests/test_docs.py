@@ -172,7 +172,10 @@ def test_documented_signatures_are_the_code(block: Block) -> None:
     from asyncio_ops.connectors.postgres import PostgresLookup
 
     name, documented = _documented_signature(block.code)
-    actual = inspect.signature({"PostgresLookup": PostgresLookup, "HttpLookup": HttpLookup}[name])
+    from asyncio_ops.connectors.redis import RedisLookup
+
+    classes = {c.__name__: c for c in (PostgresLookup, HttpLookup, RedisLookup)}
+    actual = inspect.signature(classes[name])
     doc = [(p.name, p.kind, p.default) for p in documented.parameters.values()]
     code = [(p.name, p.kind, p.default) for p in actual.parameters.values()]
     assert doc == code, f"{block}: the documented signature of {name} is not the code's"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncio_ops.connectors import http, postgres
+from asyncio_ops.connectors import http, postgres, redis
 
 from asyncio_ops import connectors
 
@@ -11,9 +11,12 @@ def test_connectors_facade() -> None:
     assert sorted(connectors.__all__) == sorted(
         [
             "MISS",
+            "BaseLookup",
             "BatchStatistics",
             "CacheStatistics",
             "ConnectorError",
+            "KeyBatcher",
+            "KeyFields",
             "LookupAmbiguousError",
             "LookupAuthError",
             "LookupCache",
@@ -25,6 +28,8 @@ def test_connectors_facade() -> None:
             "LookupStatistics",
             "LookupTLSError",
             "LookupTimeout",
+            "Row",
+            "SharedResources",
             "is_retryable",
         ]
     )
@@ -34,6 +39,7 @@ def test_connectors_facade() -> None:
 
 def test_subpackages() -> None:
     assert sorted(postgres.__all__) == ["PostgresLookup", "active_pools"]
+    assert sorted(redis.__all__) == ["RedisLookup"]
     assert sorted(http.__all__) == [
         "HttpBatch",
         "HttpLookup",

@@ -42,3 +42,11 @@ def test_http_service_is_built_from_the_project(compose: dict[str, Any]) -> None
     assert api["environment"]["PORT"] == "8080"
     assert any(p.endswith(":8080") for p in api["ports"])
     assert "healthz" in " ".join(api["healthcheck"]["test"])
+
+
+def test_redis_service(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    assert redis["image"].startswith("redis:7")
+    assert redis["ports"] == ["127.0.0.1:${ASYNCIO_OPS_REDIS_PORT:-6379}:6379"]
+    assert redis["command"][:3] == ["redis-server", "--save", ""]  # nothing on disk
+    assert "ping" in redis["healthcheck"]["test"]
