@@ -28,6 +28,11 @@ shared, oversubscribed machine wall time mostly measures the other tenants.
 - snapshot / restore: MB/s of blob bytes for 100,000 keys with a value and a
   3-element list each (floor: ``pickle.dumps``/``loads`` of the same data as
   one plain dict).
+- checkpoint write / read: the same state (and a value per key alone, a
+  running count's state, against the pickle of that dict) as a streaming
+  checkpoint writes a full snapshot of it (every key group a section of one
+  container file) and a cold restore reads it back into an empty backend,
+  MB/s of file bytes against the floors.
 - timers: N event-time timers registered on N/10 keys through
   ``InternalTimerService`` (with the heap backend as key context) and fired by
   one watermark, against ``heapq`` push/pop of ``(timestamp, seq, item)``.
@@ -61,6 +66,7 @@ from asyncio_ops.state import (
     KeyGroupRange,
     ListStateDescriptor,
     RocksDBKeyedStateBackend,
+    StateError,
     ValueStateDescriptor,
 )
 
@@ -88,7 +94,9 @@ def timed(fn: Callable[[], Any], repeat: int = 5) -> float:
 def row(name: str, value: float, floor: float, unit: str, target: float | None) -> None:
     ratio = value / floor
     verdict = "" if target is None else ("ok" if ratio >= target else f"BELOW {target:.0%}")
-    ROWS.append((name, f"{value:,.0f} {unit}", f"{floor:,.0f} {unit}", f"{ratio:.0%}", verdict))
+    shown = "{:,.1f}" if value < 100 else "{:,.0f}"  # small rates: one decimal
+    ROWS.append((name, f"{shown.format(value)} {unit}", f"{shown.format(floor)} {unit}",
+                 f"{ratio:.0%}", verdict))  # fmt: skip
 
 
 def raw_rocksdb(path: Path) -> tuple[Any, Any]:
@@ -287,6 +295,71 @@ def bench_snapshot(n_keys: int, tmp: Path) -> None:
     floor_load = len(blob) / timed(lambda: pickle.loads(blob)) / 1e6
     for kind in ("heap", "rocksdb"):
         _snapshot_restore(kind, make, fill, floor_dump, floor_load)
+    for kind in ("heap", "rocksdb"):
+        _sections_write_read(kind, make, fill, floor_dump, floor_load, "value and list")
+
+    def fill_values(b: KeyedStateBackend) -> None:  # a running count per key
+        v = b.get_state(ValueStateDescriptor[int]("v"))
+        for k, (i, _) in data.items():
+            b.set_current_key(k)
+            v.update(i)
+
+    values = {k: i for k, (i, _) in data.items()}
+    blob = pickle.dumps(values, protocol=5)
+    floor_dump = len(blob) / timed(lambda: pickle.dumps(values, protocol=5)) / 1e6
+    floor_load = len(blob) / timed(lambda: pickle.loads(blob)) / 1e6
+    for kind in ("heap", "rocksdb"):
+        _sections_write_read(kind, make, fill_values, floor_dump, floor_load, "value")
+
+
+def _sections_write_read(
+    kind: str,
+    make: Callable[[str], KeyedStateBackend],
+    fill: Callable[[KeyedStateBackend], None],
+    floor_dump: float,
+    floor_load: float,
+    states: str,
+) -> None:
+    """What a streaming checkpoint does with the whole state (a full snapshot of every
+    key group, a cold restore): the key groups as sections of one container file,
+    written and read back into an empty backend."""
+    from asyncio_ops._container import Kind, decode, encode
+    from asyncio_ops.state._keyed_snapshot import apply_change, key_group_sections
+
+    def timers_of(b: KeyedStateBackend) -> InternalTimerService:
+        return InternalTimerService(
+            "user-timers", _Count(), key_context=b, max_parallelism=128,
+            key_group_range=b.key_group_range, armed=False,
+        )  # fmt: skip
+
+    src = make(kind)
+    fill(src)
+    src_timers = timers_of(src)
+    data = [b""]
+    targets: list[KeyedStateBackend] = []
+
+    def write() -> None:
+        sections = key_group_sections(src, src_timers)
+        data[0] = encode(Kind.KEY_GROUPS, list(sections.values()), "bench/v0/kg")[0]
+
+    def read() -> None:
+        dst = make(kind)
+        targets.append(dst)
+        timers = timers_of(dst)
+        for section in decode(data[0], Kind.KEY_GROUPS, "bench", "bench/v0/kg", StateError):
+            apply_change(dst, timers, section, "bench")
+        dst.get_state(ValueStateDescriptor[int]("v"))  # loads restored data (heap)
+        if states != "value":
+            dst.get_state(ListStateDescriptor[int]("l"))
+
+    t = timed(write)
+    size = len(data[0])
+    row(f"checkpoint write, {states}, {kind} ({size / 1e6:.1f} MB)", size / t / 1e6, floor_dump,
+        "MB/s", None)  # fmt: skip
+    t = timed(read)
+    row(f"checkpoint read, {states}, {kind}", size / t / 1e6, floor_load, "MB/s", None)
+    for b in [src, *targets]:
+        b.close()
 
 
 def _snapshot_restore(
@@ -368,16 +441,23 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=100_000, help="keys in the snapshot test")
     p.add_argument("--timers", type=int, default=1_000_000, help="timers registered and fired")
     p.add_argument("--wall", action="store_true", help="wall time instead of process CPU time")
+    p.add_argument("--only", choices=("value", "list", "snapshot", "timers"),
+                   help="run one part only")  # fmt: skip
     args = p.parse_args()
     global CLOCK
     if args.wall:
         CLOCK = time.perf_counter
     with tempfile.TemporaryDirectory(prefix="bench-state-") as d:
         tmp = Path(d)
-        bench_value(args.ops, tmp)
-        bench_list(args.ops, tmp)
-        bench_snapshot(args.keys, tmp)
-        bench_timers(args.timers)
+        parts: dict[str, Callable[[], None]] = {
+            "value": lambda: bench_value(args.ops, tmp),
+            "list": lambda: bench_list(args.ops, tmp),
+            "snapshot": lambda: bench_snapshot(args.keys, tmp),
+            "timers": lambda: bench_timers(args.timers),
+        }
+        for name, part in parts.items():
+            if args.only in (None, name):
+                part()
     head = ("benchmark", "asyncio_ops", "raw floor", "ratio", "target")
     widths = [max(len(r[i]) for r in [head, *ROWS]) for i in range(5)]
     clock = "wall time" if args.wall else "process CPU time"

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._container import Kind
 from .._exceptions import CorruptStateError
@@ -97,6 +98,23 @@ def _entry_columns(dumps: list[Any], cols: dict[str, list[Any]]) -> int:
     n = 0
     rows = 0
     for name, kind, has_ttl, entries in dumps:
+        if kind != _LIST and kind != _MAP:  # one row per entry: column by column
+            count = len(entries)
+            if count:
+                keys, nss, datas = zip(*entries, strict=True)
+                stamps, values = zip(*datas, strict=True)
+                cols["state"] += [name] * count
+                cols["kind"] += [kind] * count
+                cols["has_ttl"] += [bool(has_ttl)] * count
+                cols["key"] += keys
+                cols["namespace"] += nss
+                cols["map_key"] += [None] * count
+                cols["ts"] += stamps
+                cols["value"] += values
+                cols["entry"] += range(n, n + count)
+                n += count
+                rows += count
+            continue
         for key, ns, data in entries:
             if kind == _LIST:
                 items = [(None, ts, value) for ts, value in data]
@@ -199,7 +217,91 @@ def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
     return pa.table(cols, schema=KEY_GROUP_SCHEMA)
 
 
+def _value_entries(table: pa.Table, where: str) -> list[Any] | None:
+    """The dumps of ``table``'s rows (``KEY_GROUP_SCHEMA``, entry rows only) when every
+    state in it is value-like (one row per entry), read column by column; None when a
+    list or map state is among them (:func:`_dumps` reads those row by row). The same
+    checks as :func:`_dumps`: every value present, one kind per state, no entry twice."""
+    if not table.num_rows:
+        return []
+    kinds = table.column("kind")
+    if kinds.null_count or {_LIST, _MAP} & set(kinds.unique().to_pylist()):
+        return None
+    for name in ("state", "has_ttl", "namespace", "value", "entry"):
+        if table.column(name).null_count:
+            raise CorruptStateError(f"{where}: a state entry lacks its state, kind or value")
+    entry = table.column("entry").combine_chunks()
+    if len(entry) > 1 and not pc.all(pc.not_equal(entry[1:], entry[:-1])).as_py():
+        raise CorruptStateError(f"{where}: a state repeats a single-value entry")
+    states = table.column("state").to_pylist()
+    kind_list = kinds.to_pylist()
+    ttl = table.column("has_ttl").to_pylist()
+    pairs = zip(table.column("ts").to_pylist(), table.column("value").to_pylist(), strict=True)
+    rows = list(zip(table.column("key").to_pylist(), table.column("namespace").to_pylist(),
+                    pairs, strict=True))  # fmt: skip
+    dumps: dict[str, tuple[str, bool, list[Any]]] = {}
+    if len(table.column("state").unique()) == 1 and len(kinds.unique()) == 1:
+        return [(states[0], kind_list[0], ttl[0], rows)]  # one state: one run
+    start = 0
+    n = len(states)
+    while start < n:  # runs of one state (a dump's rows are consecutive)
+        name = states[start]
+        end = start + 1
+        while end < n and states[end] == name:
+            end += 1
+        dump = dumps.get(name)
+        if dump is None:
+            dump = dumps[name] = (kind_list[start], ttl[start], [])
+        if any(k != dump[0] for k in kind_list[start:end]):
+            raise CorruptStateError(f"{where}: state {name!r} has rows of two kinds")
+        dump[2].extend(rows[start:end])
+        start = end
+    return [(name, kind, has_ttl, entries) for name, (kind, has_ttl, entries) in dumps.items()]
+
+
 def _read_key_group(table: pa.Table, where: str) -> KeyGroupPayload:
+    if not table.schema.remove_metadata().equals(KEY_GROUP_SCHEMA):
+        _columns(KEY_GROUP_SCHEMA, table, where)  # raises, naming the columns
+    # The writer puts entry rows first: read them column by column when they are all
+    # of value-like states (the common case), the timers and replaced keys after.
+    kinds = table.column("row").combine_chunks()
+    entries_n = pc.sum(pc.equal(kinds, _ENTRY)).as_py() or 0
+    if not pc.any(pc.not_equal(kinds[:entries_n], _ENTRY)).as_py():
+        dumps = _value_entries(table.slice(0, entries_n), where)
+        if dumps is not None:
+            timers, replaced, rest = _timers_and_replaced(table.slice(entries_n), where)
+            if not rest:
+                return dumps, timers, replaced
+    return _read_key_group_rows(table, where)
+
+
+def _timers_and_replaced(
+    table: pa.Table, where: str
+) -> tuple[list[tuple[str, Any, Any, float]], list[bytes], bool]:
+    """The timer and replaced-key rows of ``table``; True third if an entry row is
+    among them (then the rows are read one by one)."""
+    timers: list[tuple[str, Any, Any, float]] = []
+    replaced: list[bytes] = []
+    if not table.num_rows:
+        return timers, replaced, False
+    c = table.select(["row", "key", "namespace", "domain", "timestamp"]).to_pydict()
+    for row, key, namespace, domain, ts in zip(
+        c["row"], c["key"], c["namespace"], c["domain"], c["timestamp"], strict=True
+    ):
+        if row == _TIMER:
+            if domain is None or namespace is None or ts is None:
+                raise CorruptStateError(f"{where}: a timer lacks its domain, namespace or time")
+            timers.append((domain, decode_canonical(key), decode_canonical(namespace), ts))
+        elif row == _REPLACED:
+            replaced.append(key)
+        elif row == _ENTRY:
+            return timers, replaced, True
+        else:
+            raise CorruptStateError(f"{where}: a row of unknown kind {row}")
+    return timers, replaced, False
+
+
+def _read_key_group_rows(table: pa.Table, where: str) -> KeyGroupPayload:
     c = _columns(KEY_GROUP_SCHEMA, table, where)
     entries: list[tuple[Any, ...]] = []
     timers: list[tuple[str, Any, Any, float]] = []

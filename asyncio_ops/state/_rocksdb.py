@@ -485,6 +485,23 @@ def _dump_rows(
     key group (rows are sorted), added to ``out``."""
     if out is None:
         out = {}
+    multi = kind in (LIST, MAP)
+    if not multi and not has_ttl:  # the common case: one row per entry, no timestamp
+        group = -1
+        entries: list[Entry] = []
+        unpack = _unpack_be32
+        for row, body in cf.items(from_key=prefix or None):  # one C loop, no call per step
+            if prefix and not row.startswith(prefix):
+                break
+            kg = (row[0] << 8) | row[1]
+            if kg != group:
+                group = kg
+                entries = out.setdefault(kg, [])
+            (klen,) = unpack(row, 2)
+            kend = 6 + klen
+            (nlen,) = unpack(row, kend)
+            entries.append((row[6:kend], row[kend + 4 : kend + 4 + nlen], (None, body)))
+        return out
     it = cf.iter()
     if prefix:
         it.seek(prefix)
@@ -492,7 +509,6 @@ def _dump_rows(
         it.seek_to_first()
     last: tuple[int, bytes, bytes] | None = None
     bucket: list[Any] = []
-    multi = kind in (LIST, MAP)
     while it.valid():
         row = it.key()
         if prefix and not row.startswith(prefix):
