@@ -8,7 +8,8 @@ in the folder ``connectors/``):
 - :mod:`asyncio_ops.connectors.redis` — ``RedisLookup`` (needs redis-py)
 
 This facade holds what they share and imports no client library: the
-exceptions, :func:`is_retryable` (a retry predicate), :class:`LookupCache`, and
+exceptions, :func:`is_retryable` (a retry predicate), :class:`LookupCache`,
+:class:`RateLimit` (per process, or shared by every executor through Redis), and
 the base a connector is written on (docs/connectors.md, "Writing a
 connector"): :class:`BaseLookup` (lifecycle, pickling, cache, statistics),
 :class:`KeyFields` (the key of a row or of an Arrow batch),
@@ -32,6 +33,7 @@ from ._exceptions import (
     is_retryable,
 )
 from ._lookup import BaseLookup, KeyFields, LookupStatistics, Row
+from ._rate_limit import RateLimit, RateLimitStatistics
 from ._resources import SharedResources
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "LookupStatistics",
     "LookupTLSError",
     "LookupTimeout",
+    "RateLimit",
+    "RateLimitStatistics",
     "Row",
     "SharedResources",
     "is_retryable",

@@ -40,6 +40,7 @@ from .._exceptions import (
     LookupTimeout,
 )
 from .._lookup import BaseLookup, Row
+from .._rate_limit import RateLimit
 from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
 from .._resources import SharedResources
 from ._errors import aiohttp_error
@@ -223,7 +224,9 @@ class HttpLookup(BaseLookup[_Runtime]):
     Limits per worker process: ``max_connections`` sockets in the one shared
     session; ``rate_limit`` requests per second (retries included) for every
     HttpLookup to the same host with the same limit, with bursts of at most
-    ``rate_burst``. ``timeout`` seconds per request attempt (connect to last
+    ``rate_burst``; or a :class:`~asyncio_ops.connectors.RateLimit`, per process or
+    shared by every executor through Redis, which a 429 or 503 with Retry-After
+    pauses for every process sharing it. ``timeout`` seconds per request attempt (connect to last
     byte). TLS certificates are verified unless ``verify_ssl=False``;
     ``ca_file`` trusts a private CA.
 
@@ -239,7 +242,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         json: Any = None,
         headers: Mapping[str, str] | None = None,
         batch: HttpBatch | None = None,
-        rate_limit: float | None = None,
+        rate_limit: float | RateLimit | None = None,
         rate_burst: int = 1,
         max_connections: int = 100,
         timeout: float = 10.0,
@@ -283,7 +286,10 @@ class HttpLookup(BaseLookup[_Runtime]):
                 and not isinstance(json, Mapping)
             ):
                 raise ConfigurationError("with HttpBatch(json_field=), json must be an object")
-        if rate_limit is not None:
+        # a RateLimit (per process, or shared through Redis), or a number: requests per
+        # second for this process and host (aiolimiter, with rate_burst)
+        self.limit: RateLimit | None = rate_limit if isinstance(rate_limit, RateLimit) else None
+        if rate_limit is not None and self.limit is None:
             rate_limit = seconds(rate_limit, "rate_limit")
         self.rate_limit = rate_limit
         self.rate_burst = at_least(rate_burst, "rate_burst", 1)
@@ -307,7 +313,9 @@ class HttpLookup(BaseLookup[_Runtime]):
         self.ca_file = ca_file
         self._session_settings = _SessionSettings(self.max_connections, self.verify_ssl, ca_file)
         host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-        self._limiter_key = (host, rate_limit, self.rate_burst) if rate_limit else None
+        self._limiter_key = (
+            (host, rate_limit, self.rate_burst) if rate_limit and self.limit is None else None
+        )
         self._scrub = Scrubber(self._secrets(url, params))
 
     def _secrets(self, url: str, params: Mapping[str, Any] | None) -> list[str]:
@@ -553,13 +561,19 @@ class HttpLookup(BaseLookup[_Runtime]):
         LookupTimeout, LookupTLSError, ConnectorError.
         """
         attempt = 0
+        limit = self.limit
         while True:
             if runtime.limiter is not None:
                 await runtime.limiter.acquire()
             try:
-                return await self._attempt(runtime, url, params, body)
+                if limit is None:
+                    return await self._attempt(runtime, url, params, body)
+                async with limit.acquire():
+                    return await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
+                if limit is not None and retry_after is not None:
+                    await limit.pause(retry_after)  # every process sharing the limit waits
                 if not exc.retryable or attempt >= self.max_retries:
                     raise
                 if retry_after is not None:

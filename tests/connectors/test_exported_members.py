@@ -28,6 +28,8 @@ def test_connectors_facade() -> None:
             "LookupStatistics",
             "LookupTLSError",
             "LookupTimeout",
+            "RateLimit",
+            "RateLimitStatistics",
             "Row",
             "SharedResources",
             "is_retryable",

@@ -1,0 +1,467 @@
+"""RateLimit: requests per second and tokens per minute, per worker process or shared.
+
+Contract::
+
+    limit = RateLimit(requests_per_second=20, tokens_per_minute=90_000,
+                      shared="redis://host:6379/0", name="openai-prod")
+    async with limit.acquire(tokens=estimate):   # waits for 1 request and the tokens
+        answer = await call(...)
+    await limit.pause(retry_after)               # a 429 seen: everyone waits
+
+Semantics. Each dimension is a GCRA (generic cell rate algorithm, the
+token bucket as a "theoretical arrival time"): at ``rate`` units per second a
+unit is due ``1 / rate`` seconds after the one before, and up to ``burst``
+units may go at once after an idle spell. ``acquire`` reserves its units and
+waits until they are due: callers are served in the order they asked, a
+request never waits on a later one, and over any window of ``t`` seconds at
+most ``rate * t + burst`` units go out. A request with more tokens than the
+token burst waits until they are due (it is never refused).
+
+Without ``shared`` the budget is the worker process's: every lookup copy in
+one Python worker with equal settings shares it (Spark runs one per task
+slot, so a job of N concurrent tasks may send N times the rate). With
+``shared="redis://..."`` the budget is one for every process of every
+executor and job naming the same ``name``: the reservation is one atomic
+step of a Lua script on the Redis server (its clock, ``TIME``, is the only
+clock), under the keys ``asyncio_ops:rate:<name>:requests``, ``:tokens`` and
+``:pause``, which expire once idle. Request permits are leased ``lease`` at a
+time, so a process pays one round trip per ``lease`` requests; permits a
+process leased and did not use (it ended first) are lost to the budget, never
+added to it. Tokens are reserved with each request that names them.
+
+``pause(seconds)`` (a 429 or 503 with Retry-After) holds the limit: every
+reservation not yet due moves that many seconds later, keeping its order and
+spacing (so the end of a pause is not a burst), and new ones start after it;
+in the process that paused at once (its waiters and leased permits), in the
+others at their next round trip to Redis (the permits they hold leased, at
+most ``lease`` each, are not recalled). ``on_unavailable``: when Redis cannot be reached at the
+first acquire, or later, ``"fail"`` (the default) raises
+:class:`LookupConnectionError` naming the URL (without password);
+``"local"`` goes on with a per-process budget of ``local_share`` of the rates
+(give ``1/N`` for N tasks at once), logged once, and tries Redis again after
+``retry_unavailable`` seconds. Never an unlimited burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from asyncio_ops import ConfigurationError, Scheduler
+from asyncio_ops.options import seconds
+
+from ._exceptions import LookupConnectionError
+from ._redact import redact_dsn
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+__all__ = ["RateLimit", "RateLimitStatistics"]
+
+log = logging.getLogger("asyncio_ops.connectors")
+
+# KEYS: bucket, pause. ARGV: interval (s per unit), tolerance (burst * interval), units,
+# ttl slack (ms), now (s; "" for the server's clock). Returns, as strings: when the first
+# reserved unit is due relative to now (s, may be negative; unit i is due i intervals
+# later), and now.
+_RESERVE: Final = """
+local now = tonumber(ARGV[5])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local units = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local paused = redis.call('PTTL', KEYS[2])
+if paused > 0 and tat < now + paused / 1000 + tolerance - interval then
+  tat = now + paused / 1000 + tolerance - interval
+end
+local new_tat = tat + units * interval
+local ttl = math.ceil((new_tat - now) * 1000) + tonumber(ARGV[4])
+redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', ttl)
+return {string.format('%.6f', tat + interval - tolerance - now), string.format('%.6f', now)}
+"""
+
+
+# KEYS: pause, requests bucket, tokens bucket. ARGV: milliseconds. A longer pause than the
+# one in force replaces it, and the reservations not yet due move that much later.
+_PAUSE: Final = """
+local ms = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) >= ms then return 0 end
+redis.call('SET', KEYS[1], '1', 'PX', ms)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+for i = 2, 3 do
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat > now then
+    redis.call('SET', KEYS[i], string.format('%.6f', tat + ms / 1000), 'PX',
+               math.ceil((tat + ms / 1000 - now) * 1000) + 60000)
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class RateLimitStatistics:
+    """Counters of one limit in this process: ``requests`` and ``tokens`` acquired,
+    ``waited`` seconds spent waiting for them (summed over callers), ``round_trips``
+    to Redis, ``fallbacks`` (acquires served by the local share while Redis was
+    unreachable)."""
+
+    requests: int
+    tokens: int
+    waited: float
+    round_trips: int
+    fallbacks: int
+
+
+class _Gcra:
+    """One dimension's budget in this process (see the module docstring)."""
+
+    __slots__ = ("interval", "tat", "tolerance")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.interval = 1.0 / rate
+        self.tolerance = burst * self.interval
+        self.tat = -math.inf
+
+    def reserve(self, units: float, now: float, paused_until: float) -> float:
+        """Reserve ``units``; the time the last of them is due (to the nanosecond, so
+        that sums of intervals meet the times a clock reaches)."""
+        tat = max(self.tat, now, paused_until + self.tolerance - self.interval)
+        self.tat = tat + units * self.interval
+        return round(self.tat - self.tolerance, 9)
+
+    def shift(self, now: float, seconds_: float) -> None:
+        """A pause: reservations not yet due move ``seconds_`` later."""
+        if self.tat > now:
+            self.tat += seconds_
+
+
+class RateLimit:
+    """Requests per second and tokens per minute (see the module docstring).
+
+    ``requests_per_second``/``burst``: the request budget (burst: requests that may
+    go at once, default 1); ``tokens_per_minute``/``token_burst``: the token budget
+    (default burst: one second's tokens); at least one of the two rates.
+    ``shared``: a ``redis://`` URL for a budget shared by every process naming
+    the same ``name`` (required with it). ``lease``: request permits fetched per
+    round trip. ``on_unavailable``/``local_share``/``retry_unavailable``: what
+    happens without Redis. ``clock``: a :class:`asyncio_ops.Scheduler` time comes
+    from and waits are scheduled on (``asyncio_ops.testing.ManualClock`` in tests;
+    the shared script then takes its time too); default: the monotonic clock.
+    """
+
+    def __init__(
+        self,
+        requests_per_second: float | None = None,
+        tokens_per_minute: float | None = None,
+        *,
+        burst: float = 1,
+        token_burst: float | None = None,
+        shared: str | None = None,
+        name: str | None = None,
+        lease: int = 8,
+        on_unavailable: str = "fail",
+        local_share: float | None = None,
+        retry_unavailable: float = 30.0,
+        clock: Scheduler | None = None,
+    ) -> None:
+        if requests_per_second is None and tokens_per_minute is None:
+            raise ConfigurationError("RateLimit needs requests_per_second or tokens_per_minute")
+        self.requests_per_second = (
+            None if requests_per_second is None
+            else _positive(requests_per_second, "requests_per_second")
+        )  # fmt: skip
+        self.tokens_per_minute = (
+            None if tokens_per_minute is None else _positive(tokens_per_minute, "tokens_per_minute")
+        )
+        self.burst = _positive(burst, "burst")
+        token_rate = None if self.tokens_per_minute is None else self.tokens_per_minute / 60.0
+        self.token_burst = (
+            _positive(token_burst, "token_burst") if token_burst is not None
+            else (token_rate or 1.0)
+        )  # fmt: skip
+        if shared is not None:
+            if not isinstance(shared, str) or not shared.startswith(("redis://", "rediss://")):
+                raise ConfigurationError(
+                    f"shared must be a redis:// or rediss:// URL, got {redact_dsn(str(shared))!r}"
+                )
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError("a shared RateLimit needs name= (what its jobs share)")
+        self.shared = shared
+        self.name = name
+        if not isinstance(lease, int) or lease < 1:
+            raise ConfigurationError(f"lease must be an int >= 1, got {lease!r}")
+        self.lease = lease
+        if on_unavailable not in ("fail", "local"):
+            raise ConfigurationError(
+                f"on_unavailable must be 'fail' or 'local', got {on_unavailable!r}"
+            )
+        if on_unavailable == "local":
+            if local_share is None:
+                raise ConfigurationError(
+                    "on_unavailable='local' needs local_share= (this process's part of the "
+                    "rates while Redis is unreachable: 1/N for N tasks at once)"
+                )
+            local_share = _positive(local_share, "local_share")
+            if local_share > 1:
+                raise ConfigurationError(f"local_share must be <= 1, got {local_share!r}")
+        self.on_unavailable = on_unavailable
+        self.local_share = local_share
+        self.retry_unavailable = seconds(retry_unavailable, "retry_unavailable")
+        self.clock = clock
+        self._state: _State | None = None
+
+    # -- pickling: configuration only (the state belongs to a process and a loop) ----------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_state"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def key(self) -> Hashable:
+        """What makes two limits one budget in a process."""
+        return (
+            self.requests_per_second, self.tokens_per_minute, self.burst, self.token_burst,
+            self.shared, self.name, self.lease, self.on_unavailable, self.local_share,
+        )  # fmt: skip
+
+    def _local(self) -> _State:
+        state = self._state
+        loop = asyncio.get_running_loop()
+        if state is None or state.loop is not loop:
+            key = (id(loop), self.key())
+            state = _STATES.get(key)
+            if state is None or state.loop is not loop:
+                state = _STATES[key] = _State(self, loop)
+            self._state = state
+        return state
+
+    @asynccontextmanager
+    async def acquire(self, tokens: float = 0) -> AsyncIterator[None]:
+        """Wait for one request permit and ``tokens`` tokens, then run the block."""
+        if tokens < 0 or not math.isfinite(tokens):
+            raise ConfigurationError(f"tokens must be a finite number >= 0, got {tokens!r}")
+        await self._local().acquire(tokens)
+        yield
+
+    async def pause(self, seconds_: float) -> None:
+        """Hold every reservation after now for ``seconds_`` (every sharing process)."""
+        await self._local().pause(max(0.0, float(seconds_)))
+
+    def statistics(self) -> RateLimitStatistics:
+        state = self._state
+        if state is None:
+            return RateLimitStatistics(0, 0, 0.0, 0, 0)
+        return RateLimitStatistics(state.requests, state.tokens, state.waited,
+                                   state.round_trips, state.fallbacks)  # fmt: skip
+
+    def __repr__(self) -> str:
+        where = f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""
+        return (
+            f"RateLimit(requests_per_second={self.requests_per_second!r}, "
+            f"tokens_per_minute={self.tokens_per_minute!r}{where})"
+        )
+
+
+def _positive(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or (
+        not math.isfinite(value)
+    ):
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class _State:
+    """One process's (and event loop's) side of a limit: its local buckets, its leased
+    permits and its Redis client."""
+
+    def __init__(self, limit: RateLimit, loop: asyncio.AbstractEventLoop) -> None:
+        self.limit = limit
+        self.loop = loop
+        self.now: Callable[[], float] = time.monotonic if limit.clock is None else limit.clock.now
+        share = 1.0 if limit.shared is None else (limit.local_share or 1.0)
+        rps, tpm = limit.requests_per_second, limit.tokens_per_minute
+        self.requests_bucket = None if rps is None else _Gcra(rps * share, limit.burst)
+        self.tokens_bucket = (
+            None if tpm is None else _Gcra(tpm / 60.0 * share, limit.token_burst)
+        )
+        self.paused_until = -math.inf
+        self.pause_log: list[tuple[float, float]] = []  # (start, length) of each pause
+        self.leased: collections.deque[float] = collections.deque()  # due times, local clock
+        self.lock = asyncio.Lock()
+        self.client: aioredis.Redis | None = None
+        self.script: Any = None
+        self.down_until = -math.inf
+        self.requests = 0
+        self.tokens = 0
+        self.waited = 0.0
+        self.round_trips = 0
+        self.fallbacks = 0
+
+    async def acquire(self, tokens: float) -> None:
+        limit = self.limit
+        now = self.now()
+        pauses = len(self.pause_log)
+        if limit.shared is not None and now >= self.down_until:
+            due = await self._reserve_shared(tokens)
+        else:
+            if limit.shared is not None:
+                self.fallbacks += 1
+            due = self._reserve_local(tokens, now)
+        self.requests += 1
+        self.tokens += int(tokens)
+        while True:
+            delay = due - self.now()
+            if delay > 0:
+                self.waited += delay
+                await self._sleep(delay)
+            # a pause that came while this one waited (a 429 seen in this process) moves
+            # it as late as the pause is long, keeping its place and spacing
+            moved = sum(length for start, length in self.pause_log[pauses:] if start <= due)
+            pauses = len(self.pause_log)
+            if moved <= 0:
+                return
+            due += moved
+
+    def _reserve_local(self, tokens: float, now: float) -> float:
+        due = now
+        if self.requests_bucket is not None:
+            due = max(due, self.requests_bucket.reserve(1, now, self.paused_until))
+        if self.tokens_bucket is not None and tokens > 0:
+            due = max(due, self.tokens_bucket.reserve(tokens, now, self.paused_until))
+        return due
+
+    async def _reserve_shared(self, tokens: float) -> float:
+        limit = self.limit
+        try:
+            async with self.lock:  # one lease at a time; callers keep their order
+                due = self.now()
+                if limit.requests_per_second is not None:
+                    if not self.leased:
+                        first, _ = await self._round_trip(
+                            "requests", limit.requests_per_second, limit.burst, limit.lease
+                        )
+                        step = 1.0 / limit.requests_per_second
+                        self.leased.extend(first + i * step for i in range(limit.lease))
+                    due = max(due, self.leased.popleft(), self.paused_until)
+                if limit.tokens_per_minute is not None and tokens > 0:
+                    first, _ = await self._round_trip(
+                        "tokens", limit.tokens_per_minute / 60.0, limit.token_burst, tokens
+                    )
+                    due = max(due, first + (tokens - 1) * 60.0 / limit.tokens_per_minute)
+                return due
+        except LookupConnectionError:
+            if limit.on_unavailable == "fail":
+                raise
+            self.down_until = self.now() + limit.retry_unavailable
+            log.warning(
+                "shared rate limit %r at %s is unreachable: going on with %s of its rates in "
+                "this process for %s s", limit.name, redact_dsn(limit.shared or ""),
+                limit.local_share, limit.retry_unavailable,
+            )  # fmt: skip
+            self.fallbacks += 1
+            return self._reserve_local(tokens, self.now())
+
+    async def _round_trip(
+        self, dimension: str, rate: float, burst: float, units: float
+    ) -> tuple[float, float]:
+        """Reserve ``units`` on the server; (when the first is due, now) on the local clock."""
+        limit = self.limit
+        assert limit.shared is not None and limit.name is not None
+        base = f"asyncio_ops:rate:{limit.name}"
+        interval = 1.0 / rate
+        sent = self.now()
+        try:
+            if self.client is None:
+                import redis.asyncio as aioredis
+
+                self.client = aioredis.Redis.from_url(
+                    limit.shared, socket_timeout=5, socket_connect_timeout=5
+                )
+                self.script = self.client.register_script(_RESERVE)
+            reply = await self.script(
+                keys=[f"{base}:{dimension}", f"{base}:pause"],
+                args=[repr(interval), repr(burst * interval), repr(float(units)), 60_000,
+                      repr(sent) if limit.clock is not None else ""],
+            )  # fmt: skip
+        except Exception as exc:
+            from redis import exceptions as rx
+
+            if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+                raise LookupConnectionError(
+                    f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
+                    f"is unreachable: {exc}"
+                ) from exc
+            raise
+        self.round_trips += 1
+        first = float(reply[0])
+        # due times on this process's clock: relative to when the reply came back
+        arrived = self.now() if limit.clock is None else sent
+        return arrived + first, arrived
+
+    async def pause(self, seconds_: float) -> None:
+        now = self.now()
+        until = now + seconds_
+        self.paused_until = max(self.paused_until, until)
+        self.pause_log.append((now, seconds_))
+        self.leased = collections.deque(t + seconds_ if t >= now else t for t in self.leased)
+        for bucket in (self.requests_bucket, self.tokens_bucket):
+            if bucket is not None:
+                bucket.shift(now, seconds_)
+        limit = self.limit
+        if limit.shared is None or self.now() < self.down_until:
+            return
+        try:
+            if self.client is None:
+                await self._round_trip("requests", limit.requests_per_second or 1.0, 1, 0)
+            assert self.client is not None and limit.name is not None
+            key = f"asyncio_ops:rate:{limit.name}:pause"
+            ms = int(seconds_ * 1000)
+            if ms > 0:
+                await self.client.eval(_PAUSE, 3, key, f"asyncio_ops:rate:{limit.name}:requests",
+                                       f"asyncio_ops:rate:{limit.name}:tokens", ms)  # fmt: skip
+        except LookupConnectionError:
+            if limit.on_unavailable == "fail":
+                raise
+        except Exception as exc:
+            from redis import exceptions as rx
+
+            if not isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+                raise
+            if limit.on_unavailable == "fail":
+                raise LookupConnectionError(
+                    f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
+                    f"is unreachable: {exc}"
+                ) from exc
+
+    async def _sleep(self, delay: float) -> None:
+        clock = self.limit.clock
+        if clock is None:
+            await asyncio.sleep(delay)
+            return
+        fut = self.loop.create_future()
+
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        clock.call_at(self.now() + delay, wake)
+        await fut
+
+
+_STATES: Final[dict[tuple[int, Hashable], _State]] = {}
