@@ -19,6 +19,12 @@ Contract:
 - Results are stored as given; the connectors store tuples of dicts and copy
   them on the way out, so callers never share a mutable row.
 
+With ``shared="redis://..."`` and a ``name``, a second layer behind this one
+holds the answers for every worker and job that name the cache
+(``get_through``/``put_through``; ``connectors/_shared_cache.py``): the
+connectors read it for the keys this layer misses, before calling out. Redis
+down is a miss there, never a failure.
+
 Time comes from an injected clock (``asyncio_ops._clock.Clock``; the system
 clock by default, ``asyncio_ops.testing.ManualClock`` in tests). Not
 thread-safe: it is used from one event loop.
@@ -27,12 +33,15 @@ thread-safe: it is used from one event loop.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from asyncio_ops import Clock, SystemClock
+from asyncio_ops import Clock, ConfigurationError, SystemClock
 from asyncio_ops.options import positive_int, positive_seconds
+
+from ._redact import redact_dsn
+from ._shared_cache import SharedLayer
 
 __all__ = ["MISS", "CacheStatistics", "LookupCache"]
 
@@ -87,12 +96,33 @@ class LookupCache(Generic[V]):
         max_size: int = 100_000,
         cache_empty: bool = True,
         clock: Clock | None = None,
+        shared: str | None = None,
+        name: str | None = None,
+        shared_timeout: float = 1.0,
     ) -> None:
         self.ttl = positive_seconds(ttl, "cache ttl")  # math.inf: entries never expire
         positive_int(max_size, "cache max_size")
         self.max_size = max_size
         self.cache_empty = cache_empty
         self.clock: Clock = clock if clock is not None else SystemClock()
+        if shared is not None:
+            if not isinstance(shared, str) or not shared.startswith(("redis://", "rediss://")):
+                raise ConfigurationError(
+                    f"shared must be a redis:// or rediss:// URL, got {redact_dsn(str(shared))!r}"
+                )
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError(
+                    "a shared LookupCache needs name= (the jobs that name it share its answers)"
+                )
+        self.shared = shared
+        self.name = name
+        self.shared_timeout = positive_seconds(shared_timeout, "shared_timeout")
+        # the Redis side (connectors/_shared_cache.py), made in the worker that uses it
+        self.layer: SharedLayer | None = (
+            SharedLayer(shared, name, self.ttl, self.shared_timeout)
+            if shared is not None and name is not None
+            else None
+        )
         self._entries: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
         self._hits = 0
         self._misses = 0
@@ -106,6 +136,9 @@ class LookupCache(Generic[V]):
             "max_size": self.max_size,
             "cache_empty": self.cache_empty,
             "clock": self.clock,
+            "shared": self.shared,
+            "name": self.name,
+            "shared_timeout": self.shared_timeout,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -114,6 +147,9 @@ class LookupCache(Generic[V]):
             max_size=state["max_size"],
             cache_empty=state["cache_empty"],
             clock=state["clock"],
+            shared=state.get("shared"),
+            name=state.get("name"),
+            shared_timeout=state.get("shared_timeout", 1.0),
         )
 
     # -- operations ------------------------------------------------------------------
@@ -146,6 +182,34 @@ class LookupCache(Generic[V]):
         elif len(entries) >= self.max_size:
             self._evict_one()
         entries[key] = (self.clock.now(), value)
+
+    async def get_through(self, keys: Sequence[Hashable]) -> dict[Hashable, V]:
+        """The live entries of ``keys``: this process's layer first, then, for what it
+        misses, the shared layer (whose answers are kept locally too)."""
+        found: dict[Hashable, V] = {}
+        missed = []
+        for key in keys:
+            value = self.get(key)
+            if isinstance(value, _Miss):
+                missed.append(key)
+            else:
+                found[key] = value
+        if missed and self.layer is not None:
+            for key, rows in (await self.layer.get_many(missed)).items():
+                shared: V = rows  # type: ignore[assignment]  # connectors cache row tuples
+                self.put(key, shared, empty=not rows)
+                found[key] = shared
+        return found
+
+    async def put_through(self, items: Sequence[tuple[Hashable, V]]) -> None:
+        """Store answers in this process's layer and in the shared one."""
+        for key, value in items:
+            self.put(key, value, empty=not value)
+        if self.layer is not None:
+            kept: list[tuple[Hashable, Any]] = [
+                (k, v) for k, v in items if self.cache_empty or v
+            ]
+            await self.layer.put_many(kept)
 
     def _evict_one(self) -> None:
         # The least recently used entry goes. If it had expired already it is
@@ -213,7 +277,10 @@ class LookupCache(Generic[V]):
         return key in self._entries
 
     def __repr__(self) -> str:
+        shared = (
+            f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""
+        )
         return (
             f"LookupCache(ttl={self.ttl!r}, max_size={self.max_size!r}, "
-            f"cache_empty={self.cache_empty!r}, size={len(self._entries)})"
+            f"cache_empty={self.cache_empty!r}, size={len(self._entries)}{shared})"
         )

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from asyncio_ops import AsyncFunction, ConfigurationError, RuntimeContext, UnsupportedKeyError
 
 from ._batching import BatchStatistics
-from ._cache import MISS, CacheStatistics, LookupCache
+from ._cache import CacheStatistics, LookupCache
 from ._exceptions import ConnectorError, LookupKeyError
 
 if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
@@ -217,13 +217,18 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             self._runtime = await self._open_runtime()
 
     async def close(self) -> None:
-        """Cancel requests in flight and release the shared client. Idempotent."""
+        """Cancel requests in flight and release the shared client (and the shared
+        cache's connection). Idempotent."""
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             self._closed_batches = add_batch_statistics(
                 self._closed_batches, self._runtime_batch_statistics(runtime)
             )
-            await self._close_runtime(runtime)
+            try:
+                await self._close_runtime(runtime)
+            finally:
+                if self.cache is not None and self.cache.layer is not None:
+                    await self.cache.layer.aclose()
 
     async def __aenter__(self: L) -> L:
         await self.open(RuntimeContext())
@@ -250,21 +255,21 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         size: int,
     ) -> dict[Hashable, Any]:
         """The answers of every distinct non-null key in ``keys`` (a chunk's): the cache
-        first, then ``fetch`` of at most ``size`` keys per call, concurrently; a key
-        ``fetch`` does not answer gets ``()``. Counts null keys; fills the cache."""
+        first (its shared layer too), then ``fetch`` of at most ``size`` keys per call,
+        concurrently; a key ``fetch`` does not answer gets ``()``. Counts null keys;
+        fills the cache."""
         cache = self.cache
         known: dict[Hashable, Any] = {}
-        wanted: list[Hashable] = []
         for key in keys:
             if key is None:
                 self._null_keys += 1
             elif key not in known:
-                cached = cache.get(key) if cache is not None else MISS
-                if cached is MISS:
-                    known[key] = ()
-                    wanted.append(key)
-                else:
-                    known[key] = cached
+                known[key] = ()
+        wanted = list(known)
+        if cache is not None:  # this process's layer, then a shared one's
+            found = await cache.get_through(wanted)
+            known.update(found)
+            wanted = [key for key in wanted if key not in found]
         if wanted:
             parts = await asyncio.gather(
                 *(fetch(wanted[i : i + size]) for i in range(0, len(wanted), size))
@@ -272,9 +277,21 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             for part in parts:
                 known.update(part)
             if cache is not None:
-                for key in wanted:
-                    cache.put(key, known[key], empty=not known[key])
+                await cache.put_through([(key, known[key]) for key in wanted])
         return known
+
+    async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Any]]) -> Any:
+        """One key's answer: from the cache (its shared layer too), else ``fetch()``,
+        then kept in the cache."""
+        cache = self.cache
+        if cache is None:
+            return await fetch()
+        found = await cache.get_through([key])
+        if key in found:
+            return found[key]
+        answer = await fetch()
+        await cache.put_through([(key, answer)])
+        return answer
 
     @abc.abstractmethod
     async def _open_runtime(self) -> R: ...

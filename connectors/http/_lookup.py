@@ -17,7 +17,7 @@ import math
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Final
@@ -31,7 +31,7 @@ from asyncio_ops import ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
-from .._cache import LookupCache, _Miss
+from .._cache import LookupCache
 from .._exceptions import (
     LookupConnectionError,
     LookupDecodeError,
@@ -509,19 +509,6 @@ class HttpLookup(BaseLookup[_Runtime]):
         if "/" not in parts.path:  # the placeholder is in the host or the port
             return None
         return f"{parts.scheme}://{parts.netloc}{parts.path[: parts.path.rfind('/') + 1]}"
-
-    async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Rows]]) -> Rows:
-        cache = self.cache
-        if cache is None:
-            rows: Rows = await fetch()
-            return rows
-        cached = cache.get(key)
-        if not isinstance(cached, _Miss):
-            rows_cached: Rows = cached
-            return rows_cached
-        rows = await fetch()
-        cache.put(key, rows, empty=not rows)
-        return rows
 
     async def _fetch_batch(self, keys: Sequence[Hashable]) -> dict[Hashable, Rows]:
         """One request for ``keys``; the items grouped back by ``result_key``."""

@@ -37,7 +37,7 @@ from asyncio_ops import ArrowResult, ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, int_between, seconds
 
 from .._batching import BatchStatistics, KeyBatcher
-from .._cache import MISS, LookupCache
+from .._cache import LookupCache
 from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
 from .._redact import Scrubber, redact_dsn, url_secrets
@@ -301,16 +301,14 @@ class PostgresLookup(BaseLookup[_Runtime]):
         if key is None:
             self._null_keys += 1
             return []
-        cache = self.cache
-        if cache is None:
+        if self.cache is None:
             matches: Rows = await runtime.batcher.submit(key)
         else:
-            cached = cache.get(key)
-            if cached is MISS:
-                matches = await runtime.batcher.submit(key)
-                cache.put(key, matches, empty=not matches)
-            else:
-                matches = cached  # type: ignore[assignment]
+
+            async def fetch() -> Rows:
+                return await runtime.batcher.submit(key)
+
+            matches = await self._cached(key, fetch)
         if not matches:
             return []
         if len(matches) == 1:

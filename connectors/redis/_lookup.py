@@ -195,14 +195,10 @@ class RedisLookup(BaseLookup[_Runtime]):
         if key is None:
             self._null_keys += 1
             return []
-        cache = self.cache
-        if cache is not None:
-            cached = cache.get(key)
-            if isinstance(cached, tuple):
-                return [dict(row) for row in cached]
-        rows = await runtime.batcher.load(key)
-        if cache is not None:
-            cache.put(key, rows, empty=not rows)
+        async def fetch() -> Rows:
+            return await runtime.batcher.load(key)
+
+        rows: Rows = await self._cached(key, fetch)
         return [dict(row) for row in rows]
 
     def preferred_chunk_rows(self) -> int:

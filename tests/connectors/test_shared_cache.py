@@ -1,0 +1,178 @@
+"""A LookupCache shared through the real Redis on 127.0.0.1:6379: every worker, attempt and
+rerun that names it reads what any of them fetched (skipped without Redis, failed under
+CI=true). The source is a real HTTP server on 127.0.0.1 that counts what it is asked."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from asyncio_ops.connectors import LookupCache
+from asyncio_ops.connectors.http import HttpBatch, HttpLookup
+from pyspark.sql import SparkSession
+
+from asyncio_ops.spark import unordered_wait
+from tests.connectors.test_rate_limit import URL, redis_url
+from tests.spark.conftest import spark
+
+__all__ = ["redis_url", "spark"]
+
+
+class CountingServer:
+    """``GET /items/{id}`` and ``GET /items?ids=1,2`` on a free port, from a thread;
+    ``asked`` counts the ids requested."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def item(i: int) -> dict[str, Any]:
+        return {"id": i, "name": f"item-{i}", "price": i / 4, "tags": [f"t{i % 3}"],
+                "note": None if i % 2 else "even"}  # fmt: skip
+
+    def _run(self) -> None:
+        async def one(request: web.Request) -> web.Response:
+            i = int(request.match_info["id"])
+            self.asked.append(i)
+            if i > 1000:
+                return web.json_response({}, status=404)
+            return web.json_response(self.item(i))
+
+        async def many(request: web.Request) -> web.Response:
+            ids = [int(x) for x in request.query["ids"].split(",")]
+            self.asked.extend(ids)
+            return web.json_response({"items": [self.item(i) for i in ids if i <= 1000]})
+
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_get("/items/{id}", one)
+            app.router.add_get("/items", many)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://127.0.0.1:{port}"
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self._stop.wait()
+            await runner.cleanup()
+
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(main())
+        finally:
+            self._loop.close()
+
+    def __enter__(self) -> CountingServer:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def server(redis_url: str) -> Iterator[CountingServer]:
+    with CountingServer() as s:
+        yield s
+
+
+@pytest.fixture
+def name(redis_url: str) -> Iterator[str]:
+    unique = f"test-{uuid.uuid4().hex[:8]}"
+    yield unique
+
+    async def clean() -> None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            keys = [k async for k in client.scan_iter(f"asyncio_ops:cache:{unique}:*")]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+    asyncio.run(clean())
+
+
+@pytest.mark.asyncio
+async def test_a_second_worker_reads_what_the_first_fetched(
+    server: CountingServer, name: str
+) -> None:
+    """Two lookups with caches of their own (two workers) naming one shared cache: the
+    second asks the server nothing, and gets the same typed rows (a missing id too)."""
+
+    def lookup() -> HttpLookup:
+        return HttpLookup(server.url + "/items/{id}", cache=LookupCache(
+            ttl=60, shared=URL, name=name))  # fmt: skip
+
+    ids = [1, 2, 3, 2, 1001]
+    async with lookup() as first:
+        before = [await first.async_invoke({"id": i}) for i in ids]
+    assert sorted(server.asked) == [1, 2, 3, 1001]  # 2 again: the local layer
+    async with lookup() as second:
+        after = [await second.async_invoke({"id": i}) for i in ids]
+        stats = second.cache.layer  # type: ignore[union-attr]
+        assert stats is not None and (stats.hits, stats.errors) == (4, 0)
+    assert after == before and before[0] == [CountingServer.item(1)] and before[4] == []
+    assert sorted(server.asked) == [1, 2, 3, 1001]  # nothing more
+
+
+@pytest.mark.asyncio
+async def test_redis_down_is_a_miss_never_a_failure(server: CountingServer) -> None:
+    cache: LookupCache[Any] = LookupCache(
+        ttl=60, shared="redis://user:pw-x@127.0.0.1:1/0", name="down", shared_timeout=1
+    )
+    async with HttpLookup(server.url + "/items/{id}", cache=cache) as lookup:
+        assert await lookup.async_invoke({"id": 5}) == [CountingServer.item(5)]
+    assert cache.layer is not None and cache.layer.errors == 2  # the read, the write
+    assert "pw-x" not in repr(cache)
+
+
+def test_options_are_checked() -> None:
+    from asyncio_ops import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="needs name="):
+        LookupCache(shared=URL)
+    with pytest.raises(ConfigurationError, match="redis://"):
+        LookupCache(shared="http://x", name="n")
+
+
+@pytest.mark.spark
+def test_a_second_action_in_spark_makes_no_call(
+    spark: SparkSession, server: CountingServer, name: str
+) -> None:
+    """unordered_wait over 2 partitions, columnar (the batch endpoint), a shared cache:
+    the first action asks each id once; a second action over the same rows, in tasks
+    whose own caches start empty, asks nothing."""
+    df = spark.range(1, 301, numPartitions=2).withColumnRenamed("id", "item_id")
+
+    def enrich() -> list[Any]:
+        lookup = HttpLookup(
+            server.url + "/items", result_path="items",
+            batch=HttpBatch(key="item_id", result_key="id", param="ids",
+                                                   max_size=50),
+            cache=LookupCache(ttl=300, shared=URL, name=name),
+        )  # fmt: skip
+        out = unordered_wait(df, lookup, timeout=30, output_schema="name string, price double")
+        return sorted((r.item_id, r.name, r.price) for r in out.collect())
+
+    first = enrich()
+    assert first == [(i, f"item-{i}", i / 4) for i in range(1, 301)]
+    assert sorted(server.asked) == list(range(1, 301))
+    assert enrich() == first
+    assert len(server.asked) == 300  # the second action read every answer from Redis
