@@ -72,5 +72,5 @@ def test_layer_boundaries(under: str, forbidden: tuple[str, ...], why: str) -> N
 
 def test_the_resolver_sees_relative_imports() -> None:
     """The check itself: a relative import of the operator from the state layer is seen."""
-    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_process.py"))
+    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_operator.py"))
     assert "asyncio_ops._timers" in found and "asyncio_ops._elements.Record" in found

@@ -17,7 +17,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_warm``: the keyed state a worker keeps between micro-batches;
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`;
-- ``_keyed_process``: a ``KeyedProcessFunction`` over a partition (``keyed_process``).
+- ``_keyed_partition``: a ``KeyedProcessFunction`` over a partition (``keyed_process``).
 """
 
 from __future__ import annotations

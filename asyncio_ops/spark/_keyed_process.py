@@ -3,7 +3,7 @@
 Rows are routed by key group (Spark's ``hash`` in the JVM, as keyed
 ``unordered_wait`` does), so each key's rows reach one partition, in input
 order. Inside each partition the function runs with a keyed state backend
-over the partition's key groups (see ``asyncio_ops._runtime._keyed_process``
+over the partition's key groups (see ``asyncio_ops._runtime._keyed_partition``
 for the call order, timers and the checkpoint). On a streaming DataFrame the
 state and timers live under ``checkpoint_location`` between micro-batches and
 follow their key groups when the number of partitions changes. One
@@ -31,7 +31,7 @@ from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError, KeyGroupError
 from .._keygroups import check_parallelism
 from .._runtime import STATE_BACKENDS, KeyedProcessSpec
-from .._runtime._keyed_process import run_keyed_process
+from .._runtime._keyed_partition import run_keyed_process
 from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
 from ._api import (

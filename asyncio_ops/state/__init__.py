@@ -52,7 +52,7 @@ from ._descriptors import (
 )
 from ._heap import HeapKeyedStateBackend
 from ._keycodec import decode_canonical
-from ._keyed_process import (
+from ._keyed_operator import (
     Collector,
     KeyedProcessContext,
     KeyedProcessFunction,

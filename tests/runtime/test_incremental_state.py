@@ -26,7 +26,7 @@ from asyncio_ops._keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
-from asyncio_ops._runtime._keyed_process import run_keyed_process
+from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,

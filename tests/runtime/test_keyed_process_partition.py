@@ -12,7 +12,7 @@ import pytest
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._keygroups import assign_to_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
-from asyncio_ops._runtime._keyed_process import run_keyed_process
+from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
