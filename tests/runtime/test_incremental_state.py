@@ -333,6 +333,16 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
 
     for p in range(4):
         assert manifests_read(1, p, 4) == {"subtask-00000.ckpt", f"subtask-{p:05d}.ckpt"}
+        # this process ran the partition's version 0 (warm): no key-group file read, and in
+        # all 6 requests (partition 0: 5, and one list of the versions for retention)
+        made = [
+            "LIST" if "list-type=2" in r
+            else r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
+            for r in s3_server.requests
+        ]  # fmt: skip
+        reads = ["HEAD subtask", "GET subtask"] * (1 if p == 0 else 2)
+        assert sorted(made) == sorted(reads + ["PUT kg", "PUT subtask"]
+                                      + (["LIST"] if p == 0 else [])), made  # fmt: skip
     assert manifests_read(2, 0, 2) == {"subtask-00000.ckpt", "subtask-00001.ckpt"}
     assert manifests_read(2, 1, 2) == {
         "subtask-00000.ckpt", "subtask-00002.ckpt", "subtask-00003.ckpt"
