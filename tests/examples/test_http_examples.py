@@ -148,3 +148,20 @@ def test_sessionize_stream_example(run_example: Any) -> None:
     assert result["duplicates"] == 0 and result["not_expected"] == 0 and result["missing"] == 0
     assert result["spanning_restart"] > 0  # sessions open at the stop, closed after it
     assert result["tiers_missing"] == 0
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("shared", [False, True], ids=["per-worker", "shared-redis"])
+def test_enrich_with_llm_example(run_example: Any, shared: bool) -> None:
+    """The LLM example against its own model server: every review labelled, typed, half
+    of them positive, within the quota (no 429), the limit per worker or through Redis."""
+    redis = ["--redis", "redis://127.0.0.1:6379/0"] if shared else []
+    run = run_example("enrich_with_llm.py", "--reviews", "60", "--tpm", "600000", *redis,
+                      "--json")  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    result = run.result
+    assert result["local_service"] is True
+    assert result["rows"] == 60 and result["positive"] == 30
+    assert result["server"]["rejected"] == 0 and result["server"]["requests"] == 60
+    assert {r["label"] for r in result["sample"]} <= {"positive", "negative"}
+    assert all(isinstance(r["score"], float) for r in result["sample"])

@@ -1,0 +1,9 @@
+"""Model endpoints for asyncio_ops: :class:`ChatLookup` and :class:`EmbeddingLookup` for
+any OpenAI-compatible server (aiohttp; with a shared RateLimit and LookupCache).
+
+See ``docs/connectors.md`` ("Model endpoints").
+"""
+
+from ._lookup import ChatLookup, EmbeddingLookup, Usage
+
+__all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]

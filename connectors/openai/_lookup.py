@@ -1,0 +1,413 @@
+"""ChatLookup and EmbeddingLookup: rows through an OpenAI-compatible model endpoint.
+
+Any server that speaks the OpenAI API's ``/v1/chat/completions`` and
+``/v1/embeddings`` (hosted APIs, vLLM, Ollama, llama.cpp's server) answers them.
+
+Call order (the connector base's lifecycle)::
+
+    ChatLookup(base_url, model, prompt=...)   on the driver: nothing is opened
+    open(ctx)                                 on a worker: the process's HTTP session
+    async_invoke(row)                         one chat completion per row (cached)
+    EmbeddingLookup.async_invoke_arrow(batch) embeddings, batch_size inputs a request
+    close()
+
+Semantics:
+
+- ``prompt`` (and ``input``) is a template over the row's columns,
+  ``"Classify: {text}"`` (``str.format`` fields; a column the row lacks is a
+  :class:`LookupKeyError` naming it). ``system``: an optional system message.
+- A chat answer is the column ``answer`` (declare ``answer string``); with
+  other declared output columns (``output_schema="label string, score
+  double"``) the answer is asked for as a JSON object with those fields
+  (``response_format`` ``json_object``, the fields named in the prompt) and
+  parsed: an answer that is not a JSON object, or lacks a declared field, is a
+  :class:`LookupDecodeError` naming the column (an error row with
+  ``on_error="error_column"``); the Spark layer then checks each value against
+  its column's type.
+- An embedding is the column ``embedding`` (``array<float>``), or the one
+  declared output column; a chunk's inputs go ``batch_size`` per request.
+- The API key comes from the environment variable ``api_key_env``
+  (``OPENAI_API_KEY``; none sent when unset), read on the worker: it is never in
+  the lookup's pickle, repr, errors or checkpoints.
+- ``rate_limit``: a :class:`~asyncio_ops.connectors.RateLimit` (per worker, or
+  shared through Redis by every executor): each request acquires one request
+  and its estimated tokens (prompt characters / 4, plus ``max_tokens``) before
+  it is sent; a 429 or 503 with ``Retry-After`` pauses the limit for everyone
+  and is retried up to ``max_retries`` times after it; other statuses raise
+  :class:`LookupResponseError`.
+- ``usage()``: the prompt and completion tokens the server reported, the
+  requests, and the cost when ``prices`` (per 1,000 prompt and completion
+  tokens) are given; per lookup object, in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import string
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+
+from asyncio_ops import ConfigurationError
+from asyncio_ops.options import at_least, seconds
+
+from .. import (
+    BaseLookup,
+    BatchStatistics,
+    LookupCache,
+    LookupDecodeError,
+    LookupKeyError,
+    LookupResponseError,
+    RateLimit,
+    Row,
+    SharedResources,
+)
+from .._redact import Scrubber, redact_url
+from ..http._errors import aiohttp_error
+from ..http._lookup import parse_retry_after
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]
+
+_NO_BATCHES: Final = BatchStatistics(0, 0, 0, 0, 0)
+
+
+async def _create_session(settings: Hashable) -> aiohttp.ClientSession:
+    assert isinstance(settings, int)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=settings))
+
+
+async def _close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
+
+
+def _abandon_session(session: aiohttp.ClientSession) -> None:
+    connector = session.connector
+    if connector is not None:
+        connector._close()
+
+
+_SESSIONS: Final[SharedResources[aiohttp.ClientSession]] = SharedResources(
+    "openai session", create=_create_session, aclose=_close_session,
+    terminate=_abandon_session,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens the server reported and requests made by one lookup in this process;
+    ``cost`` in the unit of ``prices`` (None without them)."""
+
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+
+
+class _Template:
+    """``str.format`` fields over a row; a missing column named."""
+
+    def __init__(self, text: str, option: str) -> None:
+        if not isinstance(text, str) or not text:
+            raise ConfigurationError(f"{option} must be a non-empty template, got {text!r}")
+        try:
+            self.fields = tuple(
+                dict.fromkeys(f for _, f, _, _ in string.Formatter().parse(text) if f)
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"{option} {text!r} is not a valid template: {exc}") from exc
+        self.text = text
+        self.option = option
+
+    def render(self, row: Mapping[str, Any]) -> str:
+        try:
+            return self.text.format_map(row)
+        except KeyError as exc:
+            raise LookupKeyError(
+                f"{self.option} uses the column {exc.args[0]!r}, which the row lacks; "
+                f"columns present: {sorted(row)!r}"
+            ) from None
+
+
+class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
+    """What both lookups share: the session, the key, the limit, retries, usage."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str,
+        rate_limit: RateLimit | None,
+        cache: LookupCache[Any] | None,
+        timeout: float,
+        max_retries: int,
+        max_connections: int,
+        prices: tuple[float, float] | None,
+    ) -> None:
+        super().__init__(cache=cache)
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError(f"model must be a model name, got {model!r}")
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise ConfigurationError(
+                f"rate_limit must be an asyncio_ops.connectors.RateLimit, got {rate_limit!r}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key_env = api_key_env
+        self.rate_limit = rate_limit
+        self.request_timeout = seconds(timeout, "timeout")
+        self.max_retries = at_least(max_retries, "max_retries", 0)
+        self.max_connections = at_least(max_connections, "max_connections", 1)
+        self.prices = prices
+        self.output_columns: tuple[str, ...] | None = None
+        self._requests = 0
+        self._prompt_tokens = 0
+        self._completion_tokens = 0
+
+    async def _open_runtime(self) -> aiohttp.ClientSession:
+        return await _SESSIONS.acquire(self.max_connections)
+
+    async def _close_runtime(self, runtime: aiohttp.ClientSession) -> None:
+        await _SESSIONS.release(self.max_connections)
+
+    def _runtime_batch_statistics(self, runtime: aiohttp.ClientSession) -> BatchStatistics:
+        return _NO_BATCHES
+
+    def bind_output_columns(self, columns: Sequence[str]) -> None:
+        self.output_columns = tuple(columns)
+
+    def usage(self) -> Usage:
+        cost = None
+        if self.prices is not None:
+            cost = (self._prompt_tokens * self.prices[0]
+                    + self._completion_tokens * self.prices[1]) / 1000  # fmt: skip
+        return Usage(self._requests, self._prompt_tokens, self._completion_tokens, cost)
+
+    async def _post(self, path: str, body: dict[str, Any], estimate: int) -> Any:
+        """POST ``body``; the decoded JSON answer. Retries a 429/503 after its Retry-After
+        (pausing the limit), up to ``max_retries`` times."""
+        session = self._require_runtime()
+        url = f"{self.base_url}{path}"
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        limit = self.rate_limit
+        attempt = 0
+        while True:
+            try:
+                if limit is None:
+                    status, raw, after = await self._send(session, url, body, headers)
+                else:
+                    async with limit.acquire(tokens=estimate):
+                        status, raw, after = await self._send(session, url, body, headers)
+            except Exception as exc:
+                mapped = aiohttp_error(exc, "POST", url, Scrubber([key]))
+                if mapped is None:
+                    raise
+                raise mapped from exc
+            self._requests += 1
+            if 200 <= status < 300:
+                try:
+                    answer = json.loads(raw)
+                except ValueError as exc:
+                    raise LookupDecodeError(
+                        f"POST {redact_url(url)} answered {status} with no JSON", status=status
+                    ) from exc
+                usage = answer.get("usage") if isinstance(answer, dict) else None
+                if isinstance(usage, dict):
+                    self._prompt_tokens += int(usage.get("prompt_tokens") or 0)
+                    self._completion_tokens += int(usage.get("completion_tokens") or 0)
+                return answer
+            retry = status in (429, 503) and attempt < self.max_retries
+            if retry:
+                wait = after if after is not None else min(30.0, 0.5 * 2**attempt)
+                if limit is not None:
+                    await limit.pause(wait)  # every process sharing the limit waits
+                attempt += 1
+                await asyncio.sleep(wait)
+                continue
+            raise LookupResponseError(
+                f"POST {redact_url(url)} answered {status} (model {self.model!r})",
+                status=status, retry_after=after, body=raw[:200],
+                retryable=status in (429, 500, 502, 503, 504),
+            )  # fmt: skip
+
+    async def _send(
+        self, session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> tuple[int, bytes, float | None]:  # fmt: skip
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        async with session.post(url, json=body, headers=headers, timeout=timeout) as response:
+            raw = await response.read()
+            after = parse_retry_after(response.headers.get("Retry-After"))
+            return response.status, raw, after
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({redact_url(self.base_url)!r}, model={self.model!r}, "
+            f"api_key_env={self.api_key_env!r})"
+        )
+
+
+class ChatLookup(_ModelLookup):
+    """One chat completion per row (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        prompt: str,
+        system: str | None = None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        api_key_env: str = "OPENAI_API_KEY",
+        rate_limit: RateLimit | None = None,
+        cache: LookupCache[Any] | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        max_connections: int = 16,
+        prices: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
+            timeout=timeout, max_retries=max_retries, max_connections=max_connections,
+            prices=prices,
+        )  # fmt: skip
+        self.prompt = _Template(prompt, "prompt")
+        self.system = system
+        self.max_tokens = at_least(max_tokens, "max_tokens", 1)
+        self.temperature = float(temperature)
+
+    def _structured(self) -> tuple[str, ...] | None:
+        columns = self.output_columns
+        return None if columns is None or columns == ("answer",) else columns
+
+    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+        self._require_runtime()
+        self._rows += 1
+        text = self.prompt.render(value)
+        fields = self._structured()
+
+        async def ask() -> tuple[Row, ...]:
+            return (await self._ask(text, fields),)
+
+        rows: tuple[Row, ...] = await self._cached((text, fields), ask)
+        return [dict(row) for row in rows]
+
+    async def _ask(self, text: str, fields: tuple[str, ...] | None) -> Row:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        content = text
+        if fields is not None:
+            content += ("\nAnswer with a JSON object with the fields: "
+                        + ", ".join(fields) + ".")  # fmt: skip
+        messages.append({"role": "user", "content": content})
+        body: dict[str, Any] = {
+            "model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }  # fmt: skip
+        if fields is not None:
+            body["response_format"] = {"type": "json_object"}
+        answer = await self._post("/v1/chat/completions", body,
+                                  len(content) // 4 + 1 + self.max_tokens)  # fmt: skip
+        try:
+            said = answer["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise LookupDecodeError(f"a chat answer without choices[0].message.content: {exc}"
+                                    ) from exc  # fmt: skip
+        if fields is None:
+            return {"answer": said}
+        try:
+            parsed = json.loads(said)
+        except (TypeError, ValueError) as exc:
+            raise LookupDecodeError(
+                f"the model's answer is not the JSON object asked for (columns {list(fields)}): "
+                f"{str(said)[:200]!r}"
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise LookupDecodeError(f"the model answered {type(parsed).__name__}, not an object "
+                                    f"with the columns {list(fields)}")  # fmt: skip
+        missing = [f for f in fields if f not in parsed]
+        if missing:
+            raise LookupDecodeError(
+                f"the model's answer lacks the column {missing[0]!r} (asked for {list(fields)}): "
+                f"{str(said)[:200]!r}"
+            )
+        return {f: parsed[f] for f in fields}
+
+
+class EmbeddingLookup(_ModelLookup):
+    """Embeddings of a row's text, ``batch_size`` rows per request (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        input: str,
+        batch_size: int = 64,
+        api_key_env: str = "OPENAI_API_KEY",
+        rate_limit: RateLimit | None = None,
+        cache: LookupCache[Any] | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        max_connections: int = 16,
+        prices: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
+            timeout=timeout, max_retries=max_retries, max_connections=max_connections,
+            prices=prices,
+        )  # fmt: skip
+        self.input = _Template(input, "input")
+        self.batch_size = at_least(batch_size, "batch_size", 1)
+
+    def _column(self) -> str:
+        columns = self.output_columns
+        return columns[0] if columns else "embedding"
+
+    def preferred_chunk_rows(self) -> int:
+        return self.batch_size
+
+    def preferred_capacity(self) -> int:
+        return self.max_connections
+
+    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+        index, columns = await self._embed([self.input.render(value)])
+        return [{name: values[0] for name, values in columns.items()}] if index else []
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[list[int], dict[str, Any]]:
+        rows = batch.to_pylist()
+        return await self._embed([self.input.render(row) for row in rows])
+
+    async def _embed(self, texts: list[str]) -> tuple[list[int], dict[str, Any]]:
+        self._require_runtime()
+        self._rows += len(texts)
+        known = await self._matches_of(texts, self._fetch, self.batch_size)
+        column = self._column()
+        return list(range(len(texts))), {column: [known[t][0] for t in texts]}
+
+    async def _fetch(self, texts: Sequence[Hashable]) -> dict[Hashable, Any]:
+        inputs = [str(t) for t in texts]
+        answer = await self._post("/v1/embeddings", {"model": self.model, "input": inputs},
+                                  sum(len(t) // 4 + 1 for t in inputs))  # fmt: skip
+        try:
+            data = sorted(answer["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in d["embedding"]] for d in data]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LookupDecodeError(f"an embeddings answer without data[].embedding: {exc}"
+                                    ) from exc  # fmt: skip
+        if len(vectors) != len(inputs):
+            raise LookupDecodeError(
+                f"the embeddings answer holds {len(vectors)} vectors for {len(inputs)} inputs"
+            )
+        return {text: (vector,) for text, vector in zip(texts, vectors, strict=True)}

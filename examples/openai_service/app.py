@@ -1,0 +1,182 @@
+"""A small OpenAI-compatible model service for the LLM example and the tests.
+
+Speaks the two endpoints a lookup uses, with the request and response shapes of
+the OpenAI API (so a client written for it, ours or ``openai.AsyncOpenAI``, works
+against it unchanged), deterministic answers, token counting and a quota:
+
+- ``POST /v1/chat/completions`` ``{"model", "messages", "max_tokens"?,
+  "response_format"?}``: the answer to the last user message is a sentiment:
+  ``positive`` when it has one of the words good, great, love, excellent, else
+  ``negative``; with ``response_format`` of type ``json_object`` or
+  ``json_schema`` the content is a JSON object ``{"label", "score", "words"}``.
+  ``usage``: prompt tokens (the words of every message), completion tokens.
+- ``POST /v1/embeddings`` ``{"model", "input": str | [str]}``: per input an
+  8-float vector from the SHA-256 of its text (:func:`embedding`).
+- Tokens are words (whitespace-separated), at least 1 per text.
+- Quota: ``requests_per_minute`` and ``tokens_per_minute`` (0: none) as
+  token buckets refilled continuously; a request over either is answered
+  ``429`` with ``Retry-After`` (whole seconds) and counted in ``rejected``.
+- ``api_key``: when set, a request without ``Authorization: Bearer <key>``
+  gets ``401``.
+
+Run: ``python -m examples.openai_service.app --port 8090`` (``--rpm``,
+``--tpm``, ``--api-key``); in a program :class:`OpenAIServiceThread`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import time
+from typing import Any, Final
+
+from aiohttp import web
+
+from examples.http_service.app import ServiceThread
+
+POSITIVE: Final = frozenset({"good", "great", "love", "excellent"})
+STATS: Final = web.AppKey("stats", dict)
+QUOTA: Final = web.AppKey("quota", dict)
+KEY: Final = web.AppKey("api_key", str)
+
+
+def tokens(text: str) -> int:
+    """The tokens of ``text`` as this service counts them: its words (at least 1)."""
+    return max(1, len(text.split()))
+
+
+def embedding(text: str) -> list[float]:
+    """The vector this service answers for ``text``: 8 floats in [-1, 1)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(b / 128.0 - 1.0, 6) for b in digest[:8]]
+
+
+def sentiment(text: str) -> str:
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    return "positive" if words & POSITIVE else "negative"
+
+
+def _take(app: web.Application, cost: int) -> float:
+    """Take one request and ``cost`` tokens from the quota; seconds to wait if refused."""
+    quota = app[QUOTA]
+    now = time.monotonic()
+    waits = []
+    for name, amount in (("requests", 1), ("tokens", cost)):
+        per_minute = quota[f"{name}_per_minute"]
+        if not per_minute:
+            continue
+        rate = per_minute / 60.0
+        level = min(per_minute, quota[name] + (now - quota["at"]) * rate)
+        quota[name] = level
+        if level < amount:
+            waits.append((amount - level) / rate)
+    quota["at"] = now
+    if waits:
+        return max(waits)
+    for name, amount in (("requests", 1), ("tokens", cost)):
+        if quota[f"{name}_per_minute"]:
+            quota[name] -= amount
+    return 0.0
+
+
+async def _guard(request: web.Request, cost: int) -> web.Response | None:
+    app = request.app
+    key = app[KEY]
+    if key and request.headers.get("Authorization") != f"Bearer {key}":
+        return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+    wait = _take(app, cost)
+    if wait > 0:
+        app[STATS]["rejected"] += 1
+        return web.json_response(
+            {"error": {"message": "rate limit reached", "type": "rate_limit"}},
+            status=429, headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )  # fmt: skip
+    app[STATS]["requests"] += 1
+    app[STATS]["tokens"] += cost
+    return None
+
+
+async def chat(request: web.Request) -> web.Response:
+    body = await request.json()
+    messages = body.get("messages") or []
+    prompt = sum(tokens(str(m.get("content", ""))) for m in messages)
+    refused = await _guard(request, prompt + int(body.get("max_tokens") or 16))
+    if refused is not None:
+        return refused
+    text = str(messages[-1].get("content", "")) if messages else ""
+    label = sentiment(text)
+    kind = (body.get("response_format") or {}).get("type")
+    if kind in ("json_object", "json_schema"):
+        score = 0.9 if label == "positive" else 0.1
+        content = json.dumps({"label": label, "score": score, "words": tokens(text)})
+    else:
+        content = label
+    completion = tokens(content)
+    return web.json_response({
+        "id": "chatcmpl-local", "object": "chat.completion", "model": body.get("model"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion},
+    })  # fmt: skip
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    body = await request.json()
+    given = body.get("input")
+    inputs = [given] if isinstance(given, str) else list(given or [])
+    cost = sum(tokens(str(t)) for t in inputs)
+    refused = await _guard(request, cost)
+    if refused is not None:
+        return refused
+    request.app[STATS]["batches"].append(len(inputs))
+    return web.json_response({
+        "object": "list", "model": body.get("model"),
+        "data": [{"object": "embedding", "index": i, "embedding": embedding(str(t))}
+                 for i, t in enumerate(inputs)],
+        "usage": {"prompt_tokens": cost, "total_tokens": cost},
+    })  # fmt: skip
+
+
+def make_app(
+    *, requests_per_minute: int = 0, tokens_per_minute: int = 0, api_key: str = ""
+) -> web.Application:
+    app = web.Application()
+    app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": []}
+    app[QUOTA] = {"requests_per_minute": requests_per_minute, "requests": requests_per_minute,
+                  "tokens_per_minute": tokens_per_minute, "tokens": tokens_per_minute,
+                  "at": time.monotonic()}  # fmt: skip
+    app[KEY] = api_key
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/embeddings", embeddings)
+    return app
+
+
+class OpenAIServiceThread(ServiceThread):
+    """The service on a free local port from a daemon thread (see ``ServiceThread``);
+    :attr:`stats`: requests and tokens served, requests ``rejected`` (429), and the
+    size of every embeddings request (``batches``)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(customers=0)
+        self._app = make_app(**options)
+        self.stats: dict[str, Any] = self._app[STATS]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8090)
+    p.add_argument("--rpm", type=int, default=0, help="requests per minute (0: no quota)")
+    p.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no quota)")
+    p.add_argument("--api-key", default="", help="require this bearer token")
+    args = p.parse_args()
+    web.run_app(make_app(requests_per_minute=args.rpm, tokens_per_minute=args.tpm,
+                         api_key=args.api_key), host=args.host, port=args.port)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
