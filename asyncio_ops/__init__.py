@@ -39,6 +39,7 @@ from ._functions import (
     SupportsInvokeChunk,
     SupportsOutputColumns,
     SupportsPreflight,
+    SupportsTokenUsage,
 )
 from ._limit import AdaptiveLimit, SignalsOverload
 from ._operator import AsyncWaitOperator, OutputMode
@@ -97,6 +98,7 @@ __all__ = [
     "SupportsInvokeChunk",
     "SupportsOutputColumns",
     "SupportsPreflight",
+    "SupportsTokenUsage",
     "SystemClock",
     "Timer",
     "TimerHeap",

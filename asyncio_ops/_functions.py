@@ -28,6 +28,7 @@ Optional abilities are declared as protocols, never probed by name:
   rows as :class:`PrefersChunks` says (one request's worth), or one input
   Arrow batch; ``async_invoke_arrow`` may answer an :class:`ArrowResult` that
   fails single rows of the chunk on their own.
+- :class:`SupportsTokenUsage`: tokens a model call was billed, summed in the metrics
 - :class:`SupportsCacheStatistics`: cache counters that reach the operator
   metrics.
 - :class:`SupportsPreflight`: ``async preflight(context)`` runs once on the
@@ -254,6 +255,16 @@ class CacheCounters(Protocol):
 
     @property
     def expirations(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsTokenUsage(Protocol):
+    """A function that calls a model and counts what it was billed, monotonic over its
+    life: ``(prompt_tokens, completion_tokens, cost)``, the cost None without prices.
+    The runtime adds each partition's share to the metrics (``prompt_tokens``,
+    ``completion_tokens``, ``cost``)."""
+
+    def token_usage(self) -> tuple[int, int, float | None]: ...
 
 
 @runtime_checkable

@@ -46,6 +46,7 @@ def test_public_names_are_pinned() -> None:
         "SupportsOutputColumns",
         "SupportsPreflight",
         "SupportsInvokeChunk",
+        "SupportsTokenUsage",
         "SystemClock",
         "Timer",
         "TimerHeap",

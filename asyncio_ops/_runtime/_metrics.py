@@ -37,6 +37,10 @@ class RunMetrics:
     cache_misses: int = 0
     cache_evictions: int = 0
     cache_expirations: int = 0
+    # a model's bill (asyncio_ops.SupportsTokenUsage)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     # capacity="auto": each partition's limit when it ended
@@ -47,7 +51,7 @@ class RunMetrics:
             "partitions", "received", "chunks", "emitted", "completed", "timed_out", "retried",
             "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
-            "cache_expirations",
+            "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -80,6 +84,9 @@ class RunMetrics:
             "cache_misses": self.cache_misses,
             "cache_evictions": self.cache_evictions,
             "cache_expirations": self.cache_expirations,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost": round(self.cost, 6),
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
             "capacity_limits": sorted(self.capacity_limits),

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
-from .._functions import SupportsCacheStatistics
+from .._functions import SupportsCacheStatistics, SupportsTokenUsage
 from .._limit import AdaptiveLimit
 from .._operator import AsyncWaitOperator
 from .._snapshot import OperatorSnapshot
@@ -129,6 +129,14 @@ def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
     return (cache.hits, cache.misses, cache.evictions, cache.expirations)
 
 
+def _token_usage(fn: object) -> tuple[int, int, float] | None:
+    """(prompt tokens, completion tokens, cost) a function was billed so far, if it counts."""
+    if not isinstance(fn, SupportsTokenUsage):
+        return None
+    prompt, completion, cost = fn.token_usage()
+    return (prompt, completion, cost or 0.0)
+
+
 async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
     """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
     if drain_timeout is None:
@@ -191,6 +199,7 @@ def run_partition(
     op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec, start))
     started = time.perf_counter()
     cache_before = _cache_counters(user_fn)
+    usage_before = _token_usage(user_fn)
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
@@ -265,6 +274,13 @@ def run_partition(
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)
         metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        usage_after = _token_usage(user_fn)
+        if usage_before is not None and usage_after is not None:
+            # the function lives as long as the worker: this partition's share
+            metrics.prompt_tokens, metrics.completion_tokens, metrics.cost = (
+                usage_after[0] - usage_before[0], usage_after[1] - usage_before[1],
+                usage_after[2] - usage_before[2],
+            )  # fmt: skip
         cache_after = _cache_counters(user_fn)
         if cache_before is not None and cache_after is not None:
             # the cache lives as long as the worker: count this partition's share

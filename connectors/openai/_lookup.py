@@ -185,6 +185,11 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
     def bind_output_columns(self, columns: Sequence[str]) -> None:
         self.output_columns = tuple(columns)
 
+    def token_usage(self) -> tuple[int, int, float | None]:
+        """``asyncio_ops.SupportsTokenUsage``: what reaches ``AsyncMetrics``."""
+        usage = self.usage()
+        return usage.prompt_tokens, usage.completion_tokens, usage.cost
+
     def usage(self) -> Usage:
         cost = None
         if self.prices is not None:

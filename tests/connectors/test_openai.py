@@ -18,7 +18,7 @@ from asyncio_ops.connectors import (
 from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
 from pyspark.sql import SparkSession
 
-from asyncio_ops.spark import unordered_wait
+from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from examples.openai_service.app import OpenAIServiceThread, embedding
 from tests.spark.conftest import spark
 
@@ -114,11 +114,19 @@ def _enrich(spark: SparkSession, service: OpenAIServiceThread) -> None:
     reviews = spark.createDataFrame(
         [(1, "good value"), (2, "broken on arrival"), (3, "excellent")], "id long, text string"
     )
-    chat = ChatLookup(service.url, "local", prompt="Review: {text}")
-    labelled = unordered_wait(reviews, chat, timeout=30,
+    chat = ChatLookup(service.url, "local", prompt="Review: {text}", prices=(1.0, 2.0))
+    metrics = AsyncMetrics(spark)
+    labelled = unordered_wait(reviews, chat, timeout=30, metrics=metrics,
                               output_schema="label string, score double")  # fmt: skip
     got = sorted((r.id, r.label, r.score) for r in labelled.collect())
     assert got == [(1, "positive", 0.9), (2, "negative", 0.1), (3, "positive", 0.9)]
+    # the tokens the server counted reach the job's metrics, with their cost
+    summary = metrics.summary()
+    assert summary["prompt_tokens"] == service.stats["tokens"] - 3 * 256  # its max_tokens
+    assert summary["completion_tokens"] > 0
+    assert summary["cost"] == pytest.approx(
+        (summary["prompt_tokens"] * 1.0 + summary["completion_tokens"] * 2.0) / 1000
+    )
     embed = EmbeddingLookup(service.url, "local", input="{text}", batch_size=2)
     vectors = unordered_wait(reviews, embed, timeout=30, output_schema="embedding array<float>")
     rows: list[Any] = sorted(vectors.collect())
