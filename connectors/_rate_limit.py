@@ -259,6 +259,13 @@ class RateLimit:
         await self._local().acquire(tokens)
         yield
 
+    async def settle(self, reserved: float, used: float) -> None:
+        """After a call: it reserved ``reserved`` tokens and was billed ``used`` (the
+        answer's usage); the difference goes back to the budget, or is taken from it,
+        so that the limit follows what the server counts rather than an estimate."""
+        if self.tokens_per_minute is not None and used != reserved:
+            await self._local().settle(float(used) - float(reserved))
+
     async def pause(self, seconds_: float) -> None:
         """Hold every reservation after now for ``seconds_`` (every sharing process)."""
         await self._local().pause(max(0.0, float(seconds_)))
@@ -413,6 +420,23 @@ class _State:
         # due times on this process's clock: relative to when the reply came back
         arrived = self.now() if limit.clock is None else sent
         return arrived + first, arrived
+
+    async def settle(self, tokens: float) -> None:
+        """Take ``tokens`` more (or give back, if negative) from the token budget."""
+        limit = self.limit
+        bucket = self.tokens_bucket
+        if limit.shared is None or self.now() < self.down_until:
+            if bucket is not None:
+                bucket.tat += tokens * bucket.interval
+            return
+        assert limit.tokens_per_minute is not None
+        try:
+            await self._round_trip(
+                "tokens", limit.tokens_per_minute / 60.0, limit.token_burst, tokens
+            )
+        except LookupConnectionError:
+            if limit.on_unavailable == "fail":
+                raise
 
     async def pause(self, seconds_: float) -> None:
         now = self.now()

@@ -34,7 +34,10 @@ Semantics:
   and its estimated tokens (prompt characters / 4, plus ``max_tokens``) before
   it is sent; a 429 or 503 with ``Retry-After`` pauses the limit for everyone
   and is retried up to ``max_retries`` times after it; other statuses raise
-  :class:`LookupResponseError`.
+  :class:`LookupResponseError`. Once answered, the request's estimate is
+  settled against what a quota counts for it (``RateLimit.settle``): the
+  prompt tokens the answer reports, and ``max_tokens`` (or the completion, if
+  longer), as providers count a request's tokens before it is answered.
 - ``usage()``: the prompt and completion tokens the server reported, the
   requests, and the cost when ``prices`` (per 1,000 prompt and completion
   tokens) are given; per lookup object, in this process.
@@ -228,8 +231,14 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                     ) from exc
                 usage = answer.get("usage") if isinstance(answer, dict) else None
                 if isinstance(usage, dict):
-                    self._prompt_tokens += int(usage.get("prompt_tokens") or 0)
-                    self._completion_tokens += int(usage.get("completion_tokens") or 0)
+                    prompt = int(usage.get("prompt_tokens") or 0)
+                    completion = int(usage.get("completion_tokens") or 0)
+                    self._prompt_tokens += prompt
+                    self._completion_tokens += completion
+                    if limit is not None:  # what the quota counted, not the estimate:
+                        # the prompt, and max_tokens (quotas count it before the answer)
+                        counted = prompt + max(completion, int(body.get("max_tokens") or 0))
+                        await limit.settle(estimate, counted)
                 return answer
             retry = status in (429, 503) and attempt < self.max_retries
             if retry:

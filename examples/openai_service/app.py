@@ -14,8 +14,9 @@ against it unchanged), deterministic answers, token counting and a quota:
   8-float vector from the SHA-256 of its text (:func:`embedding`).
 - Tokens are words (whitespace-separated), at least 1 per text.
 - Quota: ``requests_per_minute`` and ``tokens_per_minute`` (0: none) as
-  token buckets refilled continuously; a request over either is answered
-  ``429`` with ``Retry-After`` (whole seconds) and counted in ``rejected``.
+  token buckets refilled continuously, holding ``burst_seconds`` of the rate
+  (a minute's by default); a request over either is answered ``429`` with
+  ``Retry-After`` (whole seconds) and counted in ``rejected``.
 - ``api_key``: when set, a request without ``Authorization: Bearer <key>``
   gets ``401``.
 
@@ -69,7 +70,7 @@ def _take(app: web.Application, cost: int) -> float:
         if not per_minute:
             continue
         rate = per_minute / 60.0
-        level = min(per_minute, quota[name] + (now - quota["at"]) * rate)
+        level = min(rate * quota["burst_seconds"], quota[name] + (now - quota["at"]) * rate)
         quota[name] = level
         if level < amount:
             waits.append((amount - level) / rate)
@@ -142,13 +143,18 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 def make_app(
-    *, requests_per_minute: int = 0, tokens_per_minute: int = 0, api_key: str = ""
-) -> web.Application:
+    *, requests_per_minute: int = 0, tokens_per_minute: int = 0, api_key: str = "",
+    burst_seconds: float = 60.0,
+) -> web.Application:  # fmt: skip
+    """``burst_seconds``: how many seconds of the quota may go at once (a minute's by
+    default, as per-minute quotas allow)."""
     app = web.Application()
     app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": []}
-    app[QUOTA] = {"requests_per_minute": requests_per_minute, "requests": requests_per_minute,
-                  "tokens_per_minute": tokens_per_minute, "tokens": tokens_per_minute,
-                  "at": time.monotonic()}  # fmt: skip
+    app[QUOTA] = {"requests_per_minute": requests_per_minute,
+                  "requests": requests_per_minute * burst_seconds / 60,
+                  "tokens_per_minute": tokens_per_minute,
+                  "tokens": tokens_per_minute * burst_seconds / 60,
+                  "burst_seconds": burst_seconds, "at": time.monotonic()}  # fmt: skip
     app[KEY] = api_key
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/embeddings", embeddings)

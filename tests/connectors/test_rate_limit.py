@@ -252,3 +252,16 @@ async def test_an_http_lookup_obeys_a_shared_limit_and_a_429_pauses_it(name: str
     assert len(seen) == 21
     assert seen[1] - seen[0] >= 1.0 - 0.05  # the pause held every request after the 429
     assert seen[-1] - seen[1] >= 19 / 20 - 0.1  # then 20/s
+
+
+@pytest.mark.asyncio
+async def test_settling_a_call_gives_back_what_it_did_not_use() -> None:
+    """10 tokens/s, a burst of 10: a call that reserved 10 and was billed 4 gives 6 back,
+    so a next call of 6 goes at once instead of 0.6 s later."""
+    clock = ManualClock()
+    limit = RateLimit(tokens_per_minute=600, token_burst=10, clock=clock)
+    assert await _times(limit, clock, 1, 0.01, tokens=10) == [0.0]
+    await limit.settle(10, 4)
+    assert await _times(limit, clock, 1, 0.01, tokens=6) == [0.0]
+    await limit.settle(6, 8)  # billed more than reserved: taken
+    assert await _times(limit, clock, 1, 0.01, tokens=1) == pytest.approx([0.3], abs=0.0101)
