@@ -4,7 +4,7 @@ Installed and imported as ``asyncio_ops.connectors`` (the repository keeps them
 in the folder ``connectors/``):
 
 - :mod:`asyncio_ops.connectors.postgres` — ``PostgresLookup`` (needs asyncpg)
-- :mod:`asyncio_ops.connectors.http` — ``HttpLookup`` (needs aiohttp, aiolimiter)
+- :mod:`asyncio_ops.connectors.http` — ``HttpLookup`` (needs aiohttp)
 - :mod:`asyncio_ops.connectors.redis` — ``RedisLookup`` (needs redis-py)
 
 This facade holds what they share and imports no client library: the

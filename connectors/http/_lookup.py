@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
 import aiohttp
-from aiolimiter import AsyncLimiter
 from yarl import URL
 
 from asyncio_ops import ConfigurationError, PreflightContext
@@ -166,23 +165,6 @@ _SESSIONS: Final[SharedResources[aiohttp.ClientSession]] = SharedResources(
 )
 
 
-async def _create_limiter(key: Hashable) -> AsyncLimiter:
-    assert isinstance(key, tuple)
-    _, rate, burst = key
-    # A leaky bucket of ``burst`` slots draining at ``rate`` per second: at most
-    # ``burst`` requests at once, ``rate`` per second sustained.
-    return AsyncLimiter(burst, burst / rate)
-
-
-async def _close_nothing(_: AsyncLimiter) -> None:
-    return None
-
-
-_LIMITERS: Final[SharedResources[AsyncLimiter]] = SharedResources(
-    "rate limiters", create=_create_limiter, aclose=_close_nothing, terminate=lambda _: None
-)
-
-
 def active_sessions() -> int:
     """How many aiohttp sessions this process holds open (for tests and metrics)."""
     return _SESSIONS.active()
@@ -191,7 +173,6 @@ def active_sessions() -> int:
 @dataclass
 class _Runtime:
     session: aiohttp.ClientSession
-    limiter: AsyncLimiter | None
     batcher: KeyBatcher[Hashable, Rows] | None
 
 
@@ -224,7 +205,8 @@ class HttpLookup(BaseLookup[_Runtime]):
     Limits per worker process: ``max_connections`` sockets in the one shared
     session; ``rate_limit`` requests per second (retries included) for every
     HttpLookup to the same host with the same limit, with bursts of at most
-    ``rate_burst``; or a :class:`~asyncio_ops.connectors.RateLimit`, per process or
+    ``rate_burst`` (a :class:`~asyncio_ops.connectors.RateLimit` of this process); or a
+    :class:`~asyncio_ops.connectors.RateLimit` of one's own, per process or
     shared by every executor through Redis, which a 429 or 503 with Retry-After
     pauses for every process sharing it. ``timeout`` seconds per request attempt (connect to last
     byte). TLS certificates are verified unless ``verify_ssl=False``;
@@ -286,13 +268,17 @@ class HttpLookup(BaseLookup[_Runtime]):
                 and not isinstance(json, Mapping)
             ):
                 raise ConfigurationError("with HttpBatch(json_field=), json must be an object")
+        self.rate_burst = at_least(rate_burst, "rate_burst", 1)
+        host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
         # a RateLimit (per process, or shared through Redis), or a number: requests per
-        # second for this process and host (aiolimiter, with rate_burst)
+        # second for this process and host, a RateLimit of rate_burst at once
         self.limit: RateLimit | None = rate_limit if isinstance(rate_limit, RateLimit) else None
         if rate_limit is not None and self.limit is None:
             rate_limit = seconds(rate_limit, "rate_limit")
+            self.limit = RateLimit(
+                requests_per_second=rate_limit, burst=self.rate_burst, name=f"http:{host}"
+            )
         self.rate_limit = rate_limit
-        self.rate_burst = at_least(rate_burst, "rate_burst", 1)
         self.max_connections = at_least(max_connections, "max_connections", 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
         self.request_timeout = seconds(timeout, "timeout")
@@ -312,10 +298,6 @@ class HttpLookup(BaseLookup[_Runtime]):
         self.verify_ssl = bool(verify_ssl)
         self.ca_file = ca_file
         self._session_settings = _SessionSettings(self.max_connections, self.verify_ssl, ca_file)
-        host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-        self._limiter_key = (
-            (host, rate_limit, self.rate_burst) if rate_limit and self.limit is None else None
-        )
         self._scrub = Scrubber(self._secrets(url, params))
 
     def _secrets(self, url: str, params: Mapping[str, Any] | None) -> list[str]:
@@ -338,13 +320,6 @@ class HttpLookup(BaseLookup[_Runtime]):
     # -- lifecycle ---------------------------------------------------------------------
     async def _open_runtime(self) -> _Runtime:
         session = await _SESSIONS.acquire(self._session_settings)
-        limiter: AsyncLimiter | None = None
-        try:
-            if self._limiter_key is not None:
-                limiter = await _LIMITERS.acquire(self._limiter_key)
-        except BaseException:
-            await _SESSIONS.release(self._session_settings)
-            raise
         batcher: KeyBatcher[Hashable, Rows] | None = None
         if self.batch is not None:
             batcher = KeyBatcher(
@@ -353,15 +328,13 @@ class HttpLookup(BaseLookup[_Runtime]):
                 max_delay=self.batch.max_delay,
                 missing=lambda: _EMPTY,
             )
-        return _Runtime(session=session, limiter=limiter, batcher=batcher)
+        return _Runtime(session=session, batcher=batcher)
 
     async def _close_runtime(self, runtime: _Runtime) -> None:
         try:
             if runtime.batcher is not None:
                 await runtime.batcher.aclose()
         finally:
-            if self._limiter_key is not None:
-                await _LIMITERS.release(self._limiter_key)
             await _SESSIONS.release(self._session_settings)
 
     def _runtime_batch_statistics(self, runtime: _Runtime) -> BatchStatistics:
@@ -550,8 +523,6 @@ class HttpLookup(BaseLookup[_Runtime]):
         attempt = 0
         limit = self.limit
         while True:
-            if runtime.limiter is not None:
-                await runtime.limiter.acquire()
             try:
                 if limit is None:
                     return await self._attempt(runtime, url, params, body)
