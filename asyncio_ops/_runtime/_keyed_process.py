@@ -80,6 +80,8 @@ from ._versions import (
 
 OPERATOR: bytes = b"keyed_process"
 _WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest
+# the key columns' names and Spark types (a StructType's JSON), for read_state
+KEY_SCHEMA: bytes = b"aops.key_schema"
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -341,9 +343,12 @@ def _snapshot(
     writer = uuid.uuid4().hex[:12]
     kept = {kg: chain for kg, chain in chains.items() if kg not in full}
     mark = f"{watermarks.max_seen!r},{watermarks.current!r}".encode()
+    meta = {_WATERMARK: mark}
+    if spec.key_schema:
+        meta[KEY_SCHEMA] = spec.key_schema.encode()
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes, None,
-        {_WATERMARK: mark}, operator=OPERATOR, chains=kept, writer=writer,
+        meta, operator=OPERATOR, chains=kept, writer=writer,
     )  # fmt: skip
     if task.partition_id == 0:
         prune_versions(spec.checkpoint, version, spec.retain_versions)

@@ -111,6 +111,9 @@ class KeyedProcessSpec:
     batch_size: int = 10_000
     # incremental checkpoints: a key group's full state every this many versions
     full_snapshot_interval: int = 50
+    # the key columns' names and Spark types (a StructType's JSON), written into each
+    # manifest so read_state gives the keys back as columns; "" writes none
+    key_schema: str = ""
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -144,6 +144,7 @@ def keyed_process(
         retain_versions=retain_versions,
         batch_size=batch_size,
         full_snapshot_interval=full_snapshot_interval,
+        key_schema=StructType([df.schema[c] for c in key_cols]).json(),
     )
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
