@@ -114,6 +114,9 @@ class KeyedProcessSpec:
     # the key columns' names and Spark types (a StructType's JSON), written into each
     # manifest so read_state gives the keys back as columns; "" writes none
     key_schema: str = ""
+    # initial state: the checkpoint holds a seed (``_seed``) that micro-batch 0 or the
+    # batch job applies before ``open``
+    seeded: bool = False
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)
