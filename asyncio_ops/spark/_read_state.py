@@ -31,6 +31,12 @@ Contract:
 - ``timers=True``: one row per timer instead: key column(s), ``key_group``,
   ``domain`` (``event`` / ``processing``) and ``timestamp`` (Spark
   timestamp; the timer's time in seconds as ``timestamp_seconds``).
+- ``changes=True``: the rows (identified by state, key, map key or list
+  index) that differ between ``from_version`` and ``to_version``, each with
+  ``change_type``: ``put`` (new or changed, its value at ``to_version``) or
+  ``delete`` (gone, its value at ``from_version``). Only key groups whose
+  chain changed are read; a chain that extends the older one (the usual case
+  between full snapshots) is read once.
 - Errors (:class:`~asyncio_ops.CheckpointError`): a location or uid with no
   version, a version not present (naming the versions that are), an
   incomplete version, a version another operator wrote; each names the
@@ -99,12 +105,17 @@ def read_state(
     state: str | None = None,
     version: int | None = None,
     timers: bool = False,
+    changes: bool = False,
+    from_version: int | None = None,
+    to_version: int | None = None,
 ) -> DataFrame:
     """The keyed state (or, with ``timers=True``, the timers) of the ``keyed_process``
     operator ``uid`` under ``checkpoint_location`` at ``version`` (default: the newest
     complete one), one row per value, list element or map entry; ``state`` keeps one
-    state's rows. Read in parallel by key group; see the module docstring for the
-    columns."""
+    state's rows. With ``changes=True``, the rows that differ between ``from_version``
+    and ``to_version`` (default: the newest), each with ``change_type`` ``put`` (its
+    value at ``to_version``) or ``delete`` (its value at ``from_version``). Read in
+    parallel by key group; see the module docstring for the columns."""
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
@@ -112,20 +123,46 @@ def read_state(
             f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
         )
     path_segment(uid, "uid")
-    if version is not None and (
-        isinstance(version, bool) or not isinstance(version, int) or version < 0
-    ):
-        raise ConfigurationError(f"version must be an int >= 0 or None, got {version!r}")
+    for name, given in (("version", version), ("from_version", from_version),
+                        ("to_version", to_version)):  # fmt: skip
+        if given is not None and (
+            isinstance(given, bool) or not isinstance(given, int) or given < 0
+        ):
+            raise ConfigurationError(f"{name} must be an int >= 0 or None, got {given!r}")
+    if changes:
+        if timers or version is not None:
+            raise ConfigurationError(
+                "changes=True takes from_version= and to_version=, not version= or timers=True"
+            )
+        if from_version is None:
+            raise ConfigurationError("changes=True needs from_version= (an int)")
+        if to_version is not None and to_version < from_version:
+            raise ConfigurationError(
+                f"to_version ({to_version}) is before from_version ({from_version})"
+            )
+    elif from_version is not None or to_version is not None:
+        raise ConfigurationError("from_version= and to_version= need changes=True")
     if state is not None and not isinstance(state, str):
         raise ConfigurationError(f"state must be a state name (str) or None, got {state!r}")
     storage = CheckpointStorage(checkpoint_location, uid)
-    found = _version(storage, version)
+    found = _version(storage, to_version if changes else version)
     found.check_operator(OPERATOR)
-    chains = found.chains(KeyGroupRange(0, UPPER_BOUND_MAX_PARALLELISM - 1),
-                          UPPER_BOUND_MAX_PARALLELISM)  # fmt: skip
+    chains = _all_chains(found)
+    before: dict[int, Chain] = {}
+    if changes:
+        assert from_version is not None
+        if from_version > found.version:  # type: ignore[operator]
+            raise ConfigurationError(
+                f"from_version ({from_version}) is after the newest version ({found.version})"
+            )
+        old = _version(storage, from_version)
+        old.check_operator(OPERATOR)
+        before = _all_chains(old)
     key_fields = _key_fields(found)
     typed = KEY_SCHEMA in (found.manifests[0].schema.metadata or {})
     fixed = _TIMER_COLUMNS if timers else _STATE_COLUMNS
+    if changes:
+        fixed = [StructField("change_type", StringType(), False), *fixed]
     clash = {f.name for f in key_fields} & {f.name for f in fixed}
     if clash:
         raise CheckpointError(
@@ -136,22 +173,36 @@ def read_state(
     timezone = spark.conf.get("spark.sql.session.timeZone")
     arrow_schema = to_arrow_schema(schema, timezone=timezone)
     key_names = [f.name for f in key_fields]
-    rows = [(kg, json.dumps(chains[kg])) for kg in sorted(chains)]
+    rows = [
+        (kg, json.dumps(chains.get(kg, ())), json.dumps(before.get(kg, ())))
+        for kg in sorted(chains.keys() | before.keys())
+        if not changes or chains.get(kg) != before.get(kg)  # an unchanged chain: no change
+    ]
     slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 2))
-    groups = spark.createDataFrame(rows, "key_group int, chain string")
+    groups = spark.createDataFrame(rows, "key_group int, chain string, before string")
     if len(rows) > 1:
         groups = groups.repartition(slices)
 
     def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            mine = {
-                kg: tuple(tuple(link) for link in json.loads(chain))
-                for kg, chain in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
-                                     strict=True)
-            }  # fmt: skip
-            yield from _rows(storage, mine, key_names, typed, arrow_schema, state, timers)
+            kgs = batch.column(0).to_pylist()
+            mine, old = (
+                {kg: tuple(tuple(link) for link in json.loads(c)) for kg, c in zip(
+                    kgs, batch.column(i).to_pylist(), strict=True)}
+                for i in (1, 2)
+            )  # fmt: skip
+            yield from _rows(
+                storage, mine, old if changes else None, key_names, typed, arrow_schema, state,
+                timers,
+            )  # fmt: skip
 
     return groups.mapInArrow(emit, schema)
+
+
+def _all_chains(found: VersionFiles) -> dict[int, Chain]:
+    return found.chains(
+        KeyGroupRange(0, UPPER_BOUND_MAX_PARALLELISM - 1), UPPER_BOUND_MAX_PARALLELISM
+    )
 
 
 def _version(storage: CheckpointStorage, version: int | None) -> VersionFiles:
@@ -211,13 +262,22 @@ def _decoded(data: bytes | None) -> str | None:
 def _rows(
     storage: CheckpointStorage,
     chains: dict[int, Chain],
+    before: dict[int, Chain] | None,
     key_names: list[str],
     typed: bool,
     schema: pa.Schema,
     only: str | None,
     timers: bool,
 ) -> Iterator[pa.RecordBatch]:
+    chains = {kg: chain for kg, chain in chains.items() if chain}
     found = read_chains(storage, chains)
+    old_found: dict[int, list[tuple[str, Any]]] = {}
+    if before is not None:  # a chain that extends the old one holds it: no second read
+        rest = {kg: c for kg, c in before.items() if c and chains.get(kg, ())[: len(c)] != c}
+        old_found = read_chains(storage, rest)
+        for kg, c in before.items():
+            if c and kg not in rest:
+                old_found[kg] = found[kg][: len(c)]
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
 
     def key_cells(enc: bytes) -> None:
@@ -238,10 +298,33 @@ def _rows(
             column.clear()
         return batch
 
-    for kg in sorted(found):
-        entries, kg_timers = _rebuild(kg, found[kg])
+    def state_cells(kg: int, ident: Identity, item: Item) -> None:
+        name, key_enc, _ns, map_key, index = ident
+        kind, ts, value = item
+        key_cells(key_enc)
+        cols["key_group"].append(kg)
+        cols["state"].append(name)
+        cols["kind"].append(kind)
+        cols["map_key"].append(None if map_key is None else _json(decode_canonical(map_key)))
+        cols["list_index"].append(index)
+        cols["value"].append(_decoded(value))
+        cols["value_bytes"].append(value)
+        cols["ttl_timestamp"].append(_micros(ts))
 
-        if timers:
+    for kg in sorted(found.keys() | old_found.keys()):
+        entries, kg_timers = _rebuild(kg, found.get(kg, []))
+        if before is not None:
+            now = _flat(entries, only)
+            then = _flat(_rebuild(kg, old_found.get(kg, []))[0], only)
+            for ident, item in sorted(now.items()):
+                if then.get(ident) != item:
+                    cols["change_type"].append("put")
+                    state_cells(kg, ident, item)
+            for ident, item in sorted(then.items()):
+                if ident not in now:
+                    cols["change_type"].append("delete")
+                    state_cells(kg, ident, item)
+        elif timers:
             for (domain, key_enc, _ns), stamps in sorted(kg_timers.items()):
                 for stamp in sorted(stamps):
                     key_cells(key_enc)
@@ -250,28 +333,8 @@ def _rows(
                     cols["timestamp"].append(_micros(stamp))
                     cols["timestamp_seconds"].append(stamp)
         else:
-            for (name, key_enc, _ns), (kind, data) in sorted(entries.items()):
-                if only is not None and name != only:
-                    continue
-                items: list[tuple[bytes | None, int | None, float | None, bytes]]
-                if kind == "list":
-                    items = [(None, i, ts, v) for i, (ts, v) in enumerate(data)]
-                elif kind == "map":
-                    items = [(mk, None, ts, v) for mk, ts, v in data]
-                else:
-                    items = [(None, None, data[0], data[1])]
-                for map_key, index, ts, value in items:
-                    key_cells(key_enc)
-                    cols["key_group"].append(kg)
-                    cols["state"].append(name)
-                    cols["kind"].append(kind)
-                    cols["map_key"].append(
-                        None if map_key is None else _json(decode_canonical(map_key))
-                    )
-                    cols["list_index"].append(index)
-                    cols["value"].append(_decoded(value))
-                    cols["value_bytes"].append(value)
-                    cols["ttl_timestamp"].append(_micros(ts))
+            for ident, item in sorted(_flat(entries, only).items()):
+                state_cells(kg, ident, item)
         if len(cols["key_group"]) >= _BATCH_ROWS:
             yield flush()
     if cols["key_group"]:
@@ -285,6 +348,27 @@ def _micros(ts: float | None) -> int | None:
 
 
 Entries = dict[tuple[str, bytes, bytes], tuple[str, Any]]
+Identity = tuple[str, bytes, bytes, bytes | None, int | None]
+"""One row's identity: state, key, namespace, map key (map state), index (list state)."""
+Item = tuple[str, float | None, bytes]
+"""One row's kind, TTL timestamp and value bytes."""
+
+
+def _flat(entries: Entries, only: str | None) -> dict[Identity, Item]:
+    """Every value, list element and map entry of ``entries`` (of state ``only``, if given)."""
+    out: dict[Identity, Item] = {}
+    for (name, key_enc, ns), (kind, data) in entries.items():
+        if only is not None and name != only:
+            continue
+        if kind == "list":
+            for i, (ts, v) in enumerate(data):
+                out[(name, key_enc, ns, None, i)] = (kind, ts, v)
+        elif kind == "map":
+            for mk, ts, v in data:
+                out[(name, key_enc, ns, mk, None)] = (kind, ts, v)
+        else:
+            out[(name, key_enc, ns, None, None)] = (kind, data[0], data[1])
+    return out
 Timers = dict[tuple[str, bytes, bytes], set[float]]
 
 

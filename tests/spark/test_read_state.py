@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from asyncio_ops import CheckpointError
+from asyncio_ops import CheckpointError, ConfigurationError
 from asyncio_ops.spark import keyed_process, read_state
 from asyncio_ops.state import (
     Collector,
@@ -143,10 +143,32 @@ def test_state_read_at_every_version_equals_the_model(
         tr = [(r.user, r.shard, r.timestamp_seconds) for r in timers.collect()]
         assert {r.domain for r in timers.collect()} == {"event"}
         assert set(tr) == want_timers and len(tr) == len(want_timers), version
+    for old, new in [(1, 3), (0, 2), (2, 2)]:
+        _check_changes(spark, location, files, old, new)
     only = read_state(spark, location, uid="track", state="count").collect()
     assert {r.state for r in only} == {"count"} and len(only) == len(
         _model(files, 3)[0] and [r for r in _model(files, 3)[0] if r[2] == "count"]
     )
+
+
+def _check_changes(
+    spark: SparkSession, location: str, files: list[Any], old: int, new: int
+) -> None:
+    """``changes=True`` between two versions equals the difference of the model's rows."""
+
+    def by_identity(rows: set[Any]) -> dict[Any, str]:
+        return {(u, s, st, mk, i): v for u, s, st, _kind, mk, i, v in rows}
+
+    then, now = by_identity(_model(files, old)[0]), by_identity(_model(files, new)[0])
+    want = {("put", *k, v) for k, v in now.items() if then.get(k) != v}
+    want |= {("delete", *k, v) for k, v in then.items() if k not in now}
+    df = read_state(spark, location, uid="track", changes=True, from_version=old, to_version=new)
+    got = [
+        (r.change_type, r.user, r.shard, r.state, r.map_key, r.list_index, r.value)
+        for r in df.collect()
+    ]
+    diff = sorted(set(got) ^ want, key=str)[:5]
+    assert set(got) == want and len(got) == len(want), (old, new, diff)
 
 
 def test_a_version_or_uid_that_is_not_there_is_a_clear_error(
@@ -161,3 +183,7 @@ def test_a_version_or_uid_that_is_not_there_is_a_clear_error(
         read_state(spark, location, uid="other")
     with pytest.raises(CheckpointError, match="no checkpoint version under"):
         read_state(spark, str(tmp_path / "nowhere"), uid="track")
+    with pytest.raises(ConfigurationError, match=r"from_version \(77\) is after the newest"):
+        read_state(spark, location, uid="track", changes=True, from_version=77)
+    with pytest.raises(ConfigurationError, match="changes=True needs from_version"):
+        read_state(spark, location, uid="track", changes=True)
