@@ -24,6 +24,9 @@ snapshot (streaming) → ``fn.close``.
   partitions may change between runs (state and timers follow their key
   groups). A worker that committed this partition before keeps it warm
   (``_warm``): it reads only the deltas written since, or nothing.
+- Initial state (``seeded``): a batch job, or micro-batch 0 of a query with no
+  version yet, first applies the seed the driver wrote (``_seed``) to its key
+  groups; version 0 then holds their full state.
 - Processing-time timers fire when a batch runs past them: after each input
   batch and at the end of the task (a Spark task has no event loop between
   micro-batches, so nothing fires while no batch runs).
@@ -66,6 +69,7 @@ from ._inflight import (
     WatermarkState,
     make_backend,
 )
+from ._seed import seed_chains
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
 from ._versions import (
@@ -80,6 +84,8 @@ from ._versions import (
 
 OPERATOR: bytes = b"keyed_process"
 _WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest
+# the key columns' names and Spark types (a StructType's JSON), for read_state
+KEY_SCHEMA: bytes = b"aops.key_schema"
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -133,9 +139,15 @@ def run_keyed_process(
                 op.take_timers(held.operator)
             chains = _sync(spec, op, previous, held.chains if held is not None else {})
             held = None
+            if previous is None and spec.seeded and task.batch_id == 0:
+                assert spec.checkpoint is not None
+                seed_chains(spec.checkpoint, op)
             if previous is not None:
                 restored = _watermarks(previous)
             op.track_changes()
+        elif spec.seeded:
+            assert spec.checkpoint is not None
+            seed_chains(spec.checkpoint, op)
         op.open()
         if watermarks is not None:
             watermarks.restore(restored.max_seen, restored.current)
@@ -347,9 +359,12 @@ def _snapshot(
     writer = uuid.uuid4().hex[:12]
     kept = {kg: chain for kg, chain in chains.items() if kg not in full}
     mark = f"{watermarks.max_seen!r},{watermarks.current!r}".encode()
+    meta = {_WATERMARK: mark}
+    if spec.key_schema:
+        meta[KEY_SCHEMA] = spec.key_schema.encode()
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes, None,
-        {_WATERMARK: mark}, operator=OPERATOR, chains=kept, writer=writer,
+        meta, operator=OPERATOR, chains=kept, writer=writer,
     )  # fmt: skip
     if task.partition_id == 0:
         prune_versions(spec.checkpoint, version, spec.retain_versions)

@@ -111,6 +111,12 @@ class KeyedProcessSpec:
     batch_size: int = 10_000
     # incremental checkpoints: a key group's full state every this many versions
     full_snapshot_interval: int = 50
+    # the key columns' names and Spark types (a StructType's JSON), written into each
+    # manifest so read_state gives the keys back as columns; "" writes none
+    key_schema: str = ""
+    # initial state: the checkpoint holds a seed (``_seed``) that micro-batch 0 or the
+    # batch job applies before ``open``
+    seeded: bool = False
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)

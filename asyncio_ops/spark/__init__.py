@@ -18,6 +18,7 @@ from ._datastream import AsyncDataStream
 from ._errors import library_error, library_errors
 from ._keyed import route_values
 from ._keyed_process import keyed_process
+from ._read_state import read_state
 from ._session import session
 from ._time import Time
 
@@ -30,6 +31,7 @@ __all__ = [
     "library_error",
     "library_errors",
     "ordered_wait",
+    "read_state",
     "route_values",
     "session",
     "unordered_wait",

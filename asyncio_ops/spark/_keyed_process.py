@@ -16,7 +16,9 @@ restarted from its own Spark checkpoint takes its state back.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +34,7 @@ from .._exceptions import ConfigurationError, KeyGroupError
 from .._keygroups import check_parallelism
 from .._runtime import STATE_BACKENDS, KeyedProcessSpec
 from .._runtime._keyed_partition import run_keyed_process
+from .._runtime._seed import InitialStateFn, clear_seed, write_seed
 from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
 from ._api import (
@@ -46,6 +49,8 @@ from ._api import (
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._preflight import preflight as run_preflight
+
+log = logging.getLogger("asyncio_ops.spark")
 
 
 @known_keywords()
@@ -67,6 +72,8 @@ def keyed_process(
     batch_size: int | None = None,
     full_snapshot_interval: int = 50,
     preflight: bool = True,
+    initial_state: DataFrame | None = None,
+    initial_state_fn: InitialStateFn | None = None,
 ) -> DataFrame:
     """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
 
@@ -79,7 +86,17 @@ def keyed_process(
     event-time timer fires); a streaming one keeps state and timers under
     ``checkpoint_location`` between micro-batches: each version holds what the
     micro-batch changed, and each key group's full state every
-    ``full_snapshot_interval`` versions. See docs/state.md.
+    ``full_snapshot_interval`` versions.
+
+    ``initial_state`` (a batch DataFrame with the key columns, of the input's
+    types) seeds state before a batch job or the first micro-batch of a query
+    with no checkpoint version yet (ignored, with a log line, when the query
+    restores from a version): per key, ``initial_state_fn(key, rows, ctx)``
+    (default: ``fn.handle_initial_state``) runs with the key current, after
+    ``fn.open``, so ``fn``'s state handles and ``ctx.timer_service()`` act on
+    it; ``rows`` are the key's initial rows as dicts. It needs
+    ``checkpoint_location`` (the seed is written there, by a Spark job that
+    runs when ``keyed_process`` is called). See docs/state.md.
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -127,6 +144,7 @@ def keyed_process(
             "timers live there between micro-batches"
         )
 
+    seed_fn = _initial_state_fn(fn, initial_state, initial_state_fn, key_cols, df, storage)
     run_preflight(preflight, fn, df, out_struct)
 
     df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
@@ -144,7 +162,19 @@ def keyed_process(
         retain_versions=retain_versions,
         batch_size=batch_size,
         full_snapshot_interval=full_snapshot_interval,
+        key_schema=StructType([df.schema[c] for c in key_cols]).json(),
     )
+    if seed_fn is not None:
+        assert initial_state is not None and storage is not None
+        if df.isStreaming and storage.versions():
+            log.info(
+                "keyed_process uid %r: initial_state ignored, the query restores from "
+                "checkpoint version %d of %s", storage.uid, storage.versions()[-1],
+                checkpoint_location,
+            )  # fmt: skip
+        else:
+            spec = replace(spec, seeded=True)
+            _write_seed(spec, seed_fn, initial_state, key_cols, max_parallelism, parts)
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from run_keyed_process(spec, batches, _task_info(parts))
@@ -156,6 +186,76 @@ def keyed_process(
         kind = type(fn)
         _DESCRIBED[partition.__name__] = f"keyed_process of {kind.__module__}.{kind.__qualname__}"
     return df.mapInArrow(partition, out_struct)
+
+
+def _initial_state_fn(
+    fn: KeyedProcessFunction[Any, Any, Any],
+    initial_state: DataFrame | None,
+    initial_state_fn: InitialStateFn | None,
+    key_cols: Sequence[str],
+    df: DataFrame,
+    storage: CheckpointStorage | None,
+) -> InitialStateFn | None:
+    """The seeding function, the options checked (None without ``initial_state``)."""
+    if initial_state is None:
+        if initial_state_fn is not None:
+            raise ConfigurationError("initial_state_fn needs initial_state= (a DataFrame)")
+        return None
+    if not isinstance(initial_state, DataFrame):
+        raise ConfigurationError(
+            f"initial_state must be a pyspark DataFrame, got {type(initial_state).__name__}"
+        )
+    if initial_state.isStreaming:
+        raise ConfigurationError("initial_state must be a batch DataFrame, not a streaming one")
+    if storage is None:
+        raise ConfigurationError(
+            "initial_state needs checkpoint_location=: the seed is written there before the "
+            "first micro-batch (or the batch job) reads it"
+        )
+    for column in key_cols:
+        have = {f.name: f.dataType for f in initial_state.schema.fields}
+        if column not in have:
+            raise ConfigurationError(
+                f"initial_state lacks the key column {column!r} (its columns: "
+                f"{initial_state.columns})"
+            )
+        if have[column] != df.schema[column].dataType:
+            raise ConfigurationError(
+                f"initial_state's key column {column!r} is {have[column].simpleString()}, the "
+                f"input's {df.schema[column].dataType.simpleString()}: cast it, or its keys "
+                "land in other key groups"
+            )
+    chosen = initial_state_fn
+    if chosen is None:
+        chosen = getattr(fn, "handle_initial_state", None)
+        if chosen is None:
+            raise ConfigurationError(
+                f"initial_state needs initial_state_fn=, or a handle_initial_state(key, rows, "
+                f"ctx) method on {type(fn).__qualname__}"
+            )
+    if not callable(chosen):
+        raise ConfigurationError(f"initial_state_fn must be callable, got {chosen!r}")
+    return chosen
+
+
+def _write_seed(
+    spec: KeyedProcessSpec,
+    seed_fn: InitialStateFn,
+    initial_state: DataFrame,
+    key_cols: Sequence[str],
+    max_parallelism: int,
+    parts: int,
+) -> None:
+    """Run the Spark job that writes the seed (see ``asyncio_ops._runtime._seed``)."""
+    assert spec.checkpoint is not None
+    clear_seed(spec.checkpoint)
+    routed, _ = partition_by_key_group(initial_state, key_cols, max_parallelism, parts)
+
+    def seed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from write_seed(spec, seed_fn, batches, _task_info(parts))
+
+    keys = sum(r[0] for r in routed.mapInArrow(seed, "keys long").collect())
+    log.info("keyed_process uid %r: initial state of %d key(s) seeded", spec.checkpoint.uid, keys)
 
 
 def _default_uid(

@@ -1,0 +1,397 @@
+"""``read_state``: a ``keyed_process`` checkpoint's keyed state (or timers) as a DataFrame.
+
+Contract:
+
+- The driver lists the operator's versions under ``checkpoint_location/uid``,
+  picks ``version`` (default: the newest complete one, every partition's
+  manifest present) and reads its manifests: per key group its chain (last
+  full section, then the deltas after it). Nothing else is read on the driver.
+- The key groups are spread over Spark tasks (one DataFrame row per key group,
+  ``mapInArrow``); each task reads its key groups' chains with the readers a
+  restoring partition uses (``_versions.read_chains``, adjacent sections in one
+  read), applies them in order (a full section replaces the key group, a delta
+  replaces its keys whole) and emits rows. Both backends write the same
+  sections, so one reader serves both.
+- Rows of state: the key column(s) as the job keyed them (names and Spark
+  types from the manifest, written by ``keyed_process``; a version written
+  before that holds them gives one ``key`` string column, the key's JSON),
+  ``key_group``, ``state``, ``kind`` (``value``, ``list``, ``map``, ...),
+  ``map_key`` (JSON of the map key, map state), ``list_index`` (list state, from 0), ``value``
+  (JSON text of the value, see below), ``value_bytes`` (the bytes the state's
+  serializer wrote) and ``ttl_timestamp`` (the entry's TTL timestamp, the last
+  write or read the TTL counts from; null without TTL). One row per value,
+  per list element, per map entry.
+- Values: a ``keyed_process`` stores what the state descriptor's serializer
+  wrote, pickle by default. ``value`` is the JSON text of the unpickled value
+  (``json.dumps``, anything JSON cannot hold as its ``str``); null when the
+  bytes are not a pickle (a custom serializer: read ``value_bytes``). Map
+  keys are stored in the key encoding, never pickled. Unpickling runs code
+  the checkpoint names: read only checkpoints you would let the job itself
+  restore (the same trust boundary).
+- ``timers=True``: one row per timer instead: key column(s), ``key_group``,
+  ``domain`` (``event`` / ``processing``) and ``timestamp`` (Spark
+  timestamp; the timer's time in seconds as ``timestamp_seconds``).
+- ``changes=True``: the rows (identified by state, key, map key or list
+  index) that differ between ``from_version`` and ``to_version``, each with
+  ``change_type``: ``put`` (new or changed, its value at ``to_version``) or
+  ``delete`` (gone, its value at ``from_version``). Only key groups whose
+  chain changed are read; a chain that extends the older one (the usual case
+  between full snapshots) is read once.
+- Errors (:class:`~asyncio_ops.CheckpointError`): a location or uid with no
+  version, a version not present (naming the versions that are), an
+  incomplete version, a version another operator wrote; each names the
+  location, uid and version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from collections.abc import Iterator
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .._checkpoint import CheckpointStorage
+from .._container import DELTA, Kind
+from .._exceptions import CheckpointError, ConfigurationError
+from .._keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, canonical_bytes
+from .._runtime._keyed_partition import KEY_SCHEMA, OPERATOR
+from .._runtime._versions import Chain, VersionFiles, read_chains, read_version
+from ..options import path_segment
+from ..state._keycodec import decode_canonical
+from ..state._payloads import read
+
+__all__ = ["read_state"]
+
+_STATE_COLUMNS: Final = [
+    StructField("key_group", IntegerType(), False),
+    StructField("state", StringType(), False),
+    StructField("kind", StringType(), False),
+    StructField("map_key", StringType(), True),
+    StructField("list_index", LongType(), True),
+    StructField("value", StringType(), True),
+    StructField("value_bytes", BinaryType(), False),
+    StructField("ttl_timestamp", TimestampType(), True),
+]
+_TIMER_COLUMNS: Final = [
+    StructField("key_group", IntegerType(), False),
+    StructField("domain", StringType(), False),
+    StructField("timestamp", TimestampType(), True),
+    StructField("timestamp_seconds", DoubleType(), False),
+]
+_PICKLE_START: Final = b"\x80"
+_BATCH_ROWS: Final = 10_000
+
+
+def read_state(
+    spark: SparkSession,
+    checkpoint_location: str,
+    *,
+    uid: str,
+    state: str | None = None,
+    version: int | None = None,
+    timers: bool = False,
+    changes: bool = False,
+    from_version: int | None = None,
+    to_version: int | None = None,
+) -> DataFrame:
+    """The keyed state (or, with ``timers=True``, the timers) of the ``keyed_process``
+    operator ``uid`` under ``checkpoint_location`` at ``version`` (default: the newest
+    complete one), one row per value, list element or map entry; ``state`` keeps one
+    state's rows. With ``changes=True``, the rows that differ between ``from_version``
+    and ``to_version`` (default: the newest), each with ``change_type`` ``put`` (its
+    value at ``to_version``) or ``delete`` (its value at ``from_version``). Read in
+    parallel by key group; see the module docstring for the columns."""
+    if not isinstance(spark, SparkSession):
+        raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
+    if not isinstance(checkpoint_location, str) or not checkpoint_location:
+        raise ConfigurationError(
+            f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
+        )
+    path_segment(uid, "uid")
+    for name, given in (("version", version), ("from_version", from_version),
+                        ("to_version", to_version)):  # fmt: skip
+        if given is not None and (
+            isinstance(given, bool) or not isinstance(given, int) or given < 0
+        ):
+            raise ConfigurationError(f"{name} must be an int >= 0 or None, got {given!r}")
+    if changes:
+        if timers or version is not None:
+            raise ConfigurationError(
+                "changes=True takes from_version= and to_version=, not version= or timers=True"
+            )
+        if from_version is None:
+            raise ConfigurationError("changes=True needs from_version= (an int)")
+        if to_version is not None and to_version < from_version:
+            raise ConfigurationError(
+                f"to_version ({to_version}) is before from_version ({from_version})"
+            )
+    elif from_version is not None or to_version is not None:
+        raise ConfigurationError("from_version= and to_version= need changes=True")
+    if state is not None and not isinstance(state, str):
+        raise ConfigurationError(f"state must be a state name (str) or None, got {state!r}")
+    storage = CheckpointStorage(checkpoint_location, uid)
+    found = _version(storage, to_version if changes else version)
+    found.check_operator(OPERATOR)
+    chains = _all_chains(found)
+    before: dict[int, Chain] = {}
+    if changes:
+        assert from_version is not None
+        if from_version > found.version:  # type: ignore[operator]
+            raise ConfigurationError(
+                f"from_version ({from_version}) is after the newest version ({found.version})"
+            )
+        old = _version(storage, from_version)
+        old.check_operator(OPERATOR)
+        before = _all_chains(old)
+    key_fields = _key_fields(found)
+    typed = KEY_SCHEMA in (found.manifests[0].schema.metadata or {})
+    fixed = _TIMER_COLUMNS if timers else _STATE_COLUMNS
+    if changes:
+        fixed = [StructField("change_type", StringType(), False), *fixed]
+    clash = {f.name for f in key_fields} & {f.name for f in fixed}
+    if clash:
+        raise CheckpointError(
+            f"keyed_process uid {uid!r} under {checkpoint_location}: its key column(s) "
+            f"{sorted(clash)} have the names of read_state's own columns"
+        )
+    schema = StructType(key_fields + fixed)
+    timezone = spark.conf.get("spark.sql.session.timeZone")
+    arrow_schema = to_arrow_schema(schema, timezone=timezone)
+    key_names = [f.name for f in key_fields]
+    rows = [
+        (kg, json.dumps(chains.get(kg, ())), json.dumps(before.get(kg, ())))
+        for kg in sorted(chains.keys() | before.keys())
+        if not changes or chains.get(kg) != before.get(kg)  # an unchanged chain: no change
+    ]
+    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 2))
+    groups = spark.createDataFrame(rows, "key_group int, chain string, before string")
+    if len(rows) > 1:
+        groups = groups.repartition(slices)
+
+    def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            kgs = batch.column(0).to_pylist()
+            mine, old = (
+                {kg: tuple(tuple(link) for link in json.loads(c)) for kg, c in zip(
+                    kgs, batch.column(i).to_pylist(), strict=True)}
+                for i in (1, 2)
+            )  # fmt: skip
+            yield from _rows(
+                storage, mine, old if changes else None, key_names, typed, arrow_schema, state,
+                timers,
+            )  # fmt: skip
+
+    return groups.mapInArrow(emit, schema)
+
+
+def _all_chains(found: VersionFiles) -> dict[int, Chain]:
+    return found.chains(
+        KeyGroupRange(0, UPPER_BOUND_MAX_PARALLELISM - 1), UPPER_BOUND_MAX_PARALLELISM
+    )
+
+
+def _version(storage: CheckpointStorage, version: int | None) -> VersionFiles:
+    where = f"{storage.location} (uid {storage.uid!r}, {storage.describe(storage.root)})"
+    present = storage.versions()
+    if not present:
+        raise CheckpointError(f"no checkpoint version under {where}: nothing to read")
+    if version is not None:
+        if version not in present:
+            raise CheckpointError(
+                f"checkpoint version {version} does not exist under {where}; versions "
+                f"present: {present[0]}..{present[-1]} ({len(present)} of them)"
+            )
+        found = read_version(storage, version)
+        if found is None:
+            raise CheckpointError(
+                f"checkpoint version {version} under {where} holds no manifest: it is "
+                "incomplete or being written"
+            )
+        return found
+    for v in reversed(present):
+        try:
+            found = read_version(storage, v)
+        except CheckpointError:
+            continue  # incomplete (being written, or a failed attempt): an older one
+        if found is not None:
+            return found
+    raise CheckpointError(f"no complete checkpoint version under {where} (of {present})")
+
+
+def _key_fields(found: VersionFiles) -> list[StructField]:
+    raw = (found.manifests[0].schema.metadata or {}).get(KEY_SCHEMA)
+    if not raw:
+        return [StructField("key", StringType(), False)]
+    try:
+        parsed = StructType.fromJson(json.loads(raw))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"checkpoint file {found.paths[0]}: unreadable key schema {raw[:100]!r}"
+        ) from exc
+    return list(parsed.fields)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _decoded(data: bytes | None) -> str | None:
+    if data is None or not data.startswith(_PICKLE_START):
+        return None
+    try:
+        return _json(pickle.loads(data))
+    except Exception:
+        return None
+
+
+def _rows(
+    storage: CheckpointStorage,
+    chains: dict[int, Chain],
+    before: dict[int, Chain] | None,
+    key_names: list[str],
+    typed: bool,
+    schema: pa.Schema,
+    only: str | None,
+    timers: bool,
+) -> Iterator[pa.RecordBatch]:
+    chains = {kg: chain for kg, chain in chains.items() if chain}
+    found = read_chains(storage, chains)
+    old_found: dict[int, list[tuple[str, Any]]] = {}
+    if before is not None:  # a chain that extends the old one holds it: no second read
+        rest = {kg: c for kg, c in before.items() if c and chains.get(kg, ())[: len(c)] != c}
+        old_found = read_chains(storage, rest)
+        for kg, c in before.items():
+            if c and kg not in rest:
+                old_found[kg] = found[kg][: len(c)]
+    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+
+    def key_cells(enc: bytes) -> None:
+        key = decode_canonical(enc)
+        if not typed:
+            cols["key"].append(_json(key))
+        elif len(key_names) == 1:
+            cols[key_names[0]].append(key)
+        else:
+            for name, part in zip(key_names, key, strict=True):
+                cols[name].append(part)
+
+    def flush() -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(
+            {n: pa.array(cols[n], schema.field(n).type) for n in schema.names}, schema=schema
+        )
+        for column in cols.values():
+            column.clear()
+        return batch
+
+    def state_cells(kg: int, ident: Identity, item: Item) -> None:
+        name, key_enc, _ns, map_key, index = ident
+        kind, ts, value = item
+        key_cells(key_enc)
+        cols["key_group"].append(kg)
+        cols["state"].append(name)
+        cols["kind"].append(kind)
+        cols["map_key"].append(None if map_key is None else _json(decode_canonical(map_key)))
+        cols["list_index"].append(index)
+        cols["value"].append(_decoded(value))
+        cols["value_bytes"].append(value)
+        cols["ttl_timestamp"].append(_micros(ts))
+
+    for kg in sorted(found.keys() | old_found.keys()):
+        entries, kg_timers = _rebuild(kg, found.get(kg, []))
+        if before is not None:
+            now = _flat(entries, only)
+            then = _flat(_rebuild(kg, old_found.get(kg, []))[0], only)
+            for ident, item in sorted(now.items()):
+                if then.get(ident) != item:
+                    cols["change_type"].append("put")
+                    state_cells(kg, ident, item)
+            for ident, item in sorted(then.items()):
+                if ident not in now:
+                    cols["change_type"].append("delete")
+                    state_cells(kg, ident, item)
+        elif timers:
+            for (domain, key_enc, _ns), stamps in sorted(kg_timers.items()):
+                for stamp in sorted(stamps):
+                    key_cells(key_enc)
+                    cols["key_group"].append(kg)
+                    cols["domain"].append(domain)
+                    cols["timestamp"].append(_micros(stamp))
+                    cols["timestamp_seconds"].append(stamp)
+        else:
+            for ident, item in sorted(_flat(entries, only).items()):
+                state_cells(kg, ident, item)
+        if len(cols["key_group"]) >= _BATCH_ROWS:
+            yield flush()
+    if cols["key_group"]:
+        yield flush()
+
+
+def _micros(ts: float | None) -> int | None:
+    if ts is None or not math.isfinite(ts):
+        return None
+    return round(ts * 1_000_000)
+
+
+Entries = dict[tuple[str, bytes, bytes], tuple[str, Any]]
+Identity = tuple[str, bytes, bytes, bytes | None, int | None]
+"""One row's identity: state, key, namespace, map key (map state), index (list state)."""
+Item = tuple[str, float | None, bytes]
+"""One row's kind, TTL timestamp and value bytes."""
+
+
+def _flat(entries: Entries, only: str | None) -> dict[Identity, Item]:
+    """Every value, list element and map entry of ``entries`` (of state ``only``, if given)."""
+    out: dict[Identity, Item] = {}
+    for (name, key_enc, ns), (kind, data) in entries.items():
+        if only is not None and name != only:
+            continue
+        if kind == "list":
+            for i, (ts, v) in enumerate(data):
+                out[(name, key_enc, ns, None, i)] = (kind, ts, v)
+        elif kind == "map":
+            for mk, ts, v in data:
+                out[(name, key_enc, ns, mk, None)] = (kind, ts, v)
+        else:
+            out[(name, key_enc, ns, None, None)] = (kind, data[0], data[1])
+    return out
+Timers = dict[tuple[str, bytes, bytes], set[float]]
+
+
+def _rebuild(kg: int, sections: list[tuple[str, Any]]) -> tuple[Entries, Timers]:
+    """Apply one key group's chain (full section, then deltas): its entries by
+    ``(state, key, namespace)`` and its timers by ``(domain, key, namespace)``."""
+    entries: Entries = {}
+    kg_timers: Timers = {}
+    for path, section in sections:
+        dumps, section_timers, replaced = read(
+            Kind.KEY_GROUPS, section.table, f"checkpoint file {path}, key group {kg}"
+        )
+        if section.part == DELTA:
+            gone = set(replaced or ())
+            entries = {k: v for k, v in entries.items() if k[1] not in gone}
+            kg_timers = {k: v for k, v in kg_timers.items() if k[1] not in gone}
+        else:
+            entries, kg_timers = {}, {}
+        for name, kind, _has_ttl, state_entries in dumps:
+            for key, ns, data in state_entries:
+                entries[(name, key, ns)] = (kind, data)
+        for domain, key, namespace, ts in section_timers:
+            kg_timers.setdefault(
+                (domain, canonical_bytes(key), canonical_bytes(namespace)), set()
+            ).add(ts)
+    return entries, kg_timers
