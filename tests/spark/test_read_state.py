@@ -1,7 +1,7 @@
 """``read_state`` in real Spark: a streaming ``keyed_process`` job's state and timers read
 at several versions (chains of full sections and deltas), and the changes between two,
-equal a plain-Python model of
-what the job did, on both backends; clear errors for a version or uid that is not there."""
+equal a plain-Python model of what the job did, on both backends; clear errors for a
+version or uid that is not there."""
 
 from __future__ import annotations
 
@@ -202,3 +202,32 @@ def test_a_version_or_uid_that_is_not_there_is_a_clear_error(
         read_state(spark, location, uid="track", changes=True, from_version=77)
     with pytest.raises(ConfigurationError, match="changes=True needs from_version"):
         read_state(spark, location, uid="track", changes=True)
+
+
+def test_a_checkpoint_without_key_columns_gives_the_key_as_json(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A version whose manifests name no key columns (written before keyed_process wrote
+    them; here by the partition runner with no key schema) gives one ``key`` column."""
+    import pyarrow as pa
+
+    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._keygroups import assign_to_key_group
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime._keyed_process import run_keyed_process
+
+    storage = CheckpointStorage(str(tmp_path), "old")
+    spec = KeyedProcessSpec(
+        function=Track(), key_columns=("user", "shard"), num_partitions=1, checkpoint=storage,
+        output_schema=pa.schema([("user", pa.string()), ("v", pa.int64())]),
+    )  # fmt: skip
+    rows = [
+        {"user": u, "shard": 1, "v": 3, "ts": 1.0,
+         KEY_GROUP_COLUMN: assign_to_key_group((u, 1), spec.max_parallelism)}
+        for u in ["a", "b"]
+    ]  # fmt: skip
+    task = TaskInfo(partition_id=0, num_partitions=1, batch_id=0)
+    list(run_keyed_process(spec, [pa.RecordBatch.from_pylist(rows)], task))
+    got = read_state(spark, str(tmp_path), uid="old", state="count").collect()
+    assert sorted((r.key, r.value) for r in got) == [('["a", 1]', "1"), ('["b", 1]', "1")]
+    assert read_state(spark, str(tmp_path), uid="old").columns[:2] == ["key", "key_group"]
