@@ -83,6 +83,7 @@ def test_spark_names_are_pinned() -> None:
         "library_error",
         "library_errors",
         "ordered_wait",
+        "read_state",
         "route_values",
         "session",
         "unordered_wait",

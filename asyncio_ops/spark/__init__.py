@@ -4,7 +4,8 @@
 PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
 porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessFunction`` with keyed state and timers (Flink's
-``KeyedProcessOperator``); ``session()`` builds a SparkSession whose Python
+``KeyedProcessOperator``), and ``read_state`` reads its checkpoint's state as
+a DataFrame; ``session()`` builds a SparkSession whose Python
 workers run this interpreter; ``AsyncMetrics`` collects operator metrics across
 tasks; ``library_errors()`` raises a job's failure as the library's exception
 instead of Spark's (the function's preflight runs before any job).

@@ -30,11 +30,12 @@ from pyspark.sql.types import (
 )
 
 from .._checkpoint import CheckpointStorage
-from .._exceptions import ConfigurationError, KeyGroupError
+from .._exceptions import CheckpointError, ConfigurationError, KeyGroupError
 from .._keygroups import check_parallelism
 from .._runtime import STATE_BACKENDS, KeyedProcessSpec
 from .._runtime._keyed_partition import run_keyed_process
 from .._runtime._seed import InitialStateFn, clear_seed, write_seed
+from .._runtime._versions import read_version
 from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
 from ._api import (
@@ -166,11 +167,11 @@ def keyed_process(
     )
     if seed_fn is not None:
         assert initial_state is not None and storage is not None
-        if df.isStreaming and storage.versions():
+        restores = _complete_version(storage) if df.isStreaming else None
+        if restores is not None:
             log.info(
                 "keyed_process uid %r: initial_state ignored, the query restores from "
-                "checkpoint version %d of %s", storage.uid, storage.versions()[-1],
-                checkpoint_location,
+                "checkpoint version %d of %s", storage.uid, restores, checkpoint_location,
             )  # fmt: skip
         else:
             spec = replace(spec, seeded=True)
@@ -236,6 +237,18 @@ def _initial_state_fn(
     if not callable(chosen):
         raise ConfigurationError(f"initial_state_fn must be callable, got {chosen!r}")
     return chosen
+
+
+def _complete_version(storage: CheckpointStorage) -> int | None:
+    """The newest version every partition finished writing (None: the query has no
+    state yet, and micro-batch 0, even a re-run of a failed one, reads the seed)."""
+    for version in reversed(storage.versions()):
+        try:
+            if read_version(storage, version) is not None:
+                return version
+        except CheckpointError:
+            continue  # incomplete: a micro-batch that failed while writing it
+    return None
 
 
 def _write_seed(

@@ -178,7 +178,7 @@ def read_state(
         for kg in sorted(chains.keys() | before.keys())
         if not changes or chains.get(kg) != before.get(kg)  # an unchanged chain: no change
     ]
-    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 2))
+    slices = max(1, min(len(rows), _parallelism(spark) * 2))
     groups = spark.createDataFrame(rows, "key_group int, chain string, before string")
     if len(rows) > 1:
         groups = groups.repartition(slices)
@@ -197,6 +197,14 @@ def read_state(
             )  # fmt: skip
 
     return groups.mapInArrow(emit, schema)
+
+
+def _parallelism(spark: SparkSession) -> int:
+    """The session's default parallelism (2 where the client cannot tell: Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        return int(spark.conf.get("spark.default.parallelism", "2") or 2)
 
 
 def _all_chains(found: VersionFiles) -> dict[int, Chain]:

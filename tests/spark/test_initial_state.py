@@ -115,6 +115,20 @@ def test_a_seeded_stream_gives_the_output_and_state_of_a_replayed_one(
     assert (0, 2 + 1, 7 + 1) in again  # key 0: 1 event of history, 7, then 1
 
 
+def test_a_micro_batch_0_that_died_writing_its_version_is_seeded_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in", "b.json", _new())
+    # what a micro-batch 0 that failed after writing its key-group file leaves behind
+    torn = tmp_path / "state" / "sum" / "v0000000000"
+    torn.mkdir(parents=True)
+    (torn / "kg-p00000-0123456789ab.ckpt").write_bytes(b"torn")
+    got = _stream(spark, tmp_path, "heap", initial_state=_table(spark))
+    history = {k: (len(vs), sum(vs)) for k, vs in _by_key(_history()).items()}
+    assert (3, history[3][0] + 1, history[3][1] + 7) in got
+
+
 def test_a_seeded_batch_job_gives_the_output_of_a_replayed_one(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -1,11 +1,13 @@
 """``read_state`` in real Spark: a streaming ``keyed_process`` job's state and timers read
-at several versions (chains of full sections and deltas) equal a plain-Python model of
-what the job did, on both backends; clear errors for a version or uid that is not there."""
+at several versions (chains of full sections and deltas), and the changes between two,
+equal a plain-Python model of what the job did, on both backends; clear errors for a
+version or uid that is not there."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from asyncio_ops.state import (
     KeyedRuntimeContext,
     ListStateDescriptor,
     MapStateDescriptor,
+    StateTtlConfig,
     ValueStateDescriptor,
 )
 
@@ -37,6 +40,8 @@ class Track(KeyedProcessFunction[Any, Row, Row]):
         self.count = runtime_context.get_state(ValueStateDescriptor[int]("count"))
         self.items = runtime_context.get_list_state(ListStateDescriptor[int]("items"))
         self.seen = runtime_context.get_map_state(MapStateDescriptor[int, int]("seen"))
+        ttl = StateTtlConfig(10**6)  # processing time: the TTL timestamp is the write's
+        self.last = runtime_context.get_state(ValueStateDescriptor[float]("last", ttl=ttl))
 
     def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
         v = value["v"]
@@ -44,10 +49,12 @@ class Track(KeyedProcessFunction[Any, Row, Row]):
             self.count.clear()
             self.items.clear()
             self.seen.clear()
+            self.last.clear()
         else:
             self.count.update((self.count.value() or 0) + 1)
             self.items.add(v)
             self.seen.put(v, (self.seen.get(v) or 0) + 1)
+            self.last.update(value["ts"])
             ctx.timer_service().register_event_time_timer(value["ts"] + 1000)
         out.collect({"user": value["user"], "v": v})
 
@@ -71,6 +78,7 @@ def _model(files: list[list[tuple[str, int, int, float]]], upto: int) -> tuple[s
     items: dict[tuple[str, int], list[int]] = {}
     seen: dict[tuple[str, int], Counter[int]] = {}
     timers: set[tuple[str, int, float]] = set()
+    last: dict[tuple[str, int], float] = {}
     for batch in files[: upto + 1]:
         for user, shard, v, ts in batch:
             k = (user, shard)
@@ -78,14 +86,18 @@ def _model(files: list[list[tuple[str, int, int, float]]], upto: int) -> tuple[s
                 count.pop(k, None)
                 items.pop(k, None)
                 seen.pop(k, None)
+                last.pop(k, None)
                 continue
             count[k] += 1
             items.setdefault(k, []).append(v)
             seen.setdefault(k, Counter())[v] += 1
             timers.add((user, shard, ts + 1000))
+            last[k] = ts
     rows: set[Any] = set()
     for (u, s), n in count.items():
         rows.add((u, s, "count", "value", None, None, json.dumps(n)))
+    for (u, s), ts in last.items():
+        rows.add((u, s, "last", "value", None, None, json.dumps(ts)))
     for (u, s), vs in items.items():
         rows |= {(u, s, "items", "list", None, i, json.dumps(v)) for i, v in enumerate(vs)}
     for (u, s), c in seen.items():
@@ -128,6 +140,7 @@ def _run_job(spark: SparkSession, tmp: Path, backend: str) -> str:
 def test_state_read_at_every_version_equals_the_model(
     spark: SparkSession, tmp_path: Path, backend: str
 ) -> None:
+    started = time.time()
     location = _run_job(spark, tmp_path, backend)
     files = _events()
     for version in [1, 2, None]:  # version 3 (the newest) by default
@@ -135,7 +148,9 @@ def test_state_read_at_every_version_equals_the_model(
         df = read_state(spark, location, uid="track", version=version)
         assert df.columns[:3] == ["user", "shard", "key_group"]
         got = df.collect()
-        assert {r.ttl_timestamp for r in got} == {None}  # no TTL configured
+        assert {r.ttl_timestamp for r in got if r.state != "last"} == {None}  # no TTL
+        stamps = {r.ttl_timestamp.timestamp() for r in got if r.state == "last"}
+        assert stamps and all(started - 1 <= t <= time.time() for t in stamps), stamps
         rows = {(r.user, r.shard, r.state, r.kind, r.map_key, r.list_index, r.value) for r in got}
         assert len(rows) == len(got)  # no duplicate row
         assert rows == want, (version, sorted(rows ^ want, key=str)[:8])
@@ -187,3 +202,32 @@ def test_a_version_or_uid_that_is_not_there_is_a_clear_error(
         read_state(spark, location, uid="track", changes=True, from_version=77)
     with pytest.raises(ConfigurationError, match="changes=True needs from_version"):
         read_state(spark, location, uid="track", changes=True)
+
+
+def test_a_checkpoint_without_key_columns_gives_the_key_as_json(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A version whose manifests name no key columns (written before keyed_process wrote
+    them; here by the partition runner with no key schema) gives one ``key`` column."""
+    import pyarrow as pa
+
+    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._keygroups import assign_to_key_group
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime._keyed_partition import run_keyed_process
+
+    storage = CheckpointStorage(str(tmp_path), "old")
+    spec = KeyedProcessSpec(
+        function=Track(), key_columns=("user", "shard"), num_partitions=1, checkpoint=storage,
+        output_schema=pa.schema([("user", pa.string()), ("v", pa.int64())]),
+    )  # fmt: skip
+    rows = [
+        {"user": u, "shard": 1, "v": 3, "ts": 1.0,
+         KEY_GROUP_COLUMN: assign_to_key_group((u, 1), spec.max_parallelism)}
+        for u in ["a", "b"]
+    ]  # fmt: skip
+    task = TaskInfo(partition_id=0, num_partitions=1, batch_id=0)
+    list(run_keyed_process(spec, [pa.RecordBatch.from_pylist(rows)], task))
+    got = read_state(spark, str(tmp_path), uid="old", state="count").collect()
+    assert sorted((r.key, r.value) for r in got) == [('["a", 1]', "1"), ('["b", 1]', "1")]
+    assert read_state(spark, str(tmp_path), uid="old").columns[:2] == ["key", "key_group"]
