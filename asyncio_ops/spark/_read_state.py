@@ -73,6 +73,7 @@ from .._runtime._keyed_partition import KEY_SCHEMA, OPERATOR
 from .._runtime._versions import Chain, VersionFiles, read_chains, read_version
 from ..options import path_segment
 from ..state._keycodec import decode_canonical
+from ..state._keyed_snapshot import delta_keys
 from ..state._payloads import read
 
 __all__ = ["read_state"]
@@ -389,8 +390,8 @@ def _rebuild(kg: int, sections: list[tuple[str, Any]]) -> tuple[Entries, Timers]
         dumps, section_timers, replaced = read(
             Kind.KEY_GROUPS, section.table, f"checkpoint file {path}, key group {kg}"
         )
-        if section.part == DELTA:
-            gone = set(replaced or ())
+        if section.part == DELTA:  # every key it names is replaced whole
+            gone = set(delta_keys((dumps, section_timers, replaced)))
             entries = {k: v for k, v in entries.items() if k[1] not in gone}
             kg_timers = {k: v for k, v in kg_timers.items() if k[1] not in gone}
         else:

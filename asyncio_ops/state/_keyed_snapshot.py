@@ -38,6 +38,7 @@ from ._payloads import KeyGroupPayload, read, table
 
 __all__ = [
     "apply_change",
+    "delta_keys",
     "key_group_sections",
     "restore_key_groups",
     "snapshot_changes",
@@ -129,13 +130,18 @@ def apply_change(
     if section.part != DELTA:
         _apply(backend, timers, kg, (dumps, kg_timers, None))
         return
-    # a delta replaces whole every key it names: in a row of its own (a key deleted), or
-    # by its entries and timers
-    named = dict.fromkeys(replaced)
+    _apply(backend, timers, kg, (dumps, kg_timers, delta_keys((dumps, kg_timers, replaced))))
+
+
+def delta_keys(payload: KeyGroupPayload) -> list[bytes]:
+    """The canonical bytes of every key a delta replaces whole: those named in a row of
+    their own (deleted keys), and those with entries or timers in it."""
+    dumps, kg_timers, replaced = payload
+    named = dict.fromkeys(replaced or ())
     for _, _, _, entries in dumps:
         named.update(dict.fromkeys(key for key, _, _ in entries))
     named.update(dict.fromkeys(canonical_bytes(key) for _, key, _, _ in kg_timers))
-    _apply(backend, timers, kg, (dumps, kg_timers, list(named)))
+    return list(named)
 
 
 def _apply(
