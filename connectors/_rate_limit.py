@@ -384,6 +384,18 @@ class _State:
             self.fallbacks += 1
             return self._reserve_local(tokens, self.now())
 
+    def _connect(self) -> aioredis.Redis:
+        """The process's client for the shared limit (made on first use, connecting lazily)."""
+        if self.client is None:
+            import redis.asyncio as aioredis
+
+            assert self.limit.shared is not None
+            self.client = aioredis.Redis.from_url(
+                self.limit.shared, socket_timeout=5, socket_connect_timeout=5
+            )
+            self.script = self.client.register_script(_RESERVE)
+        return self.client
+
     async def _round_trip(
         self, dimension: str, rate: float, burst: float, units: float
     ) -> tuple[float, float]:
@@ -394,13 +406,7 @@ class _State:
         interval = 1.0 / rate
         sent = self.now()
         try:
-            if self.client is None:
-                import redis.asyncio as aioredis
-
-                self.client = aioredis.Redis.from_url(
-                    limit.shared, socket_timeout=5, socket_connect_timeout=5
-                )
-                self.script = self.client.register_script(_RESERVE)
+            self._connect()
             reply = await self.script(
                 keys=[f"{base}:{dimension}", f"{base}:pause"],
                 args=[repr(interval), repr(burst * interval), repr(float(units)), 60_000,
@@ -451,17 +457,12 @@ class _State:
         if limit.shared is None or self.now() < self.down_until:
             return
         try:
-            if self.client is None:
-                await self._round_trip("requests", limit.requests_per_second or 1.0, 1, 0)
-            assert self.client is not None and limit.name is not None
+            client = self._connect()
             key = f"asyncio_ops:rate:{limit.name}:pause"
             ms = int(seconds_ * 1000)
             if ms > 0:
-                await self.client.eval(_PAUSE, 3, key, f"asyncio_ops:rate:{limit.name}:requests",
+                await client.eval(_PAUSE, 3, key, f"asyncio_ops:rate:{limit.name}:requests",
                                        f"asyncio_ops:rate:{limit.name}:tokens", ms)  # fmt: skip
-        except LookupConnectionError:
-            if limit.on_unavailable == "fail":
-                raise
         except Exception as exc:
             from redis import exceptions as rx
 

@@ -71,7 +71,7 @@ from ._inflight import (
 )
 from ._seed import seed_chains
 from ._sink import ArrowSink
-from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
 from ._versions import (
     Chain,
     VersionFiles,
@@ -88,13 +88,6 @@ _WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manife
 KEY_SCHEMA: bytes = b"aops.key_schema"
 
 log = logging.getLogger("asyncio_ops.runtime")
-
-
-def _key_of(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
-    if len(columns) == 1:
-        (column,) = columns
-        return lambda row: row[column]
-    return lambda row: tuple(row[c] for c in columns)
 
 
 def run_keyed_process(
@@ -117,7 +110,7 @@ def run_keyed_process(
         else make_backend(spec.state_backend, spec.max_parallelism, key_groups)
     )
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
-    key_of = _key_of(spec.key_columns)
+    key_of = key_selector(spec.key_columns)
     op = KeyedProcessOperator(
         spec.function, key_of, backend=backend, output=sink, schedule_timers=False,
         runtime_context=RuntimeContext(

@@ -39,7 +39,7 @@ from ..state import KeyedProcessOperator
 from ..state._keyed_operator import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend
-from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
 from ._versions import Chain, read_chains
 
 SEED: Final = "initial-state"
@@ -57,13 +57,6 @@ _SCHEMA: Final = pa.schema(
 InitialStateFn = Callable[[Any, list[dict[str, Any]], KeyedProcessContext], None]
 
 
-def _key_of(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
-    if len(columns) == 1:
-        (column,) = columns
-        return lambda row: row[column]
-    return lambda row: tuple(row[c] for c in columns)
-
-
 def write_seed(
     spec: KeyedProcessSpec,
     seed_fn: InitialStateFn,
@@ -79,14 +72,14 @@ def write_seed(
     )
     backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
     op = KeyedProcessOperator(
-        spec.function, _key_of(spec.key_columns), backend=backend, output=lambda _: None,
+        spec.function, key_selector(spec.key_columns), backend=backend, output=lambda _: None,
         schedule_timers=False,
         runtime_context=RuntimeContext(
             task_name="keyed_process initial state", index_of_this_subtask=task.partition_id,
             number_of_parallel_subtasks=p, attempt_number=task.attempt_number,
         ),
     )  # fmt: skip
-    key_of = _key_of(spec.key_columns)
+    key_of = key_selector(spec.key_columns)
     rows: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
     for batch in batches:
         for row in batch.to_pylist():

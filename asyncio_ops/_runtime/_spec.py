@@ -138,3 +138,12 @@ class TaskInfo:
     stage_id: int = 0
     batch_id: int | None = None
     execution_id: str | None = None
+
+
+def key_selector(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
+    """A row's key: its one key column's value, or a tuple of the columns' values."""
+    if len(columns) == 1:
+        (column,) = columns
+        return lambda row: row[column]
+    return lambda row: tuple(row[c] for c in columns)
+

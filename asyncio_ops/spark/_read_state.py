@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -75,6 +74,7 @@ from ..options import path_segment
 from ..state._keycodec import decode_canonical
 from ..state._keyed_snapshot import delta_keys
 from ..state._payloads import read
+from ..state._serializers import PICKLE_SERIALIZER
 
 __all__ = ["read_state"]
 
@@ -263,7 +263,8 @@ def _decoded(data: bytes | None) -> str | None:
     if data is None or not data.startswith(_PICKLE_START):
         return None
     try:
-        return _json(pickle.loads(data))
+        # the user-state layer's own serializer: the trust boundary of a restore
+        return _json(PICKLE_SERIALIZER.loads(data))
     except Exception:
         return None
 

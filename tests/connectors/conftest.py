@@ -96,3 +96,29 @@ def pg_tables(pg_dsn: str) -> Iterator[PgTables]:
         yield tables
     finally:
         run_isolated(_teardown(tables))
+
+
+REDIS_URL = os.environ.get("ASYNCIO_OPS_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A reachable Redis (``ASYNCIO_OPS_REDIS_URL``), or skip (fail under CI=true)."""
+    import asyncio
+
+    async def probe() -> None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        unavailable(f"Redis not reachable at {REDIS_URL} ({type(exc).__name__}); set "
+                    "ASYNCIO_OPS_REDIS_URL or start one (docker compose up -d)")  # fmt: skip
+    return REDIS_URL
+

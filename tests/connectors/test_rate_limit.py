@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import pickle
 import time
 import uuid
@@ -19,28 +18,10 @@ from asyncio_ops.connectors.http import HttpLookup
 
 from asyncio_ops import ConfigurationError
 from asyncio_ops.testing import ManualClock
-from tests.helpers import unavailable
 
-URL = os.environ.get("ASYNCIO_OPS_REDIS_URL", "redis://127.0.0.1:6379/0")
+from .conftest import REDIS_URL
 
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    async def probe() -> None:
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(URL, socket_connect_timeout=5)
-        try:
-            await client.ping()
-        finally:
-            await client.aclose()
-
-    try:
-        asyncio.run(probe())
-    except Exception as exc:
-        unavailable(f"Redis not reachable at {URL} ({type(exc).__name__}); set "
-                    "ASYNCIO_OPS_REDIS_URL or start one (docker compose up -d)")  # fmt: skip
-    return URL
+URL = REDIS_URL
 
 
 @pytest.fixture

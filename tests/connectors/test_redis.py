@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pickle
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,37 +28,19 @@ from asyncio_ops.connectors import (
 from asyncio_ops.connectors.redis import RedisLookup
 
 from asyncio_ops import PreflightContext
-from tests.helpers import unavailable
 from tests.spark.conftest import spark
+
+from .conftest import REDIS_URL
 
 __all__ = ["spark"]  # the test session's one SparkSession
 
-URL = os.environ.get("ASYNCIO_OPS_REDIS_URL", "redis://127.0.0.1:6379/0")
+URL = REDIS_URL
 
 
 async def _client() -> Any:
     import redis.asyncio as aioredis
 
     return aioredis.Redis.from_url(URL, decode_responses=True, socket_connect_timeout=5)
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    """A reachable Redis, or skip (fail under CI=true)."""
-
-    async def probe() -> None:
-        client = await _client()
-        try:
-            await client.ping()
-        finally:
-            await client.aclose()
-
-    try:
-        asyncio.run(probe())
-    except Exception as exc:
-        unavailable(f"Redis not reachable at {URL} ({type(exc).__name__}); set "
-                    "ASYNCIO_OPS_REDIS_URL or start one (docker compose up -d)")  # fmt: skip
-    return URL
 
 
 @pytest_asyncio.fixture

@@ -17,10 +17,10 @@ from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import unordered_wait
-from tests.connectors.test_rate_limit import URL, redis_url
+from tests.connectors.conftest import REDIS_URL as URL
 from tests.spark.conftest import spark
 
-__all__ = ["redis_url", "spark"]
+__all__ = ["spark"]
 
 
 class CountingServer:
