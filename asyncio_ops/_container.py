@@ -111,6 +111,7 @@ class Kind(IntEnum):
     REPLAY_LOG = 4  # completed lookups of a task attempt (``_runtime._replay_log``)
     FUNCTION_STATE = 5  # a function's own state (``_runtime._checkpointing``)
     KEYED_STATE = 6  # one key group's keyed state, without timers (``state._payloads``)
+    IN_FLIGHT = 7  # key groups' carried-over elements, a table each (``_runtime._inflight``)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from ._inflight import (
     ROWS,
     CarryOver,
     ElementSerializer,
+    StoredElement,
     WatermarkState,
     as_kind,
     in_order,
@@ -55,6 +56,7 @@ from ._versions import (
     _KEYED,
     _LIMIT,
     ASYNC_WAIT,
+    IN_FLIGHT,
     VersionFiles,
     prune_versions,
     read_previous,
@@ -256,9 +258,7 @@ class PartitionCheckpoint:
             self.partition, p_new, found.operator_states(), where
         )
         if keyed:
-            stored = carry.restore_keyed(
-                found.key_group_sections(carry.key_groups, self.spec.max_parallelism)
-            )
+            stored = self._restore_keyed(found, carry)
         if kind != self.kind:  # rows carried into chunks, or chunks into rows
             log.info(
                 "partition %s: restoring %d element(s) of kind %r as %r",
@@ -271,6 +271,23 @@ class PartitionCheckpoint:
         if event_time and entries and current > max(s.after_watermark for s in stored):
             entries.append(SnapshotEntry(Watermark(current)))  # the watermark they were behind
         return Restored(tuple(entries), watermarks, input_schema)
+
+    def _restore_keyed(self, found: VersionFiles, carry: CarryOver) -> list[StoredElement]:
+        """The elements of this partition's key groups: tables of elements (kind
+        ``IN_FLIGHT``), or keyed state written by earlier releases (``KEY_GROUPS``)."""
+        marked = [(m.schema.metadata or {}).get(IN_FLIGHT) == b"1" for m in found.manifests]
+        if any(marked) and not all(marked):
+            raise CheckpointError(
+                f"checkpoint files {found.paths[marked.index(True)]} and "
+                f"{found.paths[marked.index(False)]} hold in-flight elements in two layouts "
+                "(of two releases): run the micro-batch again with one release"
+            )
+        maxp = self.spec.max_parallelism
+        if marked and marked[0]:
+            return carry.restore_keyed(
+                found.key_group_sections(carry.key_groups, maxp, Kind.IN_FLIGHT)
+            )
+        return carry.restore_keyed_state(found.key_group_sections(carry.key_groups, maxp))
 
     def finish(
         self,
@@ -291,18 +308,18 @@ class PartitionCheckpoint:
         stored = to_stored(remaining, self.partition, self.kind)
         sections: dict[int, Section] = {}
         if keyed:
-            triples = [(key, _key_group(e.row, self.kind), e) for key, e in stored]
-            sections = carry.snapshot_keyed(triples)
+            sections = carry.snapshot_keyed([(_key_group(e.row, self.kind), e) for e in stored])
         operator_state = carry.snapshot_operator(
-            self.partition, p, watermarks, None if keyed else [e for _, e in stored]
+            self.partition, p, watermarks, None if keyed else stored
         )
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         assert isinstance(self.version, int)
         write_version(
             self.storage, self.version, self.partition, p, keyed,
             sections, operator_state,
-            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema,
+            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, IN_FLIGHT: b"1",
              **({_LIMIT: str(limit).encode()} if limit is not None else {})},
+            kind=Kind.IN_FLIGHT,
         )  # fmt: skip
         if self.partition == 0 and isinstance(self.version, int):
             prune_versions(self.storage, self.version, self.spec.retain_versions)

@@ -1,30 +1,24 @@
-"""What a micro-batch carries over, held in the state layer: in-flight elements and timers.
+"""What a micro-batch carries over: in-flight elements, their deadlines, watermarks.
 
 At the end of a streaming micro-batch every element not yet emitted (in
-flight, or complete but held back by the queue's order) is written as state;
-the next micro-batch restores it before any new input. The mapping is Flink's:
+flight, or complete but held back by the queue's order) is written; the next
+micro-batch restores it before any new input. The mapping is Flink's (the
+elements follow their key group; unkeyed, operator list state):
 
 - **Keyed** (``key=``): the elements of one key group (Spark computed it in
-  the JVM, ``__aops_key_group``; never re-hashed in Python) are ONE value of
-  the keyed :class:`ValueState` ``"in-flight-batch"``, under the key group's
-  own key (the int ``kg``, filed under group ``kg`` with
-  :meth:`KeyedStateBackend.assign_key_group`): one Arrow record batch of all
-  of them, in queue order. An element still waiting for its lookup has its
-  timeout as a processing-time timer of the ``"async-timeouts"``
-  :class:`InternalTimerService`, scoped to that key, namespace its row in the
-  batch, at its absolute deadline. State and timers are snapshotted together,
-  one blob per key group (:func:`snapshot_key_groups`), and follow their key
-  group to whichever partition owns it next. The backend is the heap
-  (default) or RocksDB (``state_backend="rocksdb"``, a working directory
-  under the system's temp directory, deleted when the snapshot is written);
-  both hold the same bytes, so they write the same rows.
+  the JVM, ``__aops_key_group``; never re-hashed in Python) are ONE Arrow
+  table, in queue order, the key group's section of the partition's
+  ``kg-p<i>`` file (kind ``IN_FLIGHT``, see ``_versions``): one conversion
+  per column for all of a partition's elements, sliced per key group. Each
+  element still waiting for its lookup keeps its absolute deadline in the
+  ``deadline`` column. A key group follows to whichever partition owns it
+  next, which reads just its section (a ranged read).
 - **Unkeyed**: a partition's elements are one record batch, the one item of
   the union operator list state ``"in-flight-batch"`` (one item per old
   partition, so each is known by its partition); a new partition takes its
   old partition's batch at unchanged parallelism, else its part of all of
   them in partition order cut into near-equal parts (the even split, per
-  element). With no key to scope a timer to, the deadline travels inside the
-  element.
+  element). The deadline travels inside the element as keyed.
 - **Watermarks**: the highest event time seen and the current watermark are
   union operator state ``"watermark"``: every new partition receives every old
   partition's and takes the maximum (Spark's watermark is global). They are
@@ -32,9 +26,9 @@ the next micro-batch restores it before any new input. The mapping is Flink's:
 
 During a micro-batch the operator's timeouts are slot timers of its own
 ``"async-timeouts"`` service (one per 10 ms of deadlines, see
-``asyncio_ops._timeout_slots``); across the boundary each element's exact
-deadline is a timer of its key, held without scheduling (``armed=False``), so
-a restored element times out at its original deadline with its attempt count.
+``asyncio_ops._timeout_slots``); a restored element gets its exact stored
+deadline back (``SnapshotEntry.deadline``), so it times out at its original
+deadline with its attempt count, never with a fresh budget.
 
 A batch is typed by the input schema and the ``output_schema``
 (:func:`element_schema`, :class:`ElementBatchSerializer`; the partition's
@@ -42,26 +36,28 @@ manifest holds the element kind and the input schema once), a row per
 element: ``partition`` and ``seq`` (its place in its old partition's queue),
 ``after_watermark`` (the last watermark before it there), ``row`` (a row, or
 a chunk's rows), ``timestamp``, ``late``, ``results`` (if it completed),
-``attempts`` and ``deadline`` (unkeyed only). Every batch read is validated
-fully (``validate(full=True)``) before use; an error names the file.
+``attempts`` and ``deadline`` (while in flight). Every table read is
+validated fully before use (the container does it for a key group's
+section; ``validate(full=True)`` for an operator-state batch); an error names
+the file.
 
-Why a batch per key group, not per element. Earlier releases stored each
+Why a table per key group and no state backend. Earlier releases stored each
 element as one list-state element of its key, one Arrow record batch of one
-row (:class:`ElementSerializer`): 58 to
-360 us per element against 0.6 to 0.9 us for one Arrow table of the same
-rows (``python -m bench.carry_over``, 2,000 elements over 64 key groups). One
-conversion per column for all of a partition's elements, sliced per key
-group, and one ``kg-p<i>`` file per partition (a section per key group, see
-``_versions``) instead of a file per key group, brought that to 5 to 6
-us unkeyed, about 28 us keyed on the heap and 44 to 47 us on RocksDB (same
-sitting). What remains keyed is per key group (one section of keyed state and
-timers each) and, on RocksDB, opening and
-checkpointing the database: a carry-over of few elements per key group stays
-well above the 3x-of-the-floor target; many elements per key group approach
-the unkeyed cost. Keeping the per-element values in memory and making only
-the snapshot columnar was the other design; it would need a batch hook in
-the state layer's serializers and payloads and was not needed to remove the
-per-element cost.
+row: 58 to 360 us per element against 0.6 to 0.9 us for one Arrow table of
+the same rows (``python -m bench.carry_over``, 2,000 elements over 64 key
+groups). The next layout made a key group's elements one value of keyed
+state (a ``KeyedStateBackend``, heap or RocksDB) under the key group's own
+key and each deadline a timer of that key: 14 to 48 us keyed, nearly all of
+it the state layer's machinery per key group (a backend, a timer service,
+a payload table of state rows and timer rows). A carry-over is bounded by
+``capacity`` and ``output_buffer`` and never outlives one boundary, so it
+needs none of what a backend gives (access by key, TTL, incremental
+snapshots): it is written as the tables themselves. Files of that earlier
+layout (kind ``KEY_GROUPS``, manifests without ``aops.in_flight``) are still
+read, through a state backend of ``state_backend``
+(:meth:`CarryOver.restore_keyed_state`). What remains per element is Arrow's
+conversion and the operator's objects (:class:`SnapshotEntry`, ``Record``);
+per key group, one Arrow stream in the container.
 
 Restore orders elements by (``after_watermark``, partition,
 ``seq``) and puts a watermark before each group, so no row crosses a
@@ -73,13 +69,15 @@ from __future__ import annotations
 import math
 import struct
 import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
+from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
 
-from .._container import Section
+from .._container import FULL, Section
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError, StateError
 from .._keygroups import KeyGroupRange
@@ -92,7 +90,7 @@ from ..state import (
     RocksDBKeyedStateBackend,
     ValueStateDescriptor,
 )
-from ..state._keyed_snapshot import apply_change, key_group_sections
+from ..state._keyed_snapshot import apply_change
 from ._adapters import RowValue
 
 IN_FLIGHT_BATCH: Final = "in-flight-batch"
@@ -122,9 +120,12 @@ class WatermarkState:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StoredElement:
-    """One element as written (see the module docstring); Python values, no Arrow."""
+class StoredElement(NamedTuple):
+    """One element as written (see the module docstring); Python values, no Arrow.
+
+    A named tuple: its fields are the columns of :func:`element_schema`, in order,
+    so a batch's columns zip into elements and elements transpose into columns
+    without a step per field."""
 
     partition: int
     seq: int
@@ -135,6 +136,10 @@ class StoredElement:
     results: list[Any] | None
     attempts: int
     deadline: float | None
+
+
+_element: Final[Callable[[Iterable[Any]], StoredElement]] = partial(tuple.__new__, StoredElement)
+"""A :class:`StoredElement` of its nine fields, without the named tuple's Python ``__new__``."""
 
 
 def _struct(schema: pa.Schema) -> pa.StructType:
@@ -245,18 +250,9 @@ class ElementBatchSerializer:
     def to_batch(self, elements: Sequence[StoredElement], *, deadlines: bool) -> pa.RecordBatch:
         """``elements`` in order as one batch (``deadlines=False``: the column is null, the
         deadlines travel as timers). OutputSchemaError names a value its type cannot hold."""
-        cols: list[list[Any]] = [[] for _ in range(9)]
-        (part, seq, after, row, ts, late, res, att, dl) = cols
-        for e in elements:
-            part.append(e.partition)
-            seq.append(e.seq)
-            after.append(e.after_watermark)
-            row.append(e.row)
-            ts.append(e.timestamp)
-            late.append(e.late)
-            res.append(e.results)
-            att.append(e.attempts)
-            dl.append(e.deadline if deadlines else None)
+        cols: list[Any] = list(zip(*elements, strict=True)) if elements else [()] * 9
+        if not deadlines:
+            cols[8] = [None] * len(elements)
         try:  # one conversion per column: the cost of the floor's single table
             arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.schema, strict=True)]
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -281,19 +277,15 @@ class ElementBatchSerializer:
             ) from exc
         return batch
 
-    @staticmethod
-    def elements(batches: Iterable[pa.RecordBatch]) -> list[StoredElement]:
+    def elements(self, batches: Sequence[pa.RecordBatch]) -> list[StoredElement]:
         """The elements of validated batches, in order: one conversion per column."""
-        out: list[StoredElement] = []
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            cols = [c.to_pylist() for c in batch.columns]
-            out.extend(
-                StoredElement(p, s, a, r, t, lt, res, att or 0, dl)
-                for p, s, a, r, t, lt, res, att, dl in zip(*cols, strict=True)
-            )
-        return out
+        table = pa.Table.from_batches(batches, schema=self.schema)
+        if not table.num_rows:
+            return []
+        cols = [c.to_pylist() for c in table.columns]
+        if table.column("attempts").null_count:
+            cols[7] = [a or 0 for a in cols[7]]
+        return list(map(_element, zip(*cols, strict=True)))
 
 
 class _Float2:
@@ -335,32 +327,30 @@ class _Held:
 
 
 # -- queue entries <-> stored elements ------------------------------------------------------
-def to_stored(
-    entries: Sequence[SnapshotEntry], partition: int, kind: str
-) -> list[tuple[Any, StoredElement]]:
-    """``(key, element)`` of every record of ``entries`` (queue order; watermarks dropped)."""
-    out: list[tuple[Any, StoredElement]] = []
+def to_stored(entries: Sequence[SnapshotEntry], partition: int, kind: str) -> list[StoredElement]:
+    """The element of every record of ``entries`` (queue order; watermarks dropped)."""
+    out: list[StoredElement] = []
+    append = out.append
     last_watermark = -math.inf
+    arrow = kind == ARROW
     for seq, entry in enumerate(entries):
         element = entry.element
-        if type(element) is Watermark:
+        if isinstance(element, Watermark):
             last_watermark = element.timestamp
             continue
-        assert type(element) is Record
         value: RowValue = element.value
-        row = value.row.to_pylist() if kind == ARROW else value.row
         done = entry.results
         if done is None:
             results = None
-        elif kind == ARROW:  # output batches
-            results = [r for batch in done for r in batch.to_pylist()]
+            deadline = entry.deadline
+        elif arrow:  # output batches
+            results, deadline = [r for batch in done for r in batch.to_pylist()], None
         else:
-            results = list(done)
-        stored = StoredElement(
-            partition, seq, last_watermark, row, element.timestamp, value.late, results,
-            entry.attempts, entry.deadline if done is None else None,
-        )  # fmt: skip
-        out.append((entry.key, stored))
+            results, deadline = list(done), None
+        append(_element((
+            partition, seq, last_watermark, value.row.to_pylist() if arrow else value.row,
+            element.timestamp, value.late, results, entry.attempts, deadline,
+        )))  # fmt: skip
     return out
 
 
@@ -377,14 +367,14 @@ def as_kind(elements: Sequence[StoredElement], old: str, new: str) -> list[Store
         return list(elements)
     if old == ROW:
         return [
-            replace(e, row=[e.row], late=None if e.late is None else [e.late]) for e in elements
+            e._replace(row=[e.row], late=None if e.late is None else [e.late]) for e in elements
         ]
     out: list[StoredElement] = []
     for e in elements:
         late = e.late if isinstance(e.late, list) else [None] * len(e.row)
         for j, (row, row_late) in enumerate(zip(e.row, late, strict=True)):
             results = e.results if e.results is None or j == 0 else []
-            out.append(replace(e, row=row, late=row_late, results=results))
+            out.append(e._replace(row=row, late=row_late, results=results))
     return out
 
 
@@ -400,22 +390,26 @@ def in_order(
     Each gets a position of its own in this version's replay log: negative,
     apart from the positions of input rows.
     """
-    ordered = sorted(stored, key=lambda s: (s.after_watermark, s.partition, s.seq))
+    ordered = sorted(stored, key=_ORDER)
     out: list[SnapshotEntry] = []
+    append = out.append
     last = -math.inf
-    for i, s in enumerate(ordered):
-        if event_time and s.after_watermark > last:
-            last = s.after_watermark
-            out.append(SnapshotEntry(Watermark(last)))
-        row, results = s.row, s.results
-        if kind == ARROW:
+    arrow = kind == ARROW
+    for i, (_, _, after, row, timestamp, late, results, attempts, deadline) in enumerate(ordered):
+        if event_time and after > last:
+            last = after
+            append(SnapshotEntry(Watermark(last)))
+        if arrow:
             row = pa.RecordBatch.from_pylist(row, schema=input_schema)
             if results is not None:
                 results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
-        value = RowValue(row, s.late, -(i + 1))
         done = tuple(results) if results is not None else None
-        out.append(SnapshotEntry(Record(value, s.timestamp), done, None, s.attempts, s.deadline))
+        append(SnapshotEntry(Record(RowValue(row, late, -(i + 1)), timestamp), done, None,
+                             attempts, deadline))  # fmt: skip
     return out
+
+
+_ORDER: Final = itemgetter(2, 0, 1)  # (after_watermark, partition, seq)
 
 
 # -- the state of one partition ------------------------------------------------------------
@@ -423,8 +417,9 @@ class CarryOver:
     """Builds and reads one partition's carry-over state (see the module docstring).
 
     ``key_groups`` is the partition's key-group range (keyed), ``state_backend``
-    ``"heap"`` or ``"rocksdb"`` (validated by the Spark API). Written: one record
-    batch per key group (keyed) or per partition (unkeyed).
+    ``"heap"`` or ``"rocksdb"`` (validated by the Spark API; only to read the keyed
+    state of earlier releases). Written: one table per key group (keyed) or one
+    record batch per partition (unkeyed).
     """
 
     def __init__(
@@ -452,43 +447,52 @@ class CarryOver:
         )  # fmt: skip
 
     # -- keyed --------------------------------------------------------------------------
-    def snapshot_keyed(
-        self, elements: Sequence[tuple[Any, int, StoredElement]]
-    ) -> dict[int, Section]:
-        """``{key_group: section}`` of ``(key, key group, element)`` triples: per key group
-        one value (one record batch of its elements, in the given order) under the key
-        group's own key, and a timer per element still in flight (namespace: its row)."""
+    def snapshot_keyed(self, elements: Sequence[tuple[int, StoredElement]]) -> dict[int, Section]:
+        """``{key_group: section}`` of ``(key group, element)`` pairs: per key group one
+        table of its elements, in the given order, deadlines inside (the sections of a
+        container of kind ``IN_FLIGHT``). One conversion for all of them, sliced."""
         by_kg: dict[int, list[StoredElement]] = {}
-        for _key, kg, e in elements:
+        for kg, e in elements:
             group = by_kg.get(kg)
             if group is None:
                 by_kg[kg] = [e]
             else:
                 group.append(e)
-        ordered = [e for group in by_kg.values() for e in group]
-        batch = self.batches.to_batch(ordered, deadlines=False)  # one conversion in all
-        backend = self._backend()
-        timers = self._timers(backend)
-        try:
-            state = backend.get_state(self._batch)
-            offset = 0
-            for kg, group in by_kg.items():
-                backend.assign_key_group(kg, kg)
-                backend.set_current_key(kg)
-                for row, e in enumerate(group):
-                    if e.deadline is not None:
-                        timers.register_processing_time_timer(row, e.deadline)
-                state.update(batch.slice(offset, len(group)))
-                offset += len(group)
-            return key_group_sections(backend, timers)
-        finally:
-            timers.close()
-            backend.close()
+        groups = sorted(by_kg)
+        ordered = [e for kg in groups for e in by_kg[kg]]
+        batch = self.batches.to_batch(ordered, deadlines=True)
+        schema = self.batches.schema
+        out: dict[int, Section] = {}
+        offset = 0
+        for kg in groups:
+            n = len(by_kg[kg])
+            out[kg] = Section(kg, pa.Table.from_batches([batch.slice(offset, n)], schema=schema))
+            offset += n
+        return out
 
     def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
-        """The elements of ``(file, section)`` pairs (key groups in range, full sections),
-        deadlines back from their timers. CheckpointError names the file that does not
-        read back."""
+        """The elements of ``(file, section)`` pairs of :meth:`snapshot_keyed` whose key
+        group is in this partition's range, in order. CheckpointError names the file of
+        a section that is not a full table of elements."""
+        schema = self.batches.schema
+        batches: list[pa.RecordBatch] = []
+        for name, section in sections:
+            kg = section.tag
+            if kg not in self.key_groups:
+                continue
+            if section.part != FULL or not section.table.schema.remove_metadata().equals(schema):
+                raise CheckpointError(
+                    f"checkpoint file {name}: key group {kg} is not a table of in-flight "
+                    f"elements ({section.table.schema.names}, expected {schema.names})"
+                )
+            batches += section.table.to_batches()
+        return self.batches.elements(batches)
+
+    def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
+        """The elements of ``(file, section)`` pairs written by earlier releases (each key
+        group's elements one value of keyed state, their deadlines timers; kind
+        ``KEY_GROUPS``), rebuilt in a state backend of ``state_backend``. CheckpointError
+        names the file that does not read back."""
         backend = self._backend()
         timers = self._timers(backend)
         try:
@@ -518,7 +522,7 @@ class CarryOver:
                             f"checkpoint file {name}: key group {kg}: a timeout timer names "
                             f"row {row!r} of {len(elements)}"
                         )
-                    elements[row] = replace(elements[row], deadline=t.timestamp)
+                    elements[row] = elements[row]._replace(deadline=t.timestamp)
                 out += elements
             return out
         finally:

@@ -2,14 +2,16 @@
 
 Per version directory (every file one container, ``asyncio_ops._container``):
 
-- ``kg-p<i>-<token>`` (keyed, kind ``KEY_GROUPS``): partition i's key groups
-  that changed in this version, one section each (tag: the key group): its
-  full state (part ``FULL``: keyed state and timers; for the async operator
-  its in-flight elements as one record batch and their timeout timers,
-  ``asyncio_ops._runtime._inflight``) or a delta (part ``DELTA``: the keys it
-  replaces whole, with their state and timers,
-  ``asyncio_ops.state._keyed_snapshot``). The token is the attempt's, so two
-  attempts never write one name.
+- ``kg-p<i>-<token>`` (keyed): partition i's key groups that changed in this
+  version, one section each (tag: the key group). ``keyed_process`` (kind
+  ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
+  a delta (part ``DELTA``: the keys it replaces whole, with their state and
+  timers, ``asyncio_ops.state._keyed_snapshot``). The async operator (kind
+  ``IN_FLIGHT``, manifests marked ``aops.in_flight``): the key group's
+  carried-over elements as one table (``asyncio_ops._runtime._inflight``;
+  earlier releases wrote them as keyed state, kind ``KEY_GROUPS``, and are
+  still read). The token is the attempt's, so two attempts never write one
+  name.
 - ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
   partition i's operator state: the watermark state (union) and, unkeyed, its
   in-flight elements (even split); the manifest names it (``aops.ops``).
@@ -67,6 +69,9 @@ _WRITER: Final = b"aops.writer"
 # the partition's operator state file, attempt-unique as its key-group file (earlier
 # manifests lack it: ops-<i>.ckpt)
 _OPS: Final = b"aops.ops"
+# the async operator's key-group sections are tables of elements (kind IN_FLIGHT); earlier
+# manifests lack it: keyed state and timers (kind KEY_GROUPS)
+IN_FLIGHT: Final = b"aops.in_flight"
 _KEY_GROUP: Final = "key_group"
 _CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
 
@@ -188,10 +193,11 @@ class VersionFiles:
         return out
 
     def key_group_sections(
-        self, key_groups: KeyGroupRange, max_parallelism: int
+        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind = Kind.KEY_GROUPS
     ) -> list[tuple[str, Section]]:
         """``(file, section)`` of the key groups in ``key_groups``, each a full section
-        (what the async operator writes); CheckpointError naming the file otherwise."""
+        of a container of ``kind`` (what the async operator writes); CheckpointError
+        naming the file otherwise."""
         chains = self.chains(key_groups, max_parallelism)
         for kg, chain in chains.items():
             if len(chain) != 1:
@@ -200,18 +206,22 @@ class VersionFiles:
                     f"checkpoint file {where}: key group {kg} has a chain of deltas, where "
                     "one full section was expected"
                 )
-        read = read_chains(self.storage, chains)
+        read = read_chains(self.storage, chains, kind=kind)
         return [read[kg][0] for kg in sorted(read)]
 
 
 def read_chains(
-    storage: CheckpointStorage, chains: dict[int, Chain], tails: Collection[int] = ()
+    storage: CheckpointStorage,
+    chains: dict[int, Chain],
+    tails: Collection[int] = (),
+    kind: Kind = Kind.KEY_GROUPS,
 ) -> dict[int, list[tuple[str, Section]]]:
-    """``(path, section)`` of every link of ``chains``, in chain order, each verified;
-    per file one read of each run of adjacent sections. ``tails``: the key groups whose
-    given chain is the part after a full section (deltas only). CheckpointError naming
-    the file for one that is missing or damaged, or whose section is not the chain's:
-    another key group, or a delta where the chain starts (or a full one after)."""
+    """``(path, section)`` of every link of ``chains``, in chain order, each verified
+    (containers of ``kind``); per file one read of each run of adjacent sections.
+    ``tails``: the key groups whose given chain is the part after a full section
+    (deltas only). CheckpointError naming the file for one that is missing or damaged,
+    or whose section is not the chain's: another key group, or a delta where the chain
+    starts (or a full one after)."""
     wanted: dict[tuple[int, str], set[tuple[int, int]]] = {}
     for chain in chains.values():
         for version, file, offset, length, _ in chain:
@@ -225,7 +235,7 @@ def read_chains(
             else:
                 runs.append([offset, length])
         ranges = [(o, n) for o, n in runs]
-        for got in storage.read_sections(version, file, Kind.KEY_GROUPS, ranges):
+        for got in storage.read_sections(version, file, kind, ranges):
             found[(version, file, got.tag)] = got
     out: dict[int, list[tuple[str, Section]]] = {}
     for kg, chain in chains.items():
@@ -356,12 +366,14 @@ def write_version(
     operator: bytes = b"",
     chains: dict[int, Chain] | None = None,
     writer: str = "",
+    kind: Kind = Kind.KEY_GROUPS,
 ) -> dict[int, Chain]:
-    """Write one partition's key-group file (a section per key group in ``sections``: full
-    ones, and deltas over the key group's chain in ``chains``, the previous version's),
-    its operator state (if any, ``OperatorStateBackend.dump``: ``keyed_process`` keeps
-    its watermark in the manifest's ``meta``), then its manifest (every key group's
-    chain); returns the chains.
+    """Write one partition's key-group file (a container of ``kind``, a section per key
+    group in ``sections``: full ones, and deltas over the key group's chain in
+    ``chains``, the previous version's), its operator state (if any,
+    ``OperatorStateBackend.dump``: ``keyed_process`` keeps its watermark in the
+    manifest's ``meta``), then its manifest (every key group's chain); returns the
+    chains.
 
     A key group in ``chains`` but not in ``sections`` keeps its chain; a full section
     starts a new one. ``writer``: the attempt's token, in the file's name and the
@@ -378,7 +390,7 @@ def write_version(
             if sections[kg].part == DELTA and kg not in new:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
         extents = storage.write_sections(
-            version, name, Kind.KEY_GROUPS, [sections[kg] for kg in groups]
+            version, name, kind, [sections[kg] for kg in groups]
         )
         for kg, (offset, length, size) in zip(groups, extents, strict=True):
             link = (version, name, offset, length, size)

@@ -119,9 +119,11 @@ async def test_two_processes_naming_one_shared_limit_share_one_budget(name: str)
         clock.advance(0.05)
     await asyncio.gather(*tasks)
     times = sorted(t for _, t in got)
-    # 6 requests at 10/s, burst 1, in one budget: the last at least 0.5 s after the first
-    # (two budgets of 10/s would let 3 each through by 0.2 s)
-    assert times[-1] - times[0] >= 0.5 - 1e-6, got
+    # 6 requests at 10/s, burst 1, in one budget: the sixth permit is due 0.5 s after the
+    # start (two budgets of 10/s would let 3 each through by 0.2 s). A task sees its
+    # permit when the loop next runs it, which on a loaded machine can be a few clock
+    # steps after it was due, so the bound is on the due times, from the start.
+    assert times[-1] >= 0.5 - 1e-6, got
     assert {who for who, _ in got} == {"a", "b"}
     assert a.statistics().round_trips + b.statistics().round_trips <= 6
 

@@ -1,5 +1,6 @@
-"""The carry-over of a micro-batch as state: elements in keyed list state or operator list
-state, timeouts as key-scoped timers, watermarks as union state; typed, never pickled."""
+"""The carry-over of a micro-batch: keyed, a table of elements per key group (deadlines
+inside); unkeyed, operator list state; watermarks as union state; typed, never pickled.
+Key groups written as keyed state and timers by earlier releases still restore."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops import CheckpointError, OutputSchemaError
-from asyncio_ops._container import Section
+from asyncio_ops._container import DELTA, Section
 from asyncio_ops._runtime._inflight import (
     ARROW,
     ROW,
@@ -21,6 +22,8 @@ from asyncio_ops._runtime._inflight import (
     WatermarkState,
 )
 from asyncio_ops.state import KeyGroupRange, assign_to_key_group
+
+from .earlier_releases import keyed_carry_over_as_earlier_releases_wrote
 
 IN = pa.schema([("id", pa.int64()), ("name", pa.string())])
 OUT = pa.schema([("score", pa.float64())])
@@ -67,37 +70,33 @@ def test_an_output_that_the_schema_cannot_hold_names_the_value() -> None:
         ser.dumps(element(1, results=[{"score": "not a number"}]))
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
-def test_keyed_elements_and_deadlines_follow_the_spark_key_group(backend: str) -> None:
+def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
     """Each element is filed under the key group Spark computed (not the core hash),
-    its deadline is a timer of its key, and a partition owning only that group gets
-    exactly its elements and deadlines back."""
+    its deadline travels with it, and a partition owning only that group gets exactly
+    its elements and deadlines back."""
     spark_kg = (assign_to_key_group(7, 128) + 3) % 128
     other_kg = (spark_kg + 1) % 128
-    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL,
-                      state_backend=backend)  # fmt: skip
-    done = element(2, results=[{"score": 2.0}], deadline=None)
-    blobs = carry.snapshot_keyed(
-        [(7, spark_kg, element(1, deadline=50.0)), (7, spark_kg, done),
-         (8, other_kg, element(3, deadline=60.0))]
-    )  # fmt: skip
-    assert sorted(blobs) == sorted([spark_kg, other_kg])
-    mine = KeyGroupRange(spark_kg, spark_kg)
-    only = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=mine,
-                     state_backend=backend)  # fmt: skip
-    got = only.restore_keyed([(f"kg-{kg}", sec) for kg, sec in blobs.items()
-                              if kg == spark_kg])  # fmt: skip
-    assert sorted(got, key=lambda e: e.seq) == [element(1, deadline=50.0), done]
-
-
-def test_a_corrupt_key_group_file_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    ((kg, sec),) = carry.snapshot_keyed([(1, 5, element(1))]).items()
-    rows = sec.table.to_pylist()
-    rows[0]["value"] = b"not a record batch"
-    bad = Section(kg, pa.Table.from_pylist(rows, schema=sec.table.schema))
-    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-p00000-a\.ckpt: "):
-        carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad)])
+    done = element(2, results=[{"score": 2.0}], deadline=None)
+    sections = carry.snapshot_keyed(
+        [(spark_kg, element(1, deadline=50.0)), (spark_kg, done), (other_kg, element(3))]
+    )
+    assert sorted(sections) == sorted([spark_kg, other_kg])
+    mine = KeyGroupRange(spark_kg, spark_kg)
+    only = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=mine)
+    got = only.restore_keyed([(f"kg-{kg}", sec) for kg, sec in sections.items()])
+    assert got == [element(1, deadline=50.0), done]
+
+
+def test_a_key_group_section_that_is_not_a_table_of_elements_is_named() -> None:
+    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
+    ((kg, sec),) = carry.snapshot_keyed([(5, element(1))]).items()
+    chunks = CarryOver(ElementSerializer(ROWS, OUT, IN), max_parallelism=128, key_groups=ALL)
+    batch = chunks.batches.to_batch([element(1, kind=ROWS)], deadlines=True)
+    named = r"checkpoint file /ck/kg-p00000-a\.ckpt: key group 5"
+    for bad in (Section(kg, pa.Table.from_batches([batch])), Section(kg, sec.table, DELTA)):
+        with pytest.raises(CheckpointError, match=named):
+            carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad)])
 
 
 def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
@@ -112,41 +111,53 @@ def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
     assert parts[0][1][0].deadline == 100.0  # unkeyed: the deadline travels in the element
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
-def test_a_key_group_of_many_elements_is_one_record_batch(backend: str) -> None:
-    """300 elements of one key group (100 keys) are one value of one batch in its
-    section, and come back with their deadlines; heap and RocksDB write the same rows."""
-    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL,
-                      state_backend=backend)  # fmt: skip
+def test_a_key_group_of_many_elements_is_one_table() -> None:
+    """300 elements of one key group are one table of 300 rows in its section, with
+    their deadlines as a column, and come back as written."""
+    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [element(i, deadline=1000.0 + i if i % 3 else None) for i in range(300)]
-    blobs = carry.snapshot_keyed([(e.seq % 100, 9, e) for e in todo])
-    assert list(blobs) == [9]
-    from asyncio_ops._container import Kind
-    from asyncio_ops.state._payloads import read
-
-    ((name, kind, _ttl, entries),), timers, _ = read(Kind.KEY_GROUPS, blobs[9].table, "kg 9")
-    assert (name, kind, len(entries)) == ("in-flight-batch", "value", 1)
-    (_key, _ns, (_ts, value)) = entries[0]
-    assert carry.batches.loads(value).num_rows == 300
-    assert len(timers) == 200
-    got = carry.restore_keyed([("/ck/kg-p00000.ckpt", blobs[9])])
-    assert got == todo
-    heap = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    assert heap.restore_keyed([("f", blobs[9])]) == todo
+    sections = carry.snapshot_keyed([(9, e) for e in todo])
+    assert list(sections) == [9]
+    table = sections[9].table
+    assert table.num_rows == 300 and table.schema.equals(carry.batches.schema)
+    assert table.column("deadline").null_count == 100
+    assert carry.restore_keyed([("/ck/kg-p00000.ckpt", sections[9])]) == todo
 
 
 def test_rescale_moves_the_elements_by_key_group() -> None:
     """Written by one partition owning 0..127, read by two owning 0..63 and 64..127:
     each gets exactly the elements of its key groups."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    todo = [(i, (i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
-    blobs = carry.snapshot_keyed(todo)
+    todo = [((i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
+    sections = carry.snapshot_keyed(todo)
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
         part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
-        got = part.restore_keyed([("f", b) for kg, b in blobs.items() if kg in half])
-        want = [e for _, kg, e in todo if kg in half]
+        got = part.restore_keyed([("f", b) for b in sections.values()])
+        want = [e for kg, e in todo if kg in half]
         assert sorted(got, key=lambda e: e.seq) == want
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_key_groups_written_as_keyed_state_by_earlier_releases_still_restore(
+    backend: str,
+) -> None:
+    """Earlier releases wrote a key group's elements as one value of keyed state under
+    the key group's own key and their deadlines as timers (kind KEY_GROUPS): read back
+    with their deadlines, in both backends; a damaged value names the file."""
+    carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL,
+                      state_backend=backend)  # fmt: skip
+    todo = [((i * 7) % 128, element(i, deadline=1000.0 + i if i % 3 else None))
+            for i in range(200)]  # fmt: skip
+    sections = keyed_carry_over_as_earlier_releases_wrote(carry, todo)
+    got = carry.restore_keyed_state([("f", sec) for sec in sections.values()])
+    assert sorted(got, key=lambda e: e.seq) == [e for _, e in todo]
+    kg, sec = next(iter(sections.items()))
+    rows = sec.table.to_pylist()
+    rows[0]["value"] = b"not a record batch"
+    bad = Section(kg, pa.Table.from_pylist(rows, schema=sec.table.schema))
+    with pytest.raises(CheckpointError, match=r"checkpoint file /ck/kg-p00000-a\.ckpt: "):
+        carry.restore_keyed_state([("/ck/kg-p00000-a.ckpt", bad)])
 
 
 def test_a_corrupt_element_batch_is_an_error_naming_the_file() -> None:

@@ -208,6 +208,47 @@ def _carried_keyed(fn: Lookup, tmp_path: Path) -> PartitionSpec:
     return spec
 
 
+def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Path) -> None:
+    """Version 0 rewritten as earlier releases wrote a keyed carry-over (each key
+    group's elements keyed state, deadlines timers, a KEY_GROUPS file, a manifest
+    without ``aops.in_flight``): micro-batch 1 restores it and every row leaves once."""
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._inflight import ROW, CarryOver, ElementSerializer
+    from asyncio_ops._runtime._versions import (
+        _ELEMENT,
+        _INPUT_SCHEMA,
+        IN_FLIGHT,
+        read_previous,
+        write_version,
+    )  # fmt: skip
+
+    from .earlier_releases import keyed_carry_over_as_earlier_releases_wrote
+
+    fn = Lookup()
+    spec = _carried_keyed(fn, tmp_path)
+    storage = spec.checkpoint
+    assert storage is not None
+    found = read_previous(storage, 0)
+    assert found is not None
+    meta = found.manifests[0].schema.metadata or {}
+    assert meta[IN_FLIGHT] == b"1"
+    input_schema = pa.ipc.read_schema(pa.py_buffer(meta[_INPUT_SCHEMA]))
+    carry = CarryOver(ElementSerializer(ROW, spec.output_schema, input_schema),
+                      max_parallelism=MAXP, key_groups=KeyGroupRange(0, MAXP - 1))  # fmt: skip
+    elements = carry.restore_keyed(
+        found.key_group_sections(carry.key_groups, MAXP, Kind.IN_FLIGHT)
+    )
+    assert len(elements) == 40 and all(e.deadline is not None for e in elements)
+    pairs = [(assign_to_key_group(e.row["id"], MAXP), e) for e in elements]
+    ops = found.operator_states()[0][1]
+    storage.delete_versions([0])
+    write_version(storage, 0, 0, 1, True, keyed_carry_over_as_earlier_releases_wrote(carry, pairs),
+                  ops, {_ELEMENT: meta[_ELEMENT], _INPUT_SCHEMA: meta[_INPUT_SCHEMA]})  # fmt: skip
+    out = rows_of(list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1))))
+    assert sorted(r["id"] for r in out) == list(range(40))
+    assert all(r["double"] == 2 * r["id"] for r in out)
+
+
 def test_missing_key_group_file_is_an_error_naming_it(tmp_path: Path) -> None:
     spec = _carried_keyed(Lookup(), tmp_path)
     kg_files = sorted((tmp_path / "op" / "v0000000000").glob("kg-*.ckpt"))

@@ -1,0 +1,34 @@
+"""Checkpoint files as earlier releases wrote them, for the tests that they still read."""
+
+from __future__ import annotations
+
+from asyncio_ops._container import Section
+from asyncio_ops._runtime._inflight import CarryOver, StoredElement, make_backend
+from asyncio_ops.state._keyed_snapshot import key_group_sections
+
+
+def keyed_carry_over_as_earlier_releases_wrote(
+    carry: CarryOver, elements: list[tuple[int, StoredElement]]
+) -> dict[int, Section]:
+    """The async operator's key-group sections (kind ``KEY_GROUPS``) as earlier releases
+    wrote them: per key group, its elements as one record batch, the value of the
+    ValueState ``in-flight-batch`` under the key group's own key, and each deadline a
+    processing-time timer of that key whose namespace is the element's row."""
+    backend = make_backend("heap", carry.max_parallelism, carry.key_groups)
+    timers = carry._timers(backend)
+    try:
+        state = backend.get_state(carry._batch)
+        by_kg: dict[int, list[StoredElement]] = {}
+        for kg, e in elements:
+            by_kg.setdefault(kg, []).append(e)
+        for kg, group in by_kg.items():
+            backend.assign_key_group(kg, kg)
+            backend.set_current_key(kg)
+            for row, e in enumerate(group):
+                if e.deadline is not None:
+                    timers.register_processing_time_timer(row, e.deadline)
+            state.update(carry.batches.to_batch(group, deadlines=False))
+        return key_group_sections(backend, timers)
+    finally:
+        timers.close()
+        backend.close()
