@@ -5,9 +5,10 @@ Run: ``python -m bench.carry_over`` (``--elements N``, ``--repeat R``).
 A partition ends a micro-batch with N elements not yet emitted (half still in
 flight with a deadline, half complete with one result each) and writes them
 as the next micro-batch's carry-over; the next micro-batch restores them. For
-keyed (one key per element, spread over the partition's key groups, each
-filed under a key group of its own as Spark's hash would give), with the heap
-and the RocksDB state backend, and unkeyed, this prints the best of R runs of
+keyed (one key per element, spread over 64 of the partition's key groups,
+as Spark's hash would give), with ``state_backend`` heap and RocksDB (which
+only reads earlier releases' keyed carry-overs, so the two should agree), and
+unkeyed, this prints the best of R runs (a garbage collection before each) of
 the wall time of ``finish`` (write) and ``restore`` (read) through a local
 checkpoint directory, per element, beside the floor: one Arrow IPC table of
 the same rows written and read in one piece through the same storage.
@@ -16,6 +17,7 @@ the same rows written and read in one piece through the same storage.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import tempfile
 import time
@@ -74,6 +76,7 @@ def spec(root: Path, keyed: bool, backend: str) -> PartitionSpec:
 def best(fn: Callable[[], Any], repeat: int) -> float:
     times = []
     for _ in range(repeat):
+        gc.collect()  # each run starts without the garbage of the cases before it
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
