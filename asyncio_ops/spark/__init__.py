@@ -14,11 +14,12 @@ instead of Spark's (the function's preflight runs before any job).
 from __future__ import annotations
 
 from .._runtime import KEY_GROUP_COLUMN
-from ._api import AsyncMetrics, ordered_wait, unordered_wait
+from ._api import ordered_wait, unordered_wait
 from ._datastream import AsyncDataStream
 from ._errors import library_error, library_errors
 from ._keyed import route_values
 from ._keyed_process import keyed_process
+from ._metrics import AsyncMetrics
 from ._read_state import read_state
 from ._session import session
 from ._time import Time

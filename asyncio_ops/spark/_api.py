@@ -13,10 +13,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
-from pyspark import AccumulatorParam, SparkContext, TaskContext
+from pyspark import SparkContext, TaskContext
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 )
 
 from .._checkpoint import CheckpointStorage, shown_location
-from .._exceptions import ConfigurationError, KeyGroupError
+from .._exceptions import ConfigurationError
 from .._functions import (
     AsyncFunction,
     CoroutineFunction,
@@ -45,42 +45,30 @@ from .._functions import (
     SupportsInvokeChunk,
     as_async_function,
 )
-from .._keygroups import check_parallelism
-from .._limit import DEFAULT_MAX_CAPACITY
 from .._queues import OutputMode
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
-    DEFAULT_FLUSH_INTERVAL,
-    DEFAULT_FLUSH_ROWS,
     ERROR_COLUMN,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
-    STATE_BACKENDS,
     PartitionSpec,
-    RunMetrics,
     TaskInfo,
     run_partition,
 )
 from ..options import (
-    at_least,
-    capacity_or_auto,
-    choice,
-    non_negative_int,
-    path_segment,
     positive_int,
-    positive_seconds,
-    seconds_or_zero,
 )
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
+from ._metrics import AsyncMetrics
+from ._options import CHUNK_AUTO, DEFAULT_CAPACITY, WAIT_SIGNATURE, WaitKeywords, WaitOptions
 from ._preflight import preflight as run_preflight
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("asyncio_ops.spark")
 
-ON_ERROR: Final = ("fail", "error_column")
-ON_EMPTY: Final = ("drop", "keep")
-ROWS_AS: Final = ("dict", "row")
-LATE_RECORDS: Final = ("keep", "drop")
 ERROR_STRUCT: Final = StructType(
     [
         StructField("exception", StringType(), True),
@@ -99,45 +87,13 @@ def _error_struct(df: DataFrame, keep_input_columns: bool) -> StructType:
     return StructType([*ERROR_STRUCT.fields, StructField("input", inputs, True)])
 
 
-class _MetricsParam(AccumulatorParam[RunMetrics]):
-    def zero(self, value: RunMetrics) -> RunMetrics:
-        return RunMetrics()
-
-    def addInPlace(self, value1: RunMetrics, value2: RunMetrics) -> RunMetrics:
-        return value1.merge(value2)
-
-
-class AsyncMetrics:
-    """Operator metrics of one ``ordered_wait``/``unordered_wait``, summed over tasks.
-
-    Read :attr:`value` (or :meth:`summary`) after an action has run. Backed by
-    a Spark accumulator, so a task that Spark re-runs counts twice: these are
-    monitoring figures, not results.
-    """
-
-    def __init__(self, spark: Any) -> None:
-        try:
-            context = spark.sparkContext
-        except Exception as exc:  # Spark Connect has no SparkContext, hence no accumulators
-            raise ConfigurationError(
-                "AsyncMetrics needs a classic SparkSession (Spark Connect has no "
-                "accumulators); read the per-partition summaries the workers log instead"
-            ) from exc
-        self._acc = context.accumulator(RunMetrics(), _MetricsParam())
-
-    @property
-    def value(self) -> RunMetrics:
-        return self._acc.value  # type: ignore[no-any-return]
-
-    def summary(self) -> dict[str, Any]:
-        return self.value.summary()
-
-    def _add(self, metrics: RunMetrics) -> None:
-        self._acc.add(metrics)
-
-
-DEFAULT_OUTPUT_BUFFER_FACTOR: Final = 4
-"""``output_buffer`` defaults to this many times ``capacity`` (0 is Flink's meaning)."""
+def batch_size_of(df: DataFrame, given: int | None) -> int:
+    """``batch_size``: as given, else Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch``
+    (the rows of an Arrow batch ``mapInArrow`` hands the function)."""
+    if given is not None:
+        return given
+    conf = df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+    return positive_int(int(conf or 10000), "batch_size")
 
 
 def _as_struct(schema: str | StructType, what: str) -> StructType:
@@ -198,64 +154,21 @@ def _wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     mode: OutputMode,
-    *,
-    timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str | None,
-    retry: AsyncRetryStrategy | None,
-    key: str | Sequence[str] | None,
-    event_time: str | None,
-    watermark_delay: float | timedelta | str | None,
-    watermark_interval: int,
-    late_records: str,
-    on_error: str,
-    on_empty: str,
-    rows_as: str,
-    max_parallelism: int,
-    num_partitions: int | None,
-    batch_size: int | None,
-    keep_input_columns: bool,
-    metrics: AsyncMetrics | None,
-    uid: str | None,
-    checkpoint_location: str | None,
-    checkpoint_version: int | None,
-    drain_timeout: float | timedelta | str | None,
-    retain_versions: int,
-    chunk_size: int | str | None,
-    output_buffer: int | None,
-    checkpoint_flush_rows: int,
-    checkpoint_flush_interval: float | timedelta | str,
-    state_backend: str,
-    max_capacity: int,
-    preflight: bool,
+    options: WaitOptions,
 ) -> DataFrame:
+    """The DataFrame of ``ordered_wait`` / ``unordered_wait``: what needs the DataFrame
+    and the function checked and resolved here, on the driver (the options checked
+    themselves when they were built), then the runtime's spec built from them."""
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
-    function = as_async_function(fn)
-    timeout_s = positive_seconds(timeout, "timeout")
-    positive_int(max_capacity, "max_capacity")
-    if capacity is not None:
-        capacity_or_auto(capacity)
-    if output_buffer is not None:
-        non_negative_int(output_buffer, "output_buffer")
-    if retry is not None and not isinstance(retry, AsyncRetryStrategy):
-        raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {retry!r}")
-    choice(on_error, "on_error", ON_ERROR)
-    choice(on_empty, "on_empty", ON_EMPTY)
-    choice(rows_as, "rows_as", ROWS_AS)
-    choice(late_records, "late_records", LATE_RECORDS)
-    choice(state_backend, "state_backend", STATE_BACKENDS)
-    try:
-        check_parallelism(max_parallelism, num_partitions)
-    except KeyGroupError as exc:
-        raise ConfigurationError(str(exc)) from exc
-    if batch_size is None:
-        batch_size = int(
-            df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
-            or 10000
+    if options.metrics is not None and not isinstance(options.metrics, AsyncMetrics):
+        raise ConfigurationError(
+            f"metrics must be an asyncio_ops.spark.AsyncMetrics, got {options.metrics!r}"
         )
-    positive_int(batch_size, "batch_size")
-    positive_int(watermark_interval, "watermark_interval")
+    function = as_async_function(fn)
+    batch_size = batch_size_of(df, options.batch_size)
+    keep_input_columns = options.keep_input_columns
 
     added = _as_struct(output_schema, "output_schema")
     if not added.fields:
@@ -294,49 +207,29 @@ def _wait(
                 "rename them, or pass keep_input_columns=False"
             )
 
-    key_cols = key_columns(key, df)
-    event_col = event_time_column(event_time, df)
-    if event_col is not None:
-        if mode is OutputMode.UNORDERED:
-            mode = OutputMode.WATERMARK_BOUNDED
-    elif watermark_delay is not None:
-        raise ConfigurationError("watermark_delay needs event_time= (the event-time column)")
-    delay = seconds_or_zero(watermark_delay, "watermark_delay")
+    key_cols = key_columns(options.key, df)
+    event_col = event_time_column(options.event_time, df)
+    if event_col is not None and mode is OutputMode.UNORDERED:
+        mode = OutputMode.WATERMARK_BOUNDED
 
-    chunk_rows = chunk_rows_of(chunk_size, function, rows_as, retry, batch_size)
-    if capacity is None:
-        capacity = default_capacity(function, chunk_size, chunk_rows)
-    # "auto": an adaptive limit between 1 and max_capacity (asyncio_ops._limit)
-    bound = capacity if isinstance(capacity, int) else max_capacity
-    if output_buffer is None:
-        # finished rows may wait behind a slower one beyond capacity, which then bounds
-        # the lookups in flight: ordered mode at capacity / latency, memory still bounded
-        output_buffer = DEFAULT_OUTPUT_BUFFER_FACTOR * bound
-
-    operator_uid = (
-        path_segment(uid, "uid")
-        if uid is not None
-        else default_uid(mode, function, added, key_cols, event_col, df.schema)
+    chunk_rows = chunk_rows_of(
+        options.chunk_size, function, options.rows_as, options.retry, batch_size
     )
+    capacity = options.capacity
+    if capacity is None:
+        capacity = default_capacity(function, options.chunk_size, chunk_rows)
+
+    operator_uid = options.uid or default_uid(mode, function, added, key_cols, event_col,
+                                              df.schema)  # fmt: skip
     storage: CheckpointStorage | None = None
-    drain: float | None = None
-    flush_rows = positive_int(checkpoint_flush_rows, "checkpoint_flush_rows")
-    flush_interval = positive_seconds(checkpoint_flush_interval, "checkpoint_flush_interval")
-    if checkpoint_location is not None:
-        if checkpoint_version is not None:
-            non_negative_int(checkpoint_version, "checkpoint_version")
-        if drain_timeout is not None:
-            drain = positive_seconds(drain_timeout, "drain_timeout")
-        at_least(retain_versions, "retain_versions", 2)
-        storage = checkpoint_storage(df, checkpoint_location, operator_uid)
-    elif checkpoint_version is not None or drain_timeout is not None:
-        raise ConfigurationError("checkpoint_version and drain_timeout need checkpoint_location=")
+    if options.checkpoint_location is not None:
+        storage = checkpoint_storage(df, options.checkpoint_location, operator_uid)
 
-    run_preflight(preflight, function, df, added)
+    run_preflight(options.preflight, function, df, added)
 
-    parts = num_partitions
+    parts = options.num_partitions
     if key_cols:
-        df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
+        df, parts = partition_by_key_group(df, key_cols, options.max_parallelism, parts)
     else:
         if parts is None and storage is not None and df.isStreaming:
             # Carry-over needs stable subtask indices and a known count across
@@ -347,7 +240,7 @@ def _wait(
 
     in_fields = list(df.schema.fields) if keep_input_columns else []
     out_fields = in_fields + list(added.fields)
-    if on_error == "error_column":
+    if options.on_error == "error_column":
         out_fields.append(StructField(ERROR_COLUMN, _error_struct(df, keep_input_columns), True))
     if event_col is not None:
         out_fields.append(StructField(LATE_COLUMN, BooleanType(), True))
@@ -361,38 +254,38 @@ def _wait(
         function=function,
         function_token=uuid.uuid4().hex,
         mode=mode,
-        timeout=timeout_s,
+        timeout=options.timeout,
         capacity=capacity,
-        retry=retry,
+        retry=options.retry,
         output_schema=arrow_schema,
         added_columns=tuple(f.name for f in added.fields),
         keep_input_columns=keep_input_columns,
-        on_error=on_error,
-        on_empty=on_empty,
-        row_factory=row_of if rows_as == "row" else None,
+        on_error=options.on_error,
+        on_empty=options.on_empty,
+        row_factory=row_of if options.rows_as == "row" else None,
         event_time=event_col,
-        watermark_delay=delay,
-        watermark_interval=watermark_interval,
-        late_records=late_records,
+        watermark_delay=options.watermark_delay or 0.0,
+        watermark_interval=options.watermark_interval,
+        late_records=options.late_records,
         key_columns=key_cols,
         batch_size=batch_size,
         operator_uid=operator_uid,
         num_partitions=parts,
-        max_parallelism=max_parallelism,
+        max_parallelism=options.max_parallelism,
         checkpoint=storage,
-        checkpoint_version=checkpoint_version,
-        drain_timeout=drain,
-        retain_versions=retain_versions,
+        checkpoint_version=options.checkpoint_version,
+        drain_timeout=options.drain_timeout,
+        retain_versions=options.retain_versions,
         chunk_size=chunk_rows,
-        output_buffer=output_buffer,
-        max_capacity=max_capacity,
-        flush_rows=flush_rows,
-        flush_interval=flush_interval,
-        state_backend=state_backend,
+        output_buffer=options.output_buffer_for(capacity),
+        max_capacity=options.max_capacity,
+        flush_rows=options.checkpoint_flush_rows,
+        flush_interval=options.checkpoint_flush_interval,
+        state_backend=options.state_backend,
         run_token=uuid.uuid4().hex[:16],
         run_epoch=run_epoch(df.sparkSession),
     )
-    on_done = metrics._add if metrics is not None else None
+    on_done = options.metrics._add if options.metrics is not None else None
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from run_partition(spec, batches, _task_info(spec.num_partitions), on_done=on_done)
@@ -400,7 +293,7 @@ def _wait(
     if storage is not None:
         # the plan names the operator's checkpoint, so that a later operator under the
         # same location and uid finds it upstream (see _check_not_upstream)
-        partition.__name__ = _plan_tag(checkpoint_location, operator_uid)  # type: ignore[arg-type]
+        partition.__name__ = _plan_tag(storage.location, operator_uid)
         _DESCRIBED[partition.__name__] = _describe_operator(mode, function, spec.run_token)
     out = df.mapInArrow(partition, spark_schema)
     if key_cols and keep_input_columns:
@@ -412,11 +305,6 @@ def row_of(values: dict[str, Any]) -> Row:
     """A row as the function receives it with rows_as="row" (key, index and attribute
     access, in the input's column order)."""
     return Row(**values)
-
-
-CHUNK_AUTO: Final = "auto"
-DEFAULT_CAPACITY: Final = 100
-"""``capacity`` when not given: elements in flight per partition (see default_capacity)."""
 
 
 def default_capacity(
@@ -472,11 +360,7 @@ def chunk_rows_of(
                 f"got {rows!r}"
             )
         return rows
-    if isinstance(chunk_size, str):
-        raise ConfigurationError(
-            f"chunk_size must be 'auto', a positive int or None, got {chunk_size!r}"
-        )
-    positive_int(chunk_size, "chunk_size")
+    assert isinstance(chunk_size, int)  # its form checked with the options (WaitOptions)
     if not isinstance(function, SupportsInvokeArrow | SupportsInvokeChunk):
         raise ConfigurationError(
             f"chunk_size needs a function with async_invoke_arrow(batch) -> (row_index, "
@@ -685,40 +569,13 @@ def _query_plan(query: StreamingQuery) -> str:
         return ""
 
 
-@known_keywords()
 def ordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str | None = None,
-    retry: AsyncRetryStrategy | None = None,
-    key: str | Sequence[str] | None = None,
-    event_time: str | None = None,
-    watermark_delay: float | timedelta | str | None = None,
-    watermark_interval: int = 1000,
-    late_records: str = "keep",
-    on_error: str = "fail",
-    on_empty: str = "drop",
-    rows_as: str = "dict",
-    max_parallelism: int = 128,
-    num_partitions: int | None = None,
-    batch_size: int | None = None,
-    keep_input_columns: bool = True,
-    metrics: AsyncMetrics | None = None,
-    uid: str | None = None,
-    checkpoint_location: str | None = None,
-    checkpoint_version: int | None = None,
-    drain_timeout: float | timedelta | str | None = None,
-    retain_versions: int = 10,
-    chunk_size: int | str | None = CHUNK_AUTO,
-    output_buffer: int | None = None,
-    checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
-    checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
-    state_backend: str = "heap",
-    max_capacity: int = DEFAULT_MAX_CAPACITY,
-    preflight: bool = True,
+    **options: Unpack[WaitKeywords],
 ) -> DataFrame:
     """Enrich ``df`` with an async function; rows leave each partition in input order.
 
@@ -732,75 +589,32 @@ def ordered_wait(
     with ``event_time``. Before it returns, a function with a preflight (the
     connectors: ``asyncio_ops.SupportsPreflight``) checks on the driver what it can
     without the data, its failure raised here before any job (``preflight=False``
-    skips it). See docs/spark.md for every option.
+    skips it). Every other option is a keyword of :class:`WaitOptions` (its
+    defaults: ``inspect.signature(ordered_wait)``); see docs/spark.md for each.
     """
-    return _wait(
-        df, fn, OutputMode.ORDERED, timeout=timeout, output_schema=output_schema,
-        capacity=capacity, retry=retry, key=key, event_time=event_time,
-        watermark_delay=watermark_delay, watermark_interval=watermark_interval,
-        late_records=late_records, on_error=on_error, on_empty=on_empty, rows_as=rows_as,
-        max_parallelism=max_parallelism,
-        num_partitions=num_partitions, batch_size=batch_size,
-        keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
-        checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
-        drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
-        output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
-        checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
-        max_capacity=max_capacity, preflight=preflight,
-    )  # fmt: skip
+    return _wait(df, fn, OutputMode.ORDERED, output_schema,
+                 WaitOptions.of(timeout=timeout, **options))  # fmt: skip
 
 
-@known_keywords()
 def unordered_wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
     *,
     timeout: float | timedelta | str,
     output_schema: str | StructType,
-    capacity: int | str | None = None,
-    retry: AsyncRetryStrategy | None = None,
-    key: str | Sequence[str] | None = None,
-    event_time: str | None = None,
-    watermark_delay: float | timedelta | str | None = None,
-    watermark_interval: int = 1000,
-    late_records: str = "keep",
-    on_error: str = "fail",
-    on_empty: str = "drop",
-    rows_as: str = "dict",
-    max_parallelism: int = 128,
-    num_partitions: int | None = None,
-    batch_size: int | None = None,
-    keep_input_columns: bool = True,
-    metrics: AsyncMetrics | None = None,
-    uid: str | None = None,
-    checkpoint_location: str | None = None,
-    checkpoint_version: int | None = None,
-    drain_timeout: float | timedelta | str | None = None,
-    retain_versions: int = 10,
-    chunk_size: int | str | None = CHUNK_AUTO,
-    output_buffer: int | None = None,
-    checkpoint_flush_rows: int = DEFAULT_FLUSH_ROWS,
-    checkpoint_flush_interval: float | timedelta | str = DEFAULT_FLUSH_INTERVAL,
-    state_backend: str = "heap",
-    max_capacity: int = DEFAULT_MAX_CAPACITY,
-    preflight: bool = True,
+    **options: Unpack[WaitKeywords],
 ) -> DataFrame:
     """Like :func:`ordered_wait`, but rows leave in completion order.
 
     With ``event_time`` the order is bounded by watermarks (no row crosses
     one); with ``key`` rows of one key keep their input order.
     """
-    return _wait(
-        df, fn, OutputMode.UNORDERED, timeout=timeout, output_schema=output_schema,
-        capacity=capacity, retry=retry, key=key, event_time=event_time,
-        watermark_delay=watermark_delay, watermark_interval=watermark_interval,
-        late_records=late_records, on_error=on_error, on_empty=on_empty, rows_as=rows_as,
-        max_parallelism=max_parallelism,
-        num_partitions=num_partitions, batch_size=batch_size,
-        keep_input_columns=keep_input_columns, metrics=metrics, uid=uid,
-        checkpoint_location=checkpoint_location, checkpoint_version=checkpoint_version,
-        drain_timeout=drain_timeout, retain_versions=retain_versions, chunk_size=chunk_size,
-        output_buffer=output_buffer, checkpoint_flush_rows=checkpoint_flush_rows,
-        checkpoint_flush_interval=checkpoint_flush_interval, state_backend=state_backend,
-        max_capacity=max_capacity, preflight=preflight,
-    )  # fmt: skip
+    return _wait(df, fn, OutputMode.UNORDERED, output_schema,
+                 WaitOptions.of(timeout=timeout, **options))  # fmt: skip
+
+
+# what help() and inspect show, and the keywords a call is checked against: every option
+for _public in (ordered_wait, unordered_wait):
+    _public.__signature__ = WAIT_SIGNATURE  # type: ignore[attr-defined]
+ordered_wait = known_keywords()(ordered_wait)
+unordered_wait = known_keywords()(unordered_wait)

@@ -30,25 +30,25 @@ from pyspark.sql.types import (
 )
 
 from .._checkpoint import CheckpointStorage
-from .._exceptions import CheckpointError, ConfigurationError, KeyGroupError
-from .._keygroups import check_parallelism
-from .._runtime import STATE_BACKENDS, KeyedProcessSpec
+from .._exceptions import CheckpointError, ConfigurationError
+from .._runtime import KeyedProcessSpec
 from .._runtime._keyed_partition import run_keyed_process
 from .._runtime._seed import InitialStateFn, clear_seed, write_seed
 from .._runtime._versions import read_version
-from ..options import at_least, choice, path_segment, positive_int, seconds_or_zero
 from ..state import KeyedProcessFunction
 from ._api import (
     _DESCRIBED,
     _as_struct,
     _plan_tag,
     _task_info,
+    batch_size_of,
     checkpoint_storage,
     event_time_column,
     key_columns,
 )
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
+from ._options import KeyedOptions
 from ._preflight import preflight as run_preflight
 
 log = logging.getLogger("asyncio_ops.spark")
@@ -105,27 +105,18 @@ def keyed_process(
         raise ConfigurationError(
             f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"
         )
+    options = KeyedOptions.of(
+        event_time=event_time, watermark_delay=watermark_delay,
+        watermark_interval=watermark_interval, checkpoint_location=checkpoint_location,
+        state_backend=state_backend, max_parallelism=max_parallelism,
+        num_partitions=num_partitions, uid=uid, retain_versions=retain_versions,
+        batch_size=batch_size, full_snapshot_interval=full_snapshot_interval,
+        preflight=preflight,
+    )  # fmt: skip
     key_cols = key_columns(key, df)
     if not key_cols:
         raise ConfigurationError("keyed_process needs key= (a column name or a list of names)")
-    event_col = event_time_column(event_time, df)
-    if event_col is None and watermark_delay is not None:
-        raise ConfigurationError("watermark_delay needs event_time=")
-    delay = seconds_or_zero(watermark_delay or 0, "watermark_delay")
-    positive_int(watermark_interval, "watermark_interval")
-    choice(state_backend, "state_backend", STATE_BACKENDS)
-    try:
-        check_parallelism(max_parallelism, num_partitions)
-    except KeyGroupError as exc:
-        raise ConfigurationError(str(exc)) from exc
-    at_least(retain_versions, "retain_versions", 2)
-    positive_int(full_snapshot_interval, "full_snapshot_interval")
-    if batch_size is None:
-        batch_size = int(
-            df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
-            or 10000
-        )
-    positive_int(batch_size, "batch_size")
+    event_col = event_time_column(options.event_time, df)
     out_struct = _as_struct(output_schema, "output_schema")
     if not out_struct.fields:
         raise ConfigurationError(f"output_schema declares no columns ({output_schema!r})")
@@ -135,9 +126,7 @@ def keyed_process(
 
     storage: CheckpointStorage | None = None
     if checkpoint_location is not None:
-        operator_uid = (
-            path_segment(uid, "uid") if uid is not None else _default_uid(fn, key_cols, df)
-        )
+        operator_uid = options.uid or _default_uid(fn, key_cols, df)
         storage = checkpoint_storage(df, checkpoint_location, operator_uid)
     elif df.isStreaming:
         raise ConfigurationError(
@@ -146,7 +135,7 @@ def keyed_process(
         )
 
     seed_fn = _initial_state_fn(fn, initial_state, initial_state_fn, key_cols, df, storage)
-    run_preflight(preflight, fn, df, out_struct)
+    run_preflight(options.preflight, fn, df, out_struct)
 
     df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
     spec = KeyedProcessSpec(
@@ -154,15 +143,15 @@ def keyed_process(
         key_columns=key_cols,
         output_schema=arrow_schema,
         event_time=event_col,
-        watermark_delay=delay,
+        watermark_delay=options.watermark_delay or 0.0,
         watermark_interval=watermark_interval,
         max_parallelism=max_parallelism,
         num_partitions=parts,
         checkpoint=storage,
         state_backend=state_backend,
         retain_versions=retain_versions,
-        batch_size=batch_size,
-        full_snapshot_interval=full_snapshot_interval,
+        batch_size=batch_size_of(df, options.batch_size),
+        full_snapshot_interval=options.full_snapshot_interval,
         key_schema=StructType([df.schema[c] for c in key_cols]).json(),
     )
     if seed_fn is not None:

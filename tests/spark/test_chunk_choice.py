@@ -11,7 +11,8 @@ from asyncio_ops.connectors.postgres import PostgresLookup
 
 from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
 from asyncio_ops.async_retry_predicates import empty_result_predicate, has_exception_predicate
-from asyncio_ops.spark._api import DEFAULT_CAPACITY, chunk_rows_of, default_capacity
+from asyncio_ops.spark._api import chunk_rows_of, default_capacity
+from asyncio_ops.spark._options import DEFAULT_CAPACITY, WaitOptions
 
 BATCH = 10_000  # the input Arrow batch's rows
 QUERY = "SELECT id, name FROM customers WHERE id = ANY($1)"
@@ -89,10 +90,9 @@ def test_what_asks_for_rows_keeps_rows() -> None:
 def test_an_explicit_chunk_size_is_checked() -> None:
     assert chunk_rows_of(None, Columnar(), "dict", None, BATCH) is None
     assert chunk_rows_of(300, Columnar(), "dict", None, BATCH) == 300
-    with pytest.raises(ConfigurationError, match="chunk_size must be 'auto'"):
-        chunk_rows_of("big", Columnar(), "dict", None, BATCH)
-    with pytest.raises(ConfigurationError, match="chunk_size must be"):
-        chunk_rows_of(0, Columnar(), "dict", None, BATCH)
+    for bad in ("big", 0, -3, True):  # its form: checked with the other options
+        with pytest.raises(ConfigurationError, match="chunk_size must be"):
+            WaitOptions.of(timeout=1, chunk_size=bad)
     with pytest.raises(ConfigurationError, match="OverridesAsyncInvoke overrides async_invoke"):
         chunk_rows_of(8, OverridesAsyncInvoke(), "dict", None, BATCH)
     with pytest.raises(ConfigurationError, match="answers rows one at a time as configured"):
