@@ -42,7 +42,7 @@ from ._functions import (
     SupportsTokenUsage,
 )
 from ._limit import AdaptiveLimit, SignalsOverload
-from ._operator import AsyncWaitOperator, OutputMode
+from ._operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
 from ._queues import (
     ElementQueue,
     OrderedElementQueue,
@@ -78,6 +78,7 @@ __all__ = [
     "InternalTimerService",
     "InvalidResultError",
     "KeyGroupError",
+    "OperatorHooks",
     "OperatorSnapshot",
     "OperatorStatistics",
     "OrderedElementQueue",
@@ -88,6 +89,7 @@ __all__ = [
     "Record",
     "ResultHandle",
     "RuntimeContext",
+    "RuntimeHooks",
     "Scheduler",
     "SignalsOverload",
     "SnapshotEntry",

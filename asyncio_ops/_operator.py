@@ -68,8 +68,9 @@ import random
 import time
 import types
 from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from ._clock import Scheduler
 from ._elements import Record, StreamElement, Watermark
@@ -100,6 +101,52 @@ log = logging.getLogger("asyncio_ops.operator")
 
 OutputFn = Callable[[StreamElement], object]
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]
+
+
+class RuntimeHooks(Protocol):
+    """What a runtime that adapts values gives the operator in place of its defaults,
+    as one object (``AsyncWaitOperator(..., hooks=...)``), read once when the operator
+    is built. Each is None for the default:
+
+    - ``invoke(value)``: the awaitable one attempt runs, instead of
+      ``function.async_invoke(value)`` (the Spark runtime awaits the user's coroutine
+      directly: one coroutine less per attempt);
+    - ``map_results(value, results)``: applied to an attempt's results once the retry
+      strategy accepted them, before emission; what it raises fails the element, not
+      retried;
+    - ``emit_results(results)``: called once per emitted element with its results,
+      instead of ``output`` once per result wrapped in a :class:`Record` (watermarks
+      still go to ``output``);
+    - ``describe(value)``: names an input in error messages (default: its ``repr``,
+      cut to 300 characters);
+    - ``weight(value)``: how many input rows an element stands for (chunks): the
+      counters of :meth:`AsyncWaitOperator.statistics` then count rows (default: 1).
+    """
+
+    @property
+    def invoke(self) -> Callable[[Any], Any] | None: ...
+    @property
+    def map_results(self) -> Callable[[Any, Sequence[Any]], Sequence[Any]] | None: ...
+    @property
+    def emit_results(self) -> Callable[[Sequence[Any]], object] | None: ...
+    @property
+    def describe(self) -> Callable[[Any], str] | None: ...
+    @property
+    def weight(self) -> Callable[[Any], int] | None: ...
+
+
+@dataclass(frozen=True)
+class OperatorHooks:
+    """A :class:`RuntimeHooks` of plain callables (any may be left out)."""
+
+    invoke: Callable[[Any], Any] | None = None
+    map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None
+    emit_results: Callable[[Sequence[Any]], object] | None = None
+    describe: Callable[[Any], str] | None = None
+    weight: Callable[[Any], int] | None = None
+
+
+_NO_HOOKS: Final = OperatorHooks()
 
 
 class _Entry(ResultHandle):
@@ -231,25 +278,13 @@ class AsyncWaitOperator:
         manage_function: when False, ``open``/``close`` leave the function's
             own ``open``/``close`` to the caller (a runtime that keeps one
             opened function per worker across many operators).
-        invoke: called per attempt instead of ``function.async_invoke(value)``,
-            returning the awaitable to run (a runtime that adapts values calls
-            the user's coroutine directly: one coroutine less per attempt).
-        map_results: ``(value, results) -> results``, applied to an attempt's
-            results once the retry strategy accepted them and before they are
-            emitted; what it raises fails the element, not retried.
-        emit_results: called once per emitted element with its results (a
-            sequence), instead of ``output`` once per result wrapped in a
-            :class:`Record`; watermarks still go to ``output``. For a caller
-            that does not need the records' timestamps (the Spark runtime).
-        describe: ``value -> str`` naming an input in error messages (default:
-            its ``repr``, cut to 300 characters).
+        hooks: a :class:`RuntimeHooks`: what a runtime that adapts values
+            gives in place of the defaults (the attempt's awaitable, a mapping
+            of results, where results go, how an input is named, how many rows
+            an element stands for).
         close_grace: seconds :meth:`close` waits for cancelled tasks (an attempt
             that swallows ``CancelledError``) before abandoning them, logged with
             their rows (default 5).
-        weight: ``value -> int``, how many input rows an element stands for (the
-            Spark runtime's chunks): the counters of :meth:`statistics`
-            (received, completed, timed out, retried, failed, restored) then
-            count rows, and ``elements`` the elements themselves. Default: 1 each.
         output_buffer: completed elements that may wait, beyond ``capacity``,
             behind an earlier element still in flight (default 0: Flink's
             meaning, ``capacity`` bounds the whole queue). With ``N > 0`` the
@@ -272,14 +307,10 @@ class AsyncWaitOperator:
         on_failure: FailureHandler | None = None,
         key_selector: Callable[[Any], Any] | None = None,
         manage_function: bool = True,
-        invoke: Callable[[Any], Any] | None = None,
-        map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None,
-        emit_results: Callable[[Sequence[Any]], object] | None = None,
-        describe: Callable[[Any], str] | None = None,
+        hooks: RuntimeHooks = _NO_HOOKS,
         output_buffer: int = 0,
         close_grace: float = CLOSE_GRACE,
         max_capacity: int = DEFAULT_MAX_CAPACITY,
-        weight: Callable[[Any], int] | None = None,
     ) -> None:
         if not callable(output):
             raise ConfigurationError(f"output must be callable, got {output!r}")
@@ -290,13 +321,13 @@ class AsyncWaitOperator:
         self.function = as_async_function(function)
         # a bare ``async def`` is called directly: one coroutine less per attempt
         fn = self.function
-        self._async_invoke: Callable[[Any], Any] = invoke or (
+        self._async_invoke: Callable[[Any], Any] = hooks.invoke or (
             fn.fn if type(fn) is CoroutineFunction else fn.async_invoke
         )
-        self._map_results = map_results
-        self._emit_results = emit_results
+        self._map_results = hooks.map_results
+        self._emit_results = hooks.emit_results
         self.close_grace = positive_seconds(close_grace, "close_grace")
-        self._describe_value = describe
+        self._describe_value = hooks.describe
         self.mode = mode
         self.limiter: AdaptiveLimit | None = None
         if isinstance(capacity, AdaptiveLimit):  # a caller's own, e.g. carried over
@@ -346,7 +377,7 @@ class AsyncWaitOperator:
         self._closed = False
         self._draining = False
         # statistics
-        self._weight = weight
+        self._weight = hooks.weight
         self._received = 0
         self._elements = 0
         self._emitted = 0

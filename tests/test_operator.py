@@ -20,6 +20,7 @@ from asyncio_ops import (
     AsyncWaitOperator,
     ConfigurationError,
     InvalidResultError,
+    OperatorHooks,
     OperatorSnapshot,
     OutputMode,
     Record,
@@ -989,8 +990,8 @@ def test_invoke_and_map_results_adapt_values(run: Runner[Any]) -> None:
     async def main(values: list[tuple[int, str]]) -> list[Any]:
         out: list[StreamElement] = []
         op = AsyncWaitOperator(
-            lookup, output=out.append, timeout=5, invoke=lambda v: lookup(v[0]),
-            map_results=merge,
+            lookup, output=out.append, timeout=5,
+            hooks=OperatorHooks(invoke=lambda v: lookup(v[0]), map_results=merge),
         )  # fmt: skip
         await op.open()
         try:
@@ -1242,8 +1243,8 @@ def test_a_weight_makes_the_counters_count_rows(run: Runner[Any]) -> None:
         stats = []
         for weight in (len, None):
             op = AsyncWaitOperator(
-                f, output=lambda e: None, timeout=0.2, capacity=10, weight=weight,
-                on_failure=lambda record, exc, attempts: [],
+                f, output=lambda e: None, timeout=0.2, capacity=10,
+                hooks=OperatorHooks(weight=weight), on_failure=lambda record, exc, attempts: [],
             )  # fmt: skip
             await op.open()
             await op.process_elements([[1, 2, 3], [13, 14], [99, 98, 97, 96], [5]])

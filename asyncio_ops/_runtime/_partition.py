@@ -33,7 +33,7 @@ from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import SupportsCacheStatistics, SupportsTokenUsage
 from .._limit import AdaptiveLimit
-from .._operator import AsyncWaitOperator
+from .._operator import AsyncWaitOperator, OperatorHooks
 from .._snapshot import OperatorSnapshot
 from ._adapters import (
     ArrowChunkFunction,
@@ -98,8 +98,6 @@ def _operator(
     return AsyncWaitOperator(
         row_fn,
         output=sink,
-        # results go to the sink as they are: no Record per output row
-        emit_results=sink.extend_batches if columnar else sink.extend,
         timeout=spec.timeout,
         capacity=spec.capacity if limiter is None else limiter,
         mode=spec.mode,
@@ -107,15 +105,19 @@ def _operator(
         on_failure=error_row_handler(spec, row_fn),
         manage_function=False,
         key_selector=_key_selector(spec),
-        # the user's coroutine is awaited directly and its results merged into
-        # the row afterwards: no wrapper coroutine per row
-        invoke=row_fn.invoke_direct,
-        map_results=row_fn.record,
-        describe=row_fn.describe,
+        hooks=OperatorHooks(
+            # the user's coroutine is awaited directly and its results merged into
+            # the row afterwards: no wrapper coroutine per row
+            invoke=row_fn.invoke_direct,
+            map_results=row_fn.record,
+            # results go to the sink as they are: no Record per output row
+            emit_results=sink.extend_batches if columnar else sink.extend,
+            describe=row_fn.describe,
+            # a chunk counts its rows in the statistics (received, completed, ...)
+            weight=chunk_rows if spec.chunk_size is not None else None,
+        ),
         output_buffer=spec.output_buffer,
         max_capacity=spec.max_capacity,
-        # a chunk counts its rows in the statistics (received, completed, ...)
-        weight=chunk_rows if spec.chunk_size is not None else None,
     )
 
 
