@@ -31,10 +31,14 @@ from pyspark.sql.types import (
 
 from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError, ConfigurationError
-from .._runtime import KeyedProcessSpec
-from .._runtime._keyed_partition import run_keyed_process
-from .._runtime._seed import InitialStateFn, clear_seed, write_seed
-from .._runtime._versions import read_version
+from .._runtime import (
+    InitialStateFn,
+    KeyedProcessSpec,
+    clear_seed,
+    read_version,
+    run_keyed_process,
+    write_seed,
+)
 from ..state import KeyedProcessFunction
 from ._checkpoint_location import DESCRIBED, checkpoint_storage, plan_tag
 from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
