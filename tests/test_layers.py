@@ -74,8 +74,8 @@ def test_layer_boundaries(under: str, forbidden: tuple[str, ...], why: str) -> N
 
 def test_the_resolver_sees_relative_imports() -> None:
     """The check itself: a relative import of the operator from the state layer is seen."""
-    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_operator.py"))
-    assert "asyncio_ops._timers" in found and "asyncio_ops._elements.Record" in found
+    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_snapshot.py"))
+    assert "asyncio_ops._timers" in found and "asyncio_ops._container.Section" in found
 
 
 # -- the floors, bottom up: a module imports modules of its own floor or below, never above ----
@@ -96,8 +96,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ("asyncio_ops._timers", "asyncio_ops._timeout_slots", "asyncio_ops.state.*"),
     ),
     # the state package's face exports its operator too, so it stands on that floor
-    ("operators", ("asyncio_ops._operator", "asyncio_ops.state._keyed_operator",
-                   "asyncio_ops.state")),
+    ("operators", ("asyncio_ops._operator", "asyncio_ops._keyed_operator", "asyncio_ops.state")),
     ("runtime", ("asyncio_ops._runtime", "asyncio_ops._runtime.*", "asyncio_ops._runner")),
     ("the Spark API", ("asyncio_ops.spark", "asyncio_ops.spark.*")),
     ("the package's face", ("asyncio_ops",)),
