@@ -41,6 +41,7 @@ from ._functions import (
     SupportsPreflight,
     SupportsTokenUsage,
 )
+from ._keyed_operator import KeyedProcessOperator
 from ._limit import AdaptiveLimit, SignalsOverload
 from ._operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
 from ._queues import (
@@ -78,6 +79,7 @@ __all__ = [
     "InternalTimerService",
     "InvalidResultError",
     "KeyGroupError",
+    "KeyedProcessOperator",
     "OperatorHooks",
     "OperatorSnapshot",
     "OperatorStatistics",

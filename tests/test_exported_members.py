@@ -26,6 +26,7 @@ def test_public_names_are_pinned() -> None:
         "InternalTimerService",
         "InvalidResultError",
         "KeyGroupError",
+        "KeyedProcessOperator",
         "OperatorHooks",
         "OperatorSnapshot",
         "OperatorStatistics",

@@ -60,8 +60,9 @@ from .._container import Kind
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
+from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
-from ..state import KeyedProcessOperator, KeyedStateBackend
+from ..state import KeyedStateBackend
 from . import _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds

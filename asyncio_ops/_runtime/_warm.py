@@ -34,7 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..state import KeyedProcessOperator
+from .._keyed_operator import KeyedProcessOperator
 from ._versions import Chain
 
 WARM_PARTITIONS_ENV: Final = "ASYNCIO_OPS_WARM_PARTITIONS"

@@ -12,10 +12,10 @@ obtained from descriptors and read and write the backend's current key::
     backend.set_current_key("user-1")
     seen.update(True)
 
-:class:`KeyedProcessOperator` runs a :class:`KeyedProcessFunction` with keyed
-state and timers over ``Record``/``Watermark`` input. It is an operator, defined
-beside ``AsyncWaitOperator`` (``asyncio_ops._keyed_operator``) on the state layer,
-and exported here with the function a user subclasses.
+:class:`KeyedProcessFunction` is what a user subclasses to process a keyed
+stream with state and timers; the operator that runs it,
+``asyncio_ops.KeyedProcessOperator``, stands beside ``AsyncWaitOperator`` one
+floor above this layer.
 """
 
 from .._exceptions import (
@@ -24,15 +24,6 @@ from .._exceptions import (
     KeyGroupError,
     StateError,
     UnsupportedKeyError,
-)
-from .._keyed_operator import (
-    Collector,
-    KeyedProcessContext,
-    KeyedProcessFunction,
-    KeyedProcessOperator,
-    KeyedRuntimeContext,
-    TimeDomain,
-    TimerService,
 )
 from .._keygroups import (
     DEFAULT_MAX_PARALLELISM,
@@ -60,6 +51,14 @@ from ._descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
     ValueStateDescriptor,
+)
+from ._function import (
+    Collector,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedRuntimeContext,
+    TimeDomain,
+    TimerService,
 )
 from ._heap import HeapKeyedStateBackend
 from ._keycodec import decode_canonical
@@ -91,7 +90,6 @@ __all__ = [
     "KeyGroupRange",
     "KeyedProcessContext",
     "KeyedProcessFunction",
-    "KeyedProcessOperator",
     "KeyedRuntimeContext",
     "KeyedStateBackend",
     "ListState",

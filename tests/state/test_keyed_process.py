@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
-from asyncio_ops import AsyncWaitOperator, Record, Watermark
+from asyncio_ops import AsyncWaitOperator, KeyedProcessOperator, Record, Watermark
 from asyncio_ops._elements import StreamElement
 from asyncio_ops.state import (
     Collector,
     ConfigurationError,
     KeyedProcessContext,
     KeyedProcessFunction,
-    KeyedProcessOperator,
     KeyedRuntimeContext,
     KeyedStateBackend,
     StateError,
