@@ -397,7 +397,7 @@ def _rebuild(kg: int, sections: list[tuple[str, Any]]) -> tuple[Entries, Timers]
             kg_timers = {k: v for k, v in kg_timers.items() if k[1] not in gone}
         else:
             entries, kg_timers = {}, {}
-        for name, kind, _has_ttl, state_entries in dumps:
+        for name, kind, _has_ttl, state_entries, _typing in dumps:
             for key, ns, data in state_entries:
                 entries[(name, key, ns)] = (kind, data)
         for domain, key, namespace, ts in section_timers:
