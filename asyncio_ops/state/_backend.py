@@ -69,6 +69,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._exceptions import (
     ConfigurationError,
     CorruptStateError,
+    IncompatibleStateError,
     KeyGroupError,
     StateError,
     UnsupportedKeyError,
@@ -424,7 +425,7 @@ class KeyedStateBackend(ABC):
                         f"state {descriptor.name!r} was restored as {pending[0]} state; "
                         f"cannot get it as {descriptor.kind} state"
                     )
-                convert = _evolve(descriptor.name, pending[0], pending[2], descriptor)
+                convert = _evolve(descriptor.name, pending[0], pending[2], _typing(descriptor))
                 del self._pending[descriptor.name]
             table = self._create_table(descriptor)
             self._tables[descriptor.name] = table
@@ -442,6 +443,14 @@ class KeyedStateBackend(ABC):
     def state_names(self) -> list[str]:
         """Names of the registered and the restored-but-not-yet-registered states."""
         return sorted(set(self._tables) | set(self._pending))
+
+    def state_types(self) -> dict[str, tuple[str, StateType | None, StateType | None]]:
+        """``{state: (kind, value type, map key type)}`` of every registered and restored
+        state (types None: untyped), what a checkpoint's manifest records."""
+        out = {name: (t.kind, t.value_type, t.key_type) for name, t in self._tables.items()}
+        for name, (kind, _, typing) in self._pending.items():
+            out[name] = (kind, *(typing if typing is not None else (None, None)))
+        return out
 
     def unclaimed_state_names(self) -> list[str]:
         """Names of restored states no descriptor has registered (yet).
@@ -570,17 +579,24 @@ class KeyedStateBackend(ABC):
                             f"{kind} state in the snapshot"
                         )
                     if typing != table.typing:
-                        convert = _evolve(name, kind, typing, table.descriptor)
+                        convert = _evolve(name, kind, typing, table.typing)
                         entries = _converted(kind, entries, convert)
                     self._load_entries(table, kg, entries)
                     continue
                 pending = self._pending.setdefault(name, (kind, {}, typing))
-                if pending[0] != kind or pending[2] != typing:
+                if pending[0] != kind:
                     raise StateError(
                         f"key group {kg}: state {name!r} is restored as both {pending[0]} "
-                        f"state of {_type_name(pending[2])} and {kind} state of "
-                        f"{_type_name(typing)}"
+                        f"and {kind} state"
                     )
+                if pending[2] != typing:  # sections written before and after a change
+                    try:  # of the descriptor's type: all in the newer (wider) one
+                        entries = _converted(kind, entries, _evolve(name, kind, typing, pending[2]))
+                    except IncompatibleStateError:
+                        convert = _evolve(name, kind, pending[2], typing)
+                        pending = self._pending[name] = (kind, {
+                            g: _converted(kind, es, convert) for g, es in pending[1].items()
+                        }, typing)  # fmt: skip
                 pending[1].setdefault(kg, []).extend(entries)
         return len(decoded)
 
@@ -742,19 +758,19 @@ def _second(pair: tuple[Any, bytes]) -> bytes:
     return pair[1]
 
 
-def _type_name(typing: Typing) -> str:
-    return "untyped (pickled) values" if typing is None else typing[0].ddl
+def _typing(descriptor: StateDescriptor) -> Typing:
+    if descriptor.value_type is None:
+        return None
+    return (descriptor.value_type, descriptor.key_type)
 
 
-def _evolve(
-    name: str, kind: str, typing: Typing, descriptor: StateDescriptor
-) -> Callable[[Any], Any] | None:
-    """The converter of restored values of ``typing`` into ``descriptor``'s type (None: as
-    they are); IncompatibleStateError if they cannot be (``_types.evolution``)."""
+def _evolve(name: str, kind: str, old: Typing, new: Typing) -> Callable[[Any], Any] | None:
+    """The converter of restored values of ``kind`` state typed ``old`` into ``new`` (None:
+    as they are); IncompatibleStateError if they cannot be (``_types.evolution``)."""
     return evolution(
-        name, None if typing is None else typing[0], descriptor.value_type,
-        old_kind=kind, new_kind=descriptor.kind,
-        old_key=None if typing is None else typing[1], new_key=descriptor.key_type,
+        name, None if old is None else old[0], None if new is None else new[0],
+        old_kind=kind, new_kind=kind,
+        old_key=None if old is None else old[1], new_key=None if new is None else new[1],
     )  # fmt: skip
 
 

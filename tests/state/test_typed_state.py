@@ -384,3 +384,32 @@ def test_restore_of_one_key_group_keeps_typed_state_of_others_apart() -> None:
             part.set_current_key(key)
             seen[key] = state.value()
     assert seen == {k: k for k in range(50)}
+
+
+def test_key_groups_restored_in_an_older_and_a_newer_type_read_in_the_newer(
+    make_backend: BackendFactory,
+) -> None:
+    # a chain written across a change of type: one key group's delta in the new type,
+    # another key group still only in the old one (its keys untouched since)
+    old = make_backend()
+    count = old.get_state(ValueStateDescriptor("count", "int"))
+    keys = {}
+    for key in range(30):
+        old.set_current_key(key)
+        count.update(key)
+        keys.setdefault(old.key_group_of(key), key)
+    first, second = sorted(keys)[:2]
+    old_blobs = old.snapshot()
+    new = make_backend()
+    wide = new.get_state(ValueStateDescriptor("count", "bigint"))
+    new.set_current_key(keys[first])
+    wide.update(1 << 40)
+    target = make_backend()
+    target.restore({first: old_blobs[first]})
+    target.restore({first: new.snapshot()[first]})  # merges: the delta's key overwritten
+    target.restore({second: old_blobs[second]})
+    state = target.get_state(ValueStateDescriptor("count", "bigint"))
+    target.set_current_key(keys[first])
+    assert state.value() == 1 << 40
+    target.set_current_key(keys[second])
+    assert state.value() == keys[second]
