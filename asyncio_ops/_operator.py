@@ -1,5 +1,18 @@
 """The AsyncWaitOperator: Flink's Async I/O on one asyncio event loop.
 
+One class with one job, as Flink's ``AsyncWaitOperator`` is: admitting
+elements within capacity, running their attempts, completing and emitting
+them in the queue's order, timing them out and retrying them, and
+snapshotting what is not yet emitted. What it is built from lives in modules
+of their own: the element queues (``_queues``), the timer service
+(``_timers``) and its timeout slots (``_timeout_slots``), the adaptive limit
+(``_limit``), retry strategies (``_retry``), result checks (``_results``),
+the snapshot's types (``_snapshot``) and the statistics (``_statistics``). The
+class stays whole on purpose: its responsibilities share one queue and one set
+of counters, which a split into collaborating objects would reach through an
+extra attribute per step of the worker loop, and a split into mixins would
+declare again in each mixin for the type checker.
+
 Call order::
 
     await op.open(restored=None)      function.open(); replay of a snapshot

@@ -1,6 +1,8 @@
 """Layer boundaries, read from the imports of every module (``ast``, nothing imported):
 the core never imports pyspark, the runtime never the Spark layer, the state layer never
-the operator (the operator and its runtime build on the state layer, not the reverse)."""
+the operator (the operator and its runtime build on the state layer, not the reverse);
+and every module stands on a floor (shared definitions, state storage, operators,
+runtime, the Spark API, the package's face) and imports only its own floor or below."""
 
 from __future__ import annotations
 
@@ -72,5 +74,83 @@ def test_layer_boundaries(under: str, forbidden: tuple[str, ...], why: str) -> N
 
 def test_the_resolver_sees_relative_imports() -> None:
     """The check itself: a relative import of the operator from the state layer is seen."""
-    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_operator.py"))
-    assert "asyncio_ops._timers" in found and "asyncio_ops._elements.Record" in found
+    found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_snapshot.py"))
+    assert "asyncio_ops._timers" in found and "asyncio_ops._container.Section" in found
+
+
+# -- the floors, bottom up: a module imports modules of its own floor or below, never above ----
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "shared definitions",
+        (
+            "asyncio_ops._exceptions", "asyncio_ops._elements", "asyncio_ops._clock",
+            "asyncio_ops._signing", "asyncio_ops._statistics", "asyncio_ops.async_retry_predicates",
+            "asyncio_ops.options", "asyncio_ops._results", "asyncio_ops._retry",
+            "asyncio_ops._functions", "asyncio_ops._keygroups", "asyncio_ops._container",
+            "asyncio_ops._checkpoint", "asyncio_ops._queues", "asyncio_ops._snapshot",
+            "asyncio_ops._limit", "asyncio_ops.testing",
+        ),
+    ),
+    (
+        "state storage",
+        ("asyncio_ops._timers", "asyncio_ops._timeout_slots", "asyncio_ops.state.*"),
+    ),
+    # the state package's face exports its operator too, so it stands on that floor
+    ("operators", ("asyncio_ops._operator", "asyncio_ops._keyed_operator", "asyncio_ops.state")),
+    ("runtime", ("asyncio_ops._runtime", "asyncio_ops._runtime.*", "asyncio_ops._runner")),
+    ("the Spark API", ("asyncio_ops.spark", "asyncio_ops.spark.*")),
+    ("the package's face", ("asyncio_ops",)),
+]  # fmt: skip
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``module``: its exact name's, else its package's (``pkg.*``)."""
+    for exact in (True, False):
+        for i, (_, names) in enumerate(FLOORS):
+            for n in names:
+                if (module == n) if exact else (n.endswith(".*") and module.startswith(n[:-1])):
+                    return i
+    raise AssertionError(f"{module} is on no floor of tests/test_layers.py: place it")
+
+
+def _module_of(name: str) -> str | None:
+    """The module of the package an imported name lives in (None: outside the package)."""
+    if not (name == "asyncio_ops" or name.startswith("asyncio_ops.")):
+        return None
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        path = PACKAGE.parent.joinpath(*parts[:k])
+        if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
+            return ".".join(parts[:k])
+        if any(path.parent.glob(path.name + ".*.so")):  # a compiled module (_heapfast)
+            return ".".join(parts[:k])
+    return None
+
+
+def test_every_import_goes_to_the_same_floor_or_below() -> None:
+    """Shared definitions, then state storage, then the operators (both side by side),
+    then the runtime, then the Spark API; the package's ``__init__`` on top (the state
+    package's stands with the operators, whose one it exports). An
+    ``from . import x`` counts as an import of ``x``, not of the package."""
+    offences = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        mine = floor_of(name)
+        seen: set[str] = set()
+        for line, imported_name in imported(path):
+            module = _module_of(imported_name)
+            if module is None or module == name or module in seen:
+                continue
+            if module in ("asyncio_ops", "asyncio_ops.state") and any(
+                _module_of(other) not in (None, module)
+                for _, other in imported(path)
+                if other.startswith(module + ".")
+            ):
+                continue  # ``from . import x``: the base of an import of its names
+            seen.add(module)
+            if floor_of(module) > mine:
+                offences.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line}: {name} "
+                    f"({FLOORS[mine][0]}) imports {module} ({FLOORS[floor_of(module)][0]})"
+                )
+    assert offences == [], "imports that run up a floor:\n" + "\n".join(offences)

@@ -17,13 +17,18 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_warm``: the keyed state a worker keeps between micro-batches;
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`;
-- ``_keyed_partition``: a ``KeyedProcessFunction`` over a partition (``keyed_process``).
+- ``_keyed_partition``: a ``KeyedProcessFunction`` over a partition (``keyed_process``);
+- ``_seed``: initial state written before a ``keyed_process`` job's first version.
+
+The Spark layer imports what this face exports, not the modules behind it.
 """
 
 from __future__ import annotations
 
+from ._keyed_partition import run_keyed_process
 from ._metrics import RunMetrics
 from ._partition import run_partition
+from ._seed import InitialStateFn, clear_seed, write_seed
 from ._spec import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_FLUSH_ROWS,
@@ -36,6 +41,7 @@ from ._spec import (
     PartitionSpec,
     TaskInfo,
 )
+from ._versions import read_version
 from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
 
 __all__ = [
@@ -47,10 +53,15 @@ __all__ = [
     "LATE_COLUMN",
     "MAX_OPEN_FUNCTIONS",
     "STATE_BACKENDS",
+    "InitialStateFn",
     "KeyedProcessSpec",
     "PartitionSpec",
     "RunMetrics",
     "TaskInfo",
     "WorkerRuntime",
+    "clear_seed",
+    "read_version",
+    "run_keyed_process",
     "run_partition",
+    "write_seed",
 ]

@@ -34,9 +34,9 @@ from .._checkpoint import CheckpointStorage
 from .._container import Kind
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
+from .._keyed_operator import KeyedProcessContext
 from .._keygroups import compute_key_group_range_for_operator_index
 from ..state import KeyedProcessOperator
-from ..state._keyed_operator import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector

@@ -1,45 +1,38 @@
-"""``ordered_wait`` / ``unordered_wait``: the DataFrame API.
+"""``ordered_wait`` / ``unordered_wait``: the DataFrame API of the async operator.
 
-Everything is validated on the driver before a job runs; the partition work
-is ``DataFrame.mapInArrow`` over :func:`asyncio_ops._runtime.run_partition`.
+Call order on the driver: the keywords become a :class:`WaitOptions` (each
+option checked, ``_options``); then what needs the DataFrame and the function
+(columns: ``_frame``; the checkpoint's location and owner:
+``_checkpoint_location``; the element kind and the defaults the function
+chooses: :func:`chunk_rows_of`, :func:`default_capacity`; the function's
+preflight) is checked and resolved, and the runtime's ``PartitionSpec`` built
+from them; nothing runs until an action. The partition work is
+``DataFrame.mapInArrow`` over :func:`asyncio_ops._runtime.run_partition`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
-from pyspark import SparkContext, TaskContext
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
-    AtomicType,
     BooleanType,
-    DataType,
-    DateType,
     IntegerType,
-    NumericType,
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
-    _parse_datatype_string,
 )
 
-from .._checkpoint import CheckpointStorage, shown_location
+from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError
 from .._functions import (
     AsyncFunction,
-    CoroutineFunction,
     PrefersChunks,
     SupportsInvokeArrow,
     SupportsInvokeChunk,
@@ -52,12 +45,17 @@ from .._runtime import (
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
     PartitionSpec,
-    TaskInfo,
     run_partition,
 )
-from ..options import (
-    positive_int,
+from ._checkpoint_location import (
+    DESCRIBED,
+    checkpoint_storage,
+    default_uid,
+    describe_operator,
+    plan_tag,
+    run_epoch,
 )
+from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._metrics import AsyncMetrics
@@ -87,69 +85,6 @@ def _error_struct(df: DataFrame, keep_input_columns: bool) -> StructType:
     return StructType([*ERROR_STRUCT.fields, StructField("input", inputs, True)])
 
 
-def batch_size_of(df: DataFrame, given: int | None) -> int:
-    """``batch_size``: as given, else Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch``
-    (the rows of an Arrow batch ``mapInArrow`` hands the function)."""
-    if given is not None:
-        return given
-    conf = df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
-    return positive_int(int(conf or 10000), "batch_size")
-
-
-def _as_struct(schema: str | StructType, what: str) -> StructType:
-    if isinstance(schema, StructType):
-        return schema
-    if isinstance(schema, str):
-        try:
-            parsed = _parse_datatype_string(schema)
-        except Exception as exc:
-            raise ConfigurationError(f"{what} {schema!r} is not a valid DDL schema: {exc}") from exc
-        if not isinstance(parsed, StructType):
-            raise ConfigurationError(f"{what} must describe columns, got {parsed!r}")
-        return parsed
-    raise ConfigurationError(f"{what} must be a DDL string or a StructType, got {schema!r}")
-
-
-def key_columns(key: str | Sequence[str] | None, df: DataFrame) -> tuple[str, ...]:
-    """The key columns (none without ``key``); ConfigurationError for a non-atomic type."""
-    cols = _columns(key, "key", df)
-    for c in cols:
-        ktype = df.schema[c].dataType
-        if not isinstance(ktype, AtomicType):
-            raise ConfigurationError(
-                f"key column {c!r} has type {ktype.simpleString()}; keys must be atomic "
-                "(numbers, strings, binary, booleans, dates, timestamps, decimals)"
-            )
-    return cols
-
-
-def event_time_column(event_time: str | None, df: DataFrame) -> str | None:
-    """The event-time column, if any; ConfigurationError for a type without a time."""
-    (column,) = _columns(event_time, "event_time", df) or (None,)
-    if column is not None:
-        dtype: DataType = df.schema[column].dataType
-        if not isinstance(dtype, TimestampType | TimestampNTZType | DateType | NumericType):
-            raise ConfigurationError(
-                f"event_time column {column!r} has type {dtype.simpleString()}; "
-                "use a timestamp, date or numeric column"
-            )
-    return column
-
-
-def _columns(value: str | Sequence[str] | None, name: str, df: DataFrame) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    cols = (value,) if isinstance(value, str) else tuple(value)
-    if not cols or not all(isinstance(c, str) for c in cols):
-        raise ConfigurationError(f"{name} must be a column name or a list of names, got {value!r}")
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise ConfigurationError(
-            f"{name} column(s) {missing} not in the DataFrame (columns: {df.columns})"
-        )
-    return cols
-
-
 def _wait(
     df: DataFrame,
     fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
@@ -170,7 +105,7 @@ def _wait(
     batch_size = batch_size_of(df, options.batch_size)
     keep_input_columns = options.keep_input_columns
 
-    added = _as_struct(output_schema, "output_schema")
+    added = as_struct(output_schema, "output_schema")
     if not added.fields:
         raise ConfigurationError(
             f"output_schema declares no columns ({output_schema!r}): name the columns the "
@@ -288,13 +223,13 @@ def _wait(
     on_done = options.metrics._add if options.metrics is not None else None
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from run_partition(spec, batches, _task_info(spec.num_partitions), on_done=on_done)
+        yield from run_partition(spec, batches, task_info(spec.num_partitions), on_done=on_done)
 
     if storage is not None:
         # the plan names the operator's checkpoint, so that a later operator under the
-        # same location and uid finds it upstream (see _check_not_upstream)
-        partition.__name__ = _plan_tag(storage.location, operator_uid)
-        _DESCRIBED[partition.__name__] = _describe_operator(mode, function, spec.run_token)
+        # same location and uid finds it upstream (see _checkpoint_location)
+        partition.__name__ = plan_tag(storage.location, operator_uid)
+        DESCRIBED[partition.__name__] = describe_operator(mode, function, spec.run_token)
     out = df.mapInArrow(partition, spark_schema)
     if key_cols and keep_input_columns:
         out = out.drop(KEY_GROUP_COLUMN)
@@ -405,168 +340,6 @@ def _bypassed(function: AsyncFunction[Any, Any], method: str) -> type | None:
     if owner is not None and owner is not answers and issubclass(owner, answers):
         return owner
     return None
-
-
-def _spark_context(spark: SparkSession) -> SparkContext | None:
-    """The session's SparkContext; None on Spark Connect, whose client has none."""
-    try:
-        return spark.sparkContext
-    except (AttributeError, NotImplementedError):
-        return None
-
-
-def run_epoch(spark: SparkSession) -> int:
-    """Milliseconds that lead a batch run's name (see PartitionSpec): the application's
-    start, so that runs of one application sort by execution id; the current time
-    where the session has no SparkContext (Spark Connect)."""
-    context = _spark_context(spark)
-    return int(context.startTime) if context is not None else int(time.time() * 1000)
-
-
-def _task_info(num_partitions: int | None) -> TaskInfo:
-    ctx = TaskContext.get()
-    if ctx is None:  # pragma: no cover - only outside a Spark task
-        return TaskInfo()
-    batch = ctx.getLocalProperty("streaming.sql.batchId")
-    return TaskInfo(
-        partition_id=ctx.partitionId(),
-        num_partitions=num_partitions or 0,
-        attempt_number=ctx.attemptNumber(),
-        stage_id=ctx.stageId(),
-        batch_id=int(batch) if batch is not None else None,
-        execution_id=ctx.getLocalProperty("spark.sql.execution.id"),
-    )
-
-
-# -- checkpoint identity ------------------------------------------------------------------------
-_DESCRIBED: dict[str, str] = {}
-"""Plan tag -> description of the operator, for the message of a uid collision."""
-
-
-def _function_name(function: AsyncFunction[Any, Any]) -> str:
-    target: Any = function.fn if isinstance(function, CoroutineFunction) else type(function)
-    module = getattr(target, "__module__", "?")
-    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
-
-
-def default_uid(
-    mode: OutputMode,
-    function: AsyncFunction[Any, Any],
-    added: StructType,
-    key_cols: Sequence[str],
-    event_col: str | None,
-    input_schema: StructType,
-) -> str:
-    """The operator id when ``uid`` is not given: stable across restarts of one query.
-
-    Derived from what makes the operator itself (mode, function, output
-    columns, key, event time, input columns), so that two different operators
-    under one ``checkpoint_location`` get different ids, and the same operator
-    rebuilt after a restart finds its checkpoint. Two identical operators in
-    one query would share it: give them ``uid=`` each (an operator upstream
-    of another with the same id is refused, see :func:`_check_not_upstream`).
-    """
-    parts = [
-        mode.value, _function_name(function), added.simpleString(), ",".join(key_cols),
-        event_col or "", input_schema.simpleString(),
-    ]  # fmt: skip
-    digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
-    return f"{mode.value.replace('_', '-')}-wait-{digest}"
-
-
-def _plan_tag(location: str, uid: str) -> str:
-    digest = hashlib.blake2b(f"{location.rstrip('/')}|{uid}".encode(), digest_size=8).hexdigest()
-    return f"asyncio_ops_{digest}"
-
-
-def _describe_operator(mode: OutputMode, function: AsyncFunction[Any, Any], token: str) -> str:
-    return f"{mode.value} wait of {_function_name(function)} (DataFrame {token})"
-
-
-def checkpoint_storage(df: DataFrame, location: object, uid: str) -> CheckpointStorage:
-    """The checkpoint storage of an operator (``uid``) under ``location``, checked on the
-    driver: a path or URI string, reachable by every executor
-    (:func:`_unshared_location`), writable, and not already an operator's of this plan
-    or of a running query (:func:`_check_not_upstream`)."""
-    if not isinstance(location, str) or not location:
-        raise ConfigurationError(
-            f"checkpoint_location must be a path or URI string, got {location!r}"
-        )
-    problem = _unshared_location(location, _master(df.sparkSession))
-    if problem is not None:
-        raise ConfigurationError(problem)
-    storage = CheckpointStorage(location, uid)
-    storage.check_writable()
-    _check_not_upstream(df, location, uid)
-    return storage
-
-
-def _master(spark: SparkSession) -> str | None:
-    """The session's master URL (None where the client cannot tell: Spark Connect)."""
-    context = _spark_context(spark)
-    return str(context.master) if context is not None else None
-
-
-def _unshared_location(location: str, master: str | None) -> str | None:
-    """Why ``location`` cannot hold checkpoints under ``master``, or None.
-
-    A plain path (no ``scheme://``) is a directory of whichever machine reads it:
-    with a master whose executors run on other machines (``spark://``, ``yarn``,
-    ``k8s://``, ...) each executor would write its own disk, and the next
-    micro-batch or retry, elsewhere, would find no state. Local masters
-    (``local``, ``local[N]``, ``local-cluster[...]``) run on one machine, and an
-    explicit ``file://`` URI is the user's word that the path is shared (a mount
-    every executor has).
-    """
-    if "://" in location or master is None or master.startswith("local"):
-        return None
-    return (
-        f"checkpoint_location {location!r} is a local path, but the master {master!r} "
-        "runs executors on other machines, whose disks do not share it: one executor's "
-        "state would be invisible to the next. Use storage every executor reaches "
-        "(s3://..., gs://..., abfs://..., hdfs://...), or, if every executor mounts this "
-        f"path, say so with file://{os.path.abspath(location)}"
-    )
-
-
-def _check_not_upstream(df: DataFrame, location: str, uid: str) -> None:
-    """Refuse a second operator under one location and uid: in the same query (upstream in
-    ``df``'s plan), or in another streaming query running in this session.
-
-    Every operator that keeps a checkpoint names its mapInArrow function after
-    :func:`_plan_tag` of its location and uid, so the tag in a plan is the
-    ownership record. A query restarted from its own Spark checkpoint is built
-    after the old run stopped, so it finds no running owner and goes on.
-    """
-    tag = _plan_tag(location, uid)
-    try:
-        plan = df._jdf.queryExecution().logical().toString()
-    except Exception:  # Spark Connect: no JVM plan to read; the default ids still differ
-        return
-    if tag in plan:
-        raise ConfigurationError(
-            f"two operators write checkpoint_location {shown_location(location)!r} with uid "
-            f"{uid!r}: "
-            f"{_DESCRIBED.get(tag, 'an operator upstream')} is already in this DataFrame's "
-            "plan; give each operator its own uid="
-        )
-    for query in df.sparkSession.streams.active:
-        if tag in _query_plan(query):
-            raise ConfigurationError(
-                f"checkpoint_location {shown_location(location)!r} with uid {uid!r} is in use by "
-                f"{_DESCRIBED.get(tag, 'an operator')} of the running streaming query "
-                f"{query.name or '(unnamed)'!r} (id {query.id}); a query of this DataFrame "
-                "would share its state and checkpoint versions: pass distinct uid= or "
-                "checkpoint_location= to the operators of the two queries"
-            )
-
-
-def _query_plan(query: StreamingQuery) -> str:
-    """The logical plan of a running streaming query, as text ('' if Spark hides it)."""
-    try:
-        return str(query._jsq.streamingQuery().logicalPlan().toString())
-    except Exception:  # Spark Connect, or a query that stopped meanwhile
-        return ""
 
 
 def ordered_wait(

@@ -34,9 +34,9 @@ from .._functions import AsyncFunction, as_async_function
 from .._retry import AsyncRetryStrategy
 
 # aliased: inside the class body the names ordered_wait / unordered_wait are its methods
-from ._api import _as_struct
 from ._api import ordered_wait as _ordered_wait
 from ._api import unordered_wait as _unordered_wait
+from ._frame import as_struct
 from ._keywords import known_keywords
 
 
@@ -75,7 +75,7 @@ class AsyncDataStream:
                 "output_type is required: the Spark schema of what the function returns "
                 "(a DDL string such as 'id long, name string', or a StructType)"
             )
-        _as_struct(output_type, "output_type")  # named as PyFlink names it, if malformed
+        as_struct(output_type, "output_type")  # named as PyFlink names it, if malformed
         options.setdefault("keep_input_columns", False)
         options.setdefault("rows_as", "row")
         return wait(  # type: ignore[no-any-return]

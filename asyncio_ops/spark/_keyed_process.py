@@ -33,20 +33,16 @@ from pyspark.sql.types import (
 
 from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError
-from .._runtime import KeyedProcessSpec
-from .._runtime._keyed_partition import run_keyed_process
-from .._runtime._seed import InitialStateFn, clear_seed, write_seed
-from ..state import KeyedProcessFunction
-from ._api import (
-    _DESCRIBED,
-    _as_struct,
-    _plan_tag,
-    _task_info,
-    batch_size_of,
-    checkpoint_storage,
-    event_time_column,
-    key_columns,
+from .._runtime import (
+    InitialStateFn,
+    KeyedProcessSpec,
+    clear_seed,
+    run_keyed_process,
+    write_seed,
 )
+from ..state import KeyedProcessFunction
+from ._checkpoint_location import DESCRIBED, checkpoint_storage, plan_tag
+from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._options import KeyedOptions
@@ -119,7 +115,7 @@ def keyed_process(
     if not key_cols:
         raise ConfigurationError("keyed_process needs key= (a column name or a list of names)")
     event_col = event_time_column(options.event_time, df)
-    out_struct = _as_struct(output_schema, "output_schema")
+    out_struct = as_struct(output_schema, "output_schema")
     if not out_struct.fields:
         raise ConfigurationError(f"output_schema declares no columns ({output_schema!r})")
     timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
@@ -172,14 +168,14 @@ def keyed_process(
             _write_seed(spec, seed_fn, initial_state, key_cols, max_parallelism, parts)
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from run_keyed_process(spec, batches, _task_info(parts))
+        yield from run_keyed_process(spec, batches, task_info(parts))
 
     if storage is not None:
         assert checkpoint_location is not None
-        # the plan names the operator's checkpoint (see _check_not_upstream)
-        partition.__name__ = _plan_tag(checkpoint_location, storage.uid)
+        # the plan names the operator's checkpoint (see _checkpoint_location)
+        partition.__name__ = plan_tag(checkpoint_location, storage.uid)
         kind = type(fn)
-        _DESCRIBED[partition.__name__] = f"keyed_process of {kind.__module__}.{kind.__qualname__}"
+        DESCRIBED[partition.__name__] = f"keyed_process of {kind.__module__}.{kind.__qualname__}"
     return df.mapInArrow(partition, out_struct)
 
 
@@ -247,7 +243,7 @@ def _write_seed(
     routed, _ = partition_by_key_group(initial_state, key_cols, max_parallelism, parts)
 
     def seed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from write_seed(spec, seed_fn, batches, _task_info(parts))
+        yield from write_seed(spec, seed_fn, batches, task_info(parts))
 
     keys = sum(r[0] for r in routed.mapInArrow(seed, "keys long").collect())
     log.info("keyed_process uid %r: initial state of %d key(s) seeded", spec.checkpoint.uid, keys)

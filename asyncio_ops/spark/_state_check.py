@@ -12,8 +12,11 @@ checkpoint (manifests only) and refuses, with
   untyped, another map key type, another kind), naming the state, both
   types, why and what to do.
 
-The declared states are what ``fn.open`` obtains (``state._schema.declared_states``,
-run on a copy of ``fn``, so the driver's ``fn`` is not opened): with
+The declared states are what ``fn.open`` obtains (:func:`declared_states`: run
+once on a copy of ``fn`` with a throwaway heap backend of one key group and no
+key, so the driver's ``fn`` is not opened; Spark runs a ``StatefulProcessor``'s
+``init`` on the driver for the same purpose; states obtained later than
+``open`` are not seen): with
 ``preflight=False``, or a checkpoint written before versions recorded their
 states, only the key columns are checked, and the workers still refuse an
 incompatible state when its descriptor registers, before touching it.
@@ -33,12 +36,38 @@ from pyspark.sql.types import StructType
 
 from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError, IncompatibleStateError
+from .._functions import RuntimeContext
+from .._keygroups import KeyGroupRange
 from .._runtime._keyed_partition import KEY_SCHEMA, STATE_TYPES
 from .._runtime._versions import VersionFiles, read_version
-from ..state import KeyedProcessFunction
-from ..state._schema import StateTypes, check_restore, declared_states, types_of_json
+from ..state import HeapKeyedStateBackend, KeyedProcessFunction, KeyedProcessOperator
+from ..state._schema import StateTypes, check_restore, types_of_json
 
-__all__ = ["check_state_schema", "newest_complete", "recorded_types"]
+__all__ = ["check_state_schema", "declared_states", "newest_complete", "recorded_types"]
+
+
+def declared_states(fn: KeyedProcessFunction[Any, Any, Any]) -> StateTypes:
+    """The states ``fn.open`` declares (see the module docstring); ``fn`` is opened and
+    closed: pass a copy."""
+    backend = HeapKeyedStateBackend(max_parallelism=1, key_group_range=KeyGroupRange(0, 0))
+    try:
+        op = KeyedProcessOperator(
+            fn, _same, backend=backend, output=_discard, schedule_timers=False,
+            runtime_context=RuntimeContext(task_name="keyed_process (declaring state)"),
+        )  # fmt: skip
+        op.open()
+        op.close()
+        return backend.state_types()
+    finally:
+        backend.close()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _discard(element: Any) -> None:
+    return None
 
 
 def newest_complete(storage: CheckpointStorage) -> VersionFiles | None:

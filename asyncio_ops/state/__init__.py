@@ -13,7 +13,9 @@ obtained from descriptors and read and write the backend's current key::
     seen.update(True)
 
 :class:`KeyedProcessOperator` runs a :class:`KeyedProcessFunction` with keyed
-state and timers over ``Record``/``Watermark`` input.
+state and timers over ``Record``/``Watermark`` input. It is an operator, defined
+beside ``AsyncWaitOperator`` (``asyncio_ops._keyed_operator``) on the state layer,
+and exported here with the function a user subclasses.
 """
 
 from .._exceptions import (
@@ -22,6 +24,15 @@ from .._exceptions import (
     KeyGroupError,
     StateError,
     UnsupportedKeyError,
+)
+from .._keyed_operator import (
+    Collector,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedProcessOperator,
+    KeyedRuntimeContext,
+    TimeDomain,
+    TimerService,
 )
 from .._keygroups import (
     DEFAULT_MAX_PARALLELISM,
@@ -52,15 +63,6 @@ from ._descriptors import (
 )
 from ._heap import HeapKeyedStateBackend
 from ._keycodec import decode_canonical
-from ._keyed_operator import (
-    Collector,
-    KeyedProcessContext,
-    KeyedProcessFunction,
-    KeyedProcessOperator,
-    KeyedRuntimeContext,
-    TimeDomain,
-    TimerService,
-)
 from ._keyed_snapshot import restore_key_groups, snapshot_key_groups
 from ._operator_state import OperatorStateBackend
 from ._rocksdb import RocksDBKeyedStateBackend, RocksDBSnapshot

@@ -13,18 +13,18 @@ import os
 
 import pytest
 
-from asyncio_ops.spark._api import _unshared_location
+from asyncio_ops.spark._checkpoint_location import unshared_location
 
 
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[2, 4]", "local[*]",
                                     "local-cluster[2,1,1024]", None])  # fmt: skip
 def test_a_plain_path_is_fine_on_one_machine(master: str | None) -> None:
-    assert _unshared_location("/tmp/ckpt", master) is None
+    assert unshared_location("/tmp/ckpt", master) is None
 
 
 @pytest.mark.parametrize("master", ["spark://10.0.0.1:7077", "yarn", "k8s://https://api:6443"])
 def test_a_plain_path_is_refused_where_executors_run_elsewhere(master: str) -> None:
-    problem = _unshared_location("relative/ckpt", master)
+    problem = unshared_location("relative/ckpt", master)
     assert problem is not None
     assert "'relative/ckpt' is a local path" in problem and repr(master) in problem
     assert f"file://{os.path.abspath('relative/ckpt')}" in problem
@@ -34,4 +34,4 @@ def test_a_plain_path_is_refused_where_executors_run_elsewhere(master: str) -> N
     "location", ["file:///mnt/shared/ckpt", "s3://bucket/ckpt", "hdfs://nn:8020/ckpt"]
 )
 def test_a_uri_is_the_users_word_that_every_executor_reaches_it(location: str) -> None:
-    assert _unshared_location(location, "spark://10.0.0.1:7077") is None
+    assert unshared_location(location, "spark://10.0.0.1:7077") is None

@@ -60,15 +60,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
-from .._clock import Scheduler
-from .._container import Section
-from .._elements import Record, StreamElement, Watermark
-from .._exceptions import ConfigurationError, StateError
-from .._functions import RuntimeContext
-from .._timers import InternalTimerService, Timer
-from ._backend import KeyedStateBackend
-from ._descriptors import StateDescriptor
-from ._keyed_snapshot import (
+from ._clock import Scheduler
+from ._container import Section
+from ._elements import Record, StreamElement, Watermark
+from ._exceptions import ConfigurationError, StateError
+from ._functions import RuntimeContext
+from ._timers import InternalTimerService, Timer
+from .state._backend import KeyedStateBackend
+from .state._descriptors import StateDescriptor
+from .state._keyed_snapshot import (
     apply_change,
     restore_key_groups,
     snapshot_changes,
