@@ -22,6 +22,11 @@
         ├── KeyGroupError (ValueError)    key group / parallelism out of range
         ├── UnsupportedKeyError (TypeError)
         │                                 a key with no canonical byte encoding
+        ├── StateTypeError (TypeError)    a value that does not fit a typed state's
+        │                                 declared type; names the state, key and value
+        ├── IncompatibleStateError (ValueError)
+        │                                 a typed state's checkpointed type cannot become
+        │                                 its declared one; names both and what to do
         └── CorruptStateError (ValueError)
                                           a snapshot blob or file that does not verify;
                                           names the key group or file
@@ -113,6 +118,15 @@ class KeyGroupError(StateError, ValueError):
 
 class UnsupportedKeyError(StateError, TypeError):
     """A key of a type that has no canonical byte encoding."""
+
+
+class StateTypeError(StateError, TypeError):
+    """A value does not fit a typed state's declared type (names state, key and value)."""
+
+
+class IncompatibleStateError(StateError, ValueError):
+    """A checkpoint's typed state cannot be restored into the declared state: another
+    kind, a narrowed or changed type, typed against untyped (names both and what to do)."""
 
 
 class CorruptStateError(StateError, ValueError):

@@ -38,6 +38,11 @@ snapshot (streaming) → ``fn.close``.
   version ``N`` again, and logged as a warning (logger
   ``asyncio_ops.runtime``) naming them, the operator uid and the version they
   came from: a renamed descriptor starts empty, and the warning says so.
+- Each manifest records every state's kind and declared types
+  (``STATE_TYPES``), registered or restored: the driver checks a restart's
+  descriptors against it, and ``read_state`` types its columns by it. Typed
+  state restored under a changed compatible type is converted when its
+  descriptor registers (``state._types.evolution``).
 
 The function sees each row as a dict of the input columns; what it emits
 (``out.collect``, or returned or yielded) must fit ``output_schema``. An
@@ -63,6 +68,7 @@ from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state import KeyedStateBackend
+from ..state._schema import types_json
 from . import _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds
@@ -87,6 +93,9 @@ OPERATOR: bytes = b"keyed_process"
 _WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest
 # the key columns' names and Spark types (a StructType's JSON), for read_state
 KEY_SCHEMA: bytes = b"aops.key_schema"
+# every state's kind and declared types (``state._schema.types_json``): read_state's typed
+# columns, and the driver's check of a restart's descriptors
+STATE_TYPES: bytes = b"aops.state_types"
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -356,6 +365,7 @@ def _snapshot(
     meta = {_WATERMARK: mark}
     if spec.key_schema:
         meta[KEY_SCHEMA] = spec.key_schema.encode()
+    meta[STATE_TYPES] = types_json(op.backend.state_types()).encode()
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes, None,
         meta, operator=OPERATOR, chains=kept, writer=writer,

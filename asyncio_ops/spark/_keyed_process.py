@@ -10,7 +10,9 @@ follow their key groups when the number of partitions changes. One
 ``checkpoint_location`` and ``uid`` belong to one operator of one query: a
 second one upstream in the plan, or in another streaming query running in the
 session, is refused on the driver (as for the async operators); a query
-restarted from its own Spark checkpoint takes its state back.
+restarted from its own Spark checkpoint takes its state back, after the
+driver has checked its key columns and state descriptors against the
+checkpoint (``_state_check``: an incompatible change fails before any job).
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from pyspark.sql.types import (
 )
 
 from .._checkpoint import CheckpointStorage
-from .._exceptions import CheckpointError, ConfigurationError
+from .._exceptions import ConfigurationError
 from .._runtime import (
     InitialStateFn,
     KeyedProcessSpec,
     clear_seed,
-    read_version,
     run_keyed_process,
     write_seed,
 )
@@ -46,6 +47,7 @@ from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._options import KeyedOptions
 from ._preflight import preflight as run_preflight
+from ._state_check import check_state_schema, newest_complete
 
 log = logging.getLogger("asyncio_ops.spark")
 
@@ -131,6 +133,8 @@ def keyed_process(
         )
 
     seed_fn = _initial_state_fn(fn, initial_state, initial_state_fn, key_cols, df, storage)
+    if storage is not None and df.isStreaming:
+        check_state_schema(fn, storage, key_cols, df, options.preflight)
     run_preflight(options.preflight, fn, df, out_struct)
 
     df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
@@ -152,7 +156,8 @@ def keyed_process(
     )
     if seed_fn is not None:
         assert initial_state is not None and storage is not None
-        restores = _complete_version(storage) if df.isStreaming else None
+        found = newest_complete(storage) if df.isStreaming else None
+        restores = found.version if found is not None else None
         if restores is not None:
             log.info(
                 "keyed_process uid %r: initial_state ignored, the query restores from "
@@ -222,18 +227,6 @@ def _initial_state_fn(
     if not callable(chosen):
         raise ConfigurationError(f"initial_state_fn must be callable, got {chosen!r}")
     return chosen
-
-
-def _complete_version(storage: CheckpointStorage) -> int | None:
-    """The newest version every partition finished writing (None: the query has no
-    state yet, and micro-batch 0, even a re-run of a failed one, reads the seed)."""
-    for version in reversed(storage.versions()):
-        try:
-            if read_version(storage, version) is not None:
-                return version
-        except CheckpointError:
-            continue  # incomplete: a micro-batch that failed while writing it
-    return None
 
 
 def _write_seed(

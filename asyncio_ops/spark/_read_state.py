@@ -28,6 +28,13 @@ Contract:
   keys are stored in the key encoding, never pickled. Unpickling runs code
   the checkpoint names: read only checkpoints you would let the job itself
   restore (the same trust boundary).
+- Typed state (a descriptor with a type; the version's manifests record
+  each state's type): ``state=`` naming one gives ``value`` as a column of
+  its Spark type (and, map state, ``map_key`` of its key type), no
+  ``value_bytes``; nothing is unpickled. Among all states (no ``state=``), a
+  typed state's ``value`` is its JSON and ``value_bytes`` null. Values a
+  chain holds in an older type (written before a compatible change of the
+  descriptor) are converted into the recorded one, as a restore does.
 - ``timers=True``: one row per timer instead: key column(s), ``key_group``,
   ``domain`` (``event`` / ``processing``) and ``timestamp`` (Spark
   timestamp; the timer's time in seconds as ``timestamp_seconds``).
@@ -62,6 +69,7 @@ from pyspark.sql.types import (
     StructField,
     StructType,
     TimestampType,
+    _parse_datatype_string,
 )
 
 from .._checkpoint import CheckpointStorage
@@ -74,7 +82,10 @@ from ..options import path_segment
 from ..state._keycodec import decode_canonical
 from ..state._keyed_snapshot import delta_keys
 from ..state._payloads import read
+from ..state._schema import StateTypes
 from ..state._serializers import PICKLE_SERIALIZER
+from ..state._types import evolution
+from ._state_check import recorded_types
 
 __all__ = ["read_state"]
 
@@ -85,7 +96,7 @@ _STATE_COLUMNS: Final = [
     StructField("map_key", StringType(), True),
     StructField("list_index", LongType(), True),
     StructField("value", StringType(), True),
-    StructField("value_bytes", BinaryType(), False),
+    StructField("value_bytes", BinaryType(), True),
     StructField("ttl_timestamp", TimestampType(), True),
 ]
 _TIMER_COLUMNS: Final = [
@@ -161,7 +172,11 @@ def read_state(
         before = _all_chains(old)
     key_fields = _key_fields(found)
     typed = KEY_SCHEMA in (found.manifests[0].schema.metadata or {})
+    types: StateTypes = recorded_types(found) or {}
     fixed = _TIMER_COLUMNS if timers else _STATE_COLUMNS
+    one = types.get(state) if state is not None and not timers else None
+    if one is not None and one[1] is not None:  # one typed state: its own Spark types
+        fixed = _typed_columns(one[0], one[1].ddl, None if one[2] is None else one[2].ddl)
     if changes:
         fixed = [StructField("change_type", StringType(), False), *fixed]
     clash = {f.name for f in key_fields} & {f.name for f in fixed}
@@ -194,10 +209,23 @@ def read_state(
             )  # fmt: skip
             yield from _rows(
                 storage, mine, old if changes else None, key_names, typed, arrow_schema, state,
-                timers,
+                timers, types,
             )  # fmt: skip
 
     return groups.mapInArrow(emit, schema)
+
+
+def _typed_columns(kind: str, value: str, key: str | None) -> list[StructField]:
+    """The state columns of one typed state: ``value`` (and ``map_key``) of its types."""
+    out = []
+    for f in _STATE_COLUMNS:
+        if f.name == "value":
+            out.append(StructField("value", _parse_datatype_string(value), True))
+        elif f.name == "map_key" and key is not None:
+            out.append(StructField("map_key", _parse_datatype_string(key), kind != "map"))
+        elif f.name != "value_bytes":
+            out.append(f)
+    return out
 
 
 def _parallelism(spark: SparkSession) -> int:
@@ -278,8 +306,11 @@ def _rows(
     schema: pa.Schema,
     only: str | None,
     timers: bool,
+    types: StateTypes,
 ) -> Iterator[pa.RecordBatch]:
     chains = {kg: chain for kg, chain in chains.items() if chain}
+    as_column = "value_bytes" not in schema.names and not timers  # one typed state
+    key_type = types[only][2] if as_column and only is not None else None
     found = read_chains(storage, chains)
     old_found: dict[int, list[tuple[str, Any]]] = {}
     if before is not None:  # a chain that extends the old one holds it: no second read
@@ -315,17 +346,28 @@ def _rows(
         cols["key_group"].append(kg)
         cols["state"].append(name)
         cols["kind"].append(kind)
-        cols["map_key"].append(None if map_key is None else _json(decode_canonical(map_key)))
+        if map_key is None:
+            cols["map_key"].append(None)
+        elif key_type is not None:
+            cols["map_key"].append(key_type.decode(map_key))
+        else:
+            cols["map_key"].append(_json(decode_canonical(map_key)))
         cols["list_index"].append(index)
-        cols["value"].append(_decoded(value))
-        cols["value_bytes"].append(value)
+        if as_column:
+            cols["value"].append(value)
+        elif isinstance(value, bytes):
+            cols["value"].append(_decoded(value))
+            cols["value_bytes"].append(value)
+        else:  # a typed state's value, among all states
+            cols["value"].append(_json(value))
+            cols["value_bytes"].append(None)
         cols["ttl_timestamp"].append(_micros(ts))
 
     for kg in sorted(found.keys() | old_found.keys()):
-        entries, kg_timers = _rebuild(kg, found.get(kg, []))
+        entries, kg_timers = _rebuild(kg, found.get(kg, []), types)
         if before is not None:
             now = _flat(entries, only)
-            then = _flat(_rebuild(kg, old_found.get(kg, []))[0], only)
+            then = _flat(_rebuild(kg, old_found.get(kg, []), types)[0], only)
             for ident, item in sorted(now.items()):
                 if then.get(ident) != item:
                     cols["change_type"].append("put")
@@ -351,6 +393,30 @@ def _rows(
         yield flush()
 
 
+def _converter(
+    name: str, kind: str, typing: Any, recorded: tuple[str, Any, Any] | None, path: str
+) -> Any:
+    """The converter of ``name``'s values as a section holds them (``typing``) into the
+    recorded type (None: as they are)."""
+    if typing is None or recorded is None or recorded[1] is None:
+        return None
+    if (typing[0], typing[1]) == (recorded[1], recorded[2]):
+        return None
+    try:
+        return evolution(name, typing[0], recorded[1], old_kind=kind, new_kind=recorded[0],
+                         old_key=typing[1], new_key=recorded[2])  # fmt: skip
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
+
+
+def _convert(kind: str, data: Any, convert: Any) -> Any:
+    if kind == "list":
+        return [(ts, convert(v)) for ts, v in data]
+    if kind == "map":
+        return [(mk, ts, None if v is None else convert(v)) for mk, ts, v in data]
+    return (data[0], convert(data[1]))
+
+
 def _micros(ts: float | None) -> int | None:
     if ts is None or not math.isfinite(ts):
         return None
@@ -360,8 +426,8 @@ def _micros(ts: float | None) -> int | None:
 Entries = dict[tuple[str, bytes, bytes], tuple[str, Any]]
 Identity = tuple[str, bytes, bytes, bytes | None, int | None]
 """One row's identity: state, key, namespace, map key (map state), index (list state)."""
-Item = tuple[str, float | None, bytes]
-"""One row's kind, TTL timestamp and value bytes."""
+Item = tuple[str, float | None, Any]
+"""One row's kind, TTL timestamp and value bytes (a typed state's value)."""
 
 
 def _flat(entries: Entries, only: str | None) -> dict[Identity, Item]:
@@ -382,9 +448,12 @@ def _flat(entries: Entries, only: str | None) -> dict[Identity, Item]:
 Timers = dict[tuple[str, bytes, bytes], set[float]]
 
 
-def _rebuild(kg: int, sections: list[tuple[str, Any]]) -> tuple[Entries, Timers]:
+def _rebuild(
+    kg: int, sections: list[tuple[str, Any]], types: StateTypes
+) -> tuple[Entries, Timers]:
     """Apply one key group's chain (full section, then deltas): its entries by
-    ``(state, key, namespace)`` and its timers by ``(domain, key, namespace)``."""
+    ``(state, key, namespace)`` and its timers by ``(domain, key, namespace)``; a typed
+    state's values of an older type converted into the one ``types`` records."""
     entries: Entries = {}
     kg_timers: Timers = {}
     for path, section in sections:
@@ -397,8 +466,11 @@ def _rebuild(kg: int, sections: list[tuple[str, Any]]) -> tuple[Entries, Timers]
             kg_timers = {k: v for k, v in kg_timers.items() if k[1] not in gone}
         else:
             entries, kg_timers = {}, {}
-        for name, kind, _has_ttl, state_entries in dumps:
+        for name, kind, _has_ttl, state_entries, typing in dumps:
+            convert = _converter(name, kind, typing, types.get(name), path)
             for key, ns, data in state_entries:
+                if convert is not None:
+                    data = _convert(kind, data, convert)
                 entries[(name, key, ns)] = (kind, data)
         for domain, key, namespace, ts in section_timers:
             kg_timers.setdefault(

@@ -69,6 +69,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._exceptions import (
     ConfigurationError,
     CorruptStateError,
+    IncompatibleStateError,
     KeyGroupError,
     StateError,
     UnsupportedKeyError,
@@ -89,6 +90,8 @@ from ._descriptors import (
 )
 from ._keycodec import decode_canonical, encoded_key_group, key_prefix
 from ._ttl import IncrementalCleanup, StateTtlConfig
+from ._typed_states import typed_state
+from ._types import StateType, evolution
 
 __all__ = ["KeyedStateBackend"]
 
@@ -123,8 +126,11 @@ NO_KEY: Final = _NoKey()
 #   value, reducing, aggregating: (key_enc, ns_enc, (ts | None, value_bytes))
 #   list:                         (key_enc, ns_enc, [(ts | None, element_bytes), ...])
 #   map:                          (key_enc, ns_enc, [(map_key_enc, ts | None, value_bytes), ...])
+# A typed state's values are its normalised Python values instead of bytes, and its dump
+# names its types (the value type and, map state, the key type); None: untyped.
 Entry = tuple[bytes, bytes, Any]
-StateDump = tuple[str, str, bool, list[Entry]]
+Typing = tuple[StateType, StateType | None] | None
+StateDump = tuple[str, str, bool, list[Entry], Typing]
 
 
 def no_current_key() -> StateError:
@@ -155,8 +161,18 @@ class TableBase:
         self.name = descriptor.name
         self.kind = descriptor.kind
         self.serializer = descriptor.serializer
-        self.dumps = _naming_dumps(descriptor.serializer.dumps, descriptor.name)
-        self.loads = descriptor.serializer.loads
+        self.value_type = descriptor.value_type
+        self.key_type = descriptor.key_type
+        self.typing: Typing = None
+        self.dumps: Callable[[Any], bytes]
+        self.loads: Callable[[Any], Any]
+        if descriptor.value_type is not None:  # bytes of a RocksDB working copy, no pickle
+            self.typing = (descriptor.value_type, descriptor.key_type)
+            self.dumps = descriptor.value_type.encode
+            self.loads = descriptor.value_type.decode
+        else:
+            self.dumps = _naming_dumps(descriptor.serializer.dumps, descriptor.name)
+            self.loads = descriptor.serializer.loads
         ttl: StateTtlConfig | None = descriptor.ttl
         self.ttl_config = ttl
         self.has_ttl = ttl is not None
@@ -231,8 +247,8 @@ class KeyedStateBackend(ABC):
         self._tables: dict[str, TableBase] = {}
         self._states: dict[tuple[str, Any], State] = {}
         self._per_record: list[TableBase] = []
-        # Restored data of states not yet registered: name -> (kind, {kg: [entries]}).
-        self._pending: dict[str, tuple[str, dict[int, list[Entry]]]] = {}
+        # Restored data of states not yet registered: name -> (kind, {kg: [entries]}, typing).
+        self._pending: dict[str, tuple[str, dict[int, list[Entry]], Typing]] = {}
         # Keys made current since take_touched() (None: not tracking; track_changes)
         self._touched: set[Any] | None = None
         self._closed = False
@@ -371,8 +387,10 @@ class KeyedStateBackend(ABC):
         """The state of ``descriptor`` in ``namespace`` (default None), for the current key.
 
         The same (name, namespace) returns the same object. A second descriptor
-        of the same name must have the same kind and TTL (StateError otherwise).
-        Namespaces need a canonical encoding, like keys.
+        of the same name must have the same kind, TTL and type (StateError
+        otherwise). Namespaces need a canonical encoding, like keys. Restored data
+        of a typed state declared with another compatible type is converted into
+        it (``_types.evolution``); an incompatible one raises IncompatibleStateError.
         """
         self._check_open()
         if not isinstance(descriptor, StateDescriptor) or descriptor.kind not in KINDS:
@@ -385,37 +403,54 @@ class KeyedStateBackend(ABC):
         table = self._tables.get(descriptor.name)
         if table is not None:
             d = table.descriptor
-            if d.kind != descriptor.kind or d.ttl != descriptor.ttl:
+            if (
+                d.kind != descriptor.kind or d.ttl != descriptor.ttl
+                or d.value_type != descriptor.value_type or d.key_type != descriptor.key_type
+            ):  # fmt: skip
                 raise StateError(
                     f"state {descriptor.name!r} is registered as {d.kind} state "
-                    f"(ttl={d.ttl!r}); cannot get it as {descriptor.kind} state "
-                    f"(ttl={descriptor.ttl!r})"
+                    f"(ttl={d.ttl!r}, type={d.value_type}); cannot get it as "
+                    f"{descriptor.kind} state (ttl={descriptor.ttl!r}, "
+                    f"type={descriptor.value_type})"
                 )
         if state is not None:
             return state
         canonical_bytes(namespace)  # fail early on an unsupported namespace
         if table is None:
-            pending = self._pending.pop(descriptor.name, None)
-            if pending is not None and pending[0] != descriptor.kind:
-                self._pending[descriptor.name] = pending
-                raise StateError(
-                    f"state {descriptor.name!r} was restored as {pending[0]} state; "
-                    f"cannot get it as {descriptor.kind} state"
-                )
+            pending = self._pending.get(descriptor.name)
+            convert = None
+            if pending is not None:
+                if pending[0] != descriptor.kind:
+                    raise StateError(
+                        f"state {descriptor.name!r} was restored as {pending[0]} state; "
+                        f"cannot get it as {descriptor.kind} state"
+                    )
+                convert = _evolve(descriptor.name, pending[0], pending[2], _typing(descriptor))
+                del self._pending[descriptor.name]
             table = self._create_table(descriptor)
             self._tables[descriptor.name] = table
             if table.per_record:
                 self._per_record.append(table)
             if pending is not None:
                 for kg, entries in pending[1].items():
-                    self._load_entries(table, kg, entries)
+                    self._load_entries(table, kg, _converted(table.kind, entries, convert))
         state = self._make_state(table, namespace)
+        if table.typing is not None:
+            state = typed_state(state, descriptor, self.get_current_key)
         self._states[(descriptor.name, namespace)] = state
         return state
 
     def state_names(self) -> list[str]:
         """Names of the registered and the restored-but-not-yet-registered states."""
         return sorted(set(self._tables) | set(self._pending))
+
+    def state_types(self) -> dict[str, tuple[str, StateType | None, StateType | None]]:
+        """``{state: (kind, value type, map key type)}`` of every registered and restored
+        state (types None: untyped), what a checkpoint's manifest records."""
+        out = {name: (t.kind, t.value_type, t.key_type) for name, t in self._tables.items()}
+        for name, (kind, _, typing) in self._pending.items():
+            out[name] = (kind, *(typing if typing is not None else (None, None)))
+        return out
 
     def unclaimed_state_names(self) -> list[str]:
         """Names of restored states no descriptor has registered (yet).
@@ -457,7 +492,7 @@ class KeyedStateBackend(ABC):
         return seal_dumps(self.dump(key_groups))
 
     def dump(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
-        """``{key_group: [(state, kind, has_ttl, entries), ...]}``: the logical entries of
+        """``{key_group: [(state, kind, has_ttl, entries, typing), ...]}``: the logical entries of
         every non-empty key group (of ``key_groups`` only, if given), what a snapshot
         holds (:meth:`load` takes it back).
 
@@ -487,11 +522,11 @@ class KeyedStateBackend(ABC):
         self, key_groups: Collection[int] | None = None
     ) -> dict[int, list[StateDump]]:
         groups: dict[int, list[StateDump]] = {}
-        for name, (kind, by_kg) in self._pending.items():
+        for name, (kind, by_kg, typing) in self._pending.items():
             for kg, entries in by_kg.items():
                 if key_groups is not None and kg not in key_groups:
                     continue
-                groups.setdefault(kg, []).append((name, kind, False, list(entries)))
+                groups.setdefault(kg, []).append((name, kind, False, list(entries), typing))
         return groups
 
     def restore(self, blobs: Mapping[int, bytes]) -> int:
@@ -523,13 +558,13 @@ class KeyedStateBackend(ABC):
         maxp = self.max_parallelism
         for kg, dumps in decoded:
             for dump in dumps:  # every key keeps the group it was filed under
-                for entry in dump[3] if isinstance(dump, tuple) and len(dump) == 4 else ():
+                for entry in dump[3] if isinstance(dump, tuple) and len(dump) == 5 else ():
                     if encoded_key_group(entry[0], maxp) != kg:
                         self._assigned.setdefault(decode_canonical(entry[0]), kg)
         for kg, dumps in decoded:
             for dump in dumps:
                 try:
-                    name, kind, _has_ttl, entries = dump
+                    name, kind, _has_ttl, entries, typing = dump
                 except (TypeError, ValueError) as exc:
                     raise CorruptStateError(
                         f"key group {kg}: malformed state entry in snapshot"
@@ -543,14 +578,25 @@ class KeyedStateBackend(ABC):
                             f"key group {kg}: state {name!r} is {table.kind} state here but "
                             f"{kind} state in the snapshot"
                         )
+                    if typing != table.typing:
+                        convert = _evolve(name, kind, typing, table.typing)
+                        entries = _converted(kind, entries, convert)
                     self._load_entries(table, kg, entries)
                     continue
-                pending = self._pending.setdefault(name, (kind, {}))
+                pending = self._pending.setdefault(name, (kind, {}, typing))
                 if pending[0] != kind:
                     raise StateError(
                         f"key group {kg}: state {name!r} is restored as both {pending[0]} "
                         f"and {kind} state"
                     )
+                if pending[2] != typing:  # sections written before and after a change
+                    try:  # of the descriptor's type: all in the newer (wider) one
+                        entries = _converted(kind, entries, _evolve(name, kind, typing, pending[2]))
+                    except IncompatibleStateError:
+                        convert = _evolve(name, kind, pending[2], typing)
+                        pending = self._pending[name] = (kind, {
+                            g: _converted(kind, es, convert) for g, es in pending[1].items()
+                        }, typing)  # fmt: skip
                 pending[1].setdefault(kg, []).extend(entries)
         return len(decoded)
 
@@ -592,7 +638,8 @@ class KeyedStateBackend(ABC):
         wanted = {kg: {enc for _, enc in pairs} for kg, pairs in keys.items()}
         pending: dict[int, list[StateDump]] = {}
         for kg, dumps in self._pending_dumps(wanted).items():
-            kept = [(n, k, t, [e for e in es if e[0] in wanted[kg]]) for n, k, t, es in dumps]
+            kept = [(n, k, t, [e for e in es if e[0] in wanted[kg]], ty)
+                    for n, k, t, es, ty in dumps]  # fmt: skip
             pending[kg] = kept
         return self._merger()(self._dump_keys(keys), pending)
 
@@ -603,7 +650,7 @@ class KeyedStateBackend(ABC):
             return
         self._remove_keys(key_group, keys)
         encs = {enc for _, enc in keys}
-        for _kind, by_kg in self._pending.values():
+        for _kind, by_kg, _typing in self._pending.values():
             entries = by_kg.get(key_group)
             if entries:
                 by_kg[key_group] = [e for e in entries if e[0] not in encs]
@@ -614,7 +661,7 @@ class KeyedStateBackend(ABC):
         if key_group not in self.key_group_range:
             return
         self._clear_key_group(key_group)
-        for _kind, by_kg in self._pending.values():
+        for _kind, by_kg, _typing in self._pending.values():
             by_kg.pop(key_group, None)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -692,7 +739,7 @@ def seal_dumps(groups: Mapping[int, list[StateDump]]) -> dict[int, bytes]:
 def _stamp_unstamped(groups: dict[int, list[StateDump]], stamp: float) -> None:
     """Give TTL entries stamped -inf (written before the first watermark) ``stamp``."""
     for dumps in groups.values():
-        for i, (name, kind, has_ttl, entries) in enumerate(dumps):
+        for i, (name, kind, has_ttl, entries, typing) in enumerate(dumps):
             if not has_ttl:
                 continue
             fixed: list[Entry] = []
@@ -704,11 +751,43 @@ def _stamp_unstamped(groups: dict[int, list[StateDump]], stamp: float) -> None:
                 elif payload[0] == _NEG_INF:
                     payload = (stamp, payload[1])
                 fixed.append((key_enc, ns_enc, payload))
-            dumps[i] = (name, kind, has_ttl, fixed)
+            dumps[i] = (name, kind, has_ttl, fixed, typing)
 
 
 def _second(pair: tuple[Any, bytes]) -> bytes:
     return pair[1]
+
+
+def _typing(descriptor: StateDescriptor) -> Typing:
+    if descriptor.value_type is None:
+        return None
+    return (descriptor.value_type, descriptor.key_type)
+
+
+def _evolve(name: str, kind: str, old: Typing, new: Typing) -> Callable[[Any], Any] | None:
+    """The converter of restored values of ``kind`` state typed ``old`` into ``new`` (None:
+    as they are); IncompatibleStateError if they cannot be (``_types.evolution``)."""
+    return evolution(
+        name, None if old is None else old[0], None if new is None else new[0],
+        old_kind=kind, new_kind=kind,
+        old_key=None if old is None else old[1], new_key=None if new is None else new[1],
+    )  # fmt: skip
+
+
+def _converted(
+    kind: str, entries: list[Entry], convert: Callable[[Any], Any] | None
+) -> list[Entry]:
+    """``entries`` with every value converted (a typed state's evolution)."""
+    if convert is None:
+        return entries
+    if kind == LIST:
+        return [(k, ns, [(ts, convert(v)) for ts, v in data]) for k, ns, data in entries]
+    if kind == MAP:
+        return [
+            (k, ns, [(mk, ts, None if v is None else convert(v)) for mk, ts, v in data])
+            for k, ns, data in entries
+        ]
+    return [(k, ns, (data[0], convert(data[1]))) for k, ns, data in entries]
 
 
 def check_element(state: str, value: object) -> None:

@@ -127,6 +127,9 @@ class _HeapTable(TableBase):
         self._cursor: Iterator[tuple[dict[Any, Any], Any]] | None = None
         # Which stored form this table uses (see module docstring).
         self.raw = not self.has_ttl and self.kind in (VALUE, LIST)
+        # Snapshot values: the serializer's bytes, or a typed state's (normalised) values.
+        self.snap_dumps: Callable[[Any], Any] = self.dumps if self.typing is None else _same
+        self.snap_loads: Callable[[Any], Any] = self.loads if self.typing is None else _same
 
     def entries(self, namespace: Any) -> list[dict[Any, Any]]:
         """The dicts ``key -> entry`` of ``namespace``, one per key group of the range
@@ -260,7 +263,7 @@ class _HeapTable(TableBase):
         e: Callable[[Any], bytes],
         now: float,
     ) -> None:
-        dumps = self.dumps
+        dumps = self.snap_dumps
         has_ttl = self.has_ttl
         drop = self.full_snapshot_cleanup
         expired = self.expired
@@ -294,7 +297,7 @@ class _HeapTable(TableBase):
 
     def load(self, kg: int, entries: list[Entry]) -> None:
         """Put the entries of key group ``kg`` (inside the range) into its dicts."""
-        loads = self.loads
+        loads = self.snap_loads
         stamp = self.now()
         kind = self.kind
         raw = self.raw
@@ -315,6 +318,10 @@ class _HeapTable(TableBase):
             else:
                 ts, b = payload
                 d[key] = loads(b) if raw else (loads(b), stamp if ts is None else ts)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 class _HeapState:
@@ -713,7 +720,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         for table in self._tables.values():
             assert isinstance(table, _HeapTable)
             for kg, entries in table.dump(located, enc, key_groups).items():
-                out.setdefault(kg, []).append((table.name, table.kind, table.has_ttl, entries))
+                out.setdefault(kg, []).append(
+                    (table.name, table.kind, table.has_ttl, entries, table.typing)
+                )
         return out
 
     def _dump_keys(
@@ -724,7 +733,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         for table in self._tables.values():
             assert isinstance(table, _HeapTable)
             for kg, entries in table.dump_keys(keys, enc).items():
-                out.setdefault(kg, []).append((table.name, table.kind, table.has_ttl, entries))
+                out.setdefault(kg, []).append(
+                    (table.name, table.kind, table.has_ttl, entries, table.typing)
+                )
         return out
 
     def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:

@@ -138,8 +138,8 @@ def delta_keys(payload: KeyGroupPayload) -> list[bytes]:
     their own (deleted keys), and those with entries or timers in it."""
     dumps, kg_timers, replaced = payload
     named = dict.fromkeys(replaced or ())
-    for _, _, _, entries in dumps:
-        named.update(dict.fromkeys(key for key, _, _ in entries))
+    for dump in dumps:
+        named.update(dict.fromkeys(key for key, _, _ in dump[3]))
     named.update(dict.fromkeys(canonical_bytes(key) for _, key, _, _ in kg_timers))
     return list(named)
 

@@ -25,11 +25,20 @@ Tables, one row per item:
   and, in a delta, one row per key it replaces whole (``row`` 2: ``key``).
 - ``OPERATOR_STATE`` (a list of ``(state, mode, items)``): ``state``, ``mode``
   and ``item`` (the serializer's bytes), one row per item, in order.
+
+Typed state (a descriptor with a type, ``_types``): its rows have a null
+``value``, and the table has one more column per typed state in it, named
+``typed:<state>``, of the state's Arrow type (a map state's key type in the
+field's metadata, ``aops.key_type``; its map keys stay canonical bytes in
+``map_key``), holding the value (list element, map value) on that state's
+rows and null elsewhere. So a typed value is an Arrow value of its declared
+type, never bytes, and the type travels with the data: a restore knows what
+it reads and converts it into a changed declaration (``_types.evolution``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
@@ -39,6 +48,7 @@ from .._container import Kind
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
 from ._keycodec import decode_canonical
+from ._types import StateType
 
 __all__ = ["KeyGroupPayload", "read", "table"]
 
@@ -54,6 +64,10 @@ _ENTRY_FIELDS: Final = [
     pa.field("entry", pa.int64(), nullable=False),  # which entry of its state a row is of
 ]
 KEYED_STATE_SCHEMA: Final = pa.schema(_ENTRY_FIELDS)
+# with typed states' columns beside: their rows have no bytes
+_TYPED_KEYED_STATE_SCHEMA: Final = pa.schema(
+    [f.with_nullable(True) if f.name == "value" else f for f in _ENTRY_FIELDS]
+)
 _ENTRY: Final = 0
 _TIMER: Final = 1
 _REPLACED: Final = 2
@@ -76,8 +90,13 @@ OPERATOR_STATE_SCHEMA: Final = pa.schema(
 _LIST: Final = "list"
 _MAP: Final = "map"
 
+_TYPED: Final = "typed:"  # the prefix of a typed state's column
+_KEY_TYPE: Final = b"aops.key_type"
+Typed = dict[str, tuple[Any, list[tuple[int, list[Any]]]]]
+"""Per typed state: its typing (value type, key type) and runs ``(first row, values)``."""
+
 KeyGroupPayload = tuple[list[Any], list[tuple[str, Any, Any, float]], list[bytes] | None]
-"""One key group of an operator: its keyed state (``(state, kind, has_ttl, entries)``
+"""One key group of an operator: its keyed state (``(state, kind, has_ttl, entries, typing)``
 dumps), its timers ``(domain, key, namespace, timestamp)`` and, in a delta, the
 canonical bytes of the keys it replaces whole (None: the key group's full state)."""
 
@@ -93,11 +112,20 @@ def _columns(schema: pa.Schema, table: pa.Table, where: str) -> dict[str, list[A
 
 
 # -- keyed state ---------------------------------------------------------------------------
-def _entry_columns(dumps: list[Any], cols: dict[str, list[Any]]) -> int:
-    """Append the rows of ``dumps`` to ``cols`` (the keyed-state columns); returns how many."""
+def _entry_columns(dumps: list[Any], cols: dict[str, list[Any]], typed: Typed) -> int:
+    """Append the rows of ``dumps`` to ``cols`` (the keyed-state columns), a typed state's
+    values to ``typed`` instead; returns how many."""
     n = 0
     rows = 0
-    for name, kind, has_ttl, entries in dumps:
+    for name, kind, has_ttl, entries, typing in dumps:
+        if typing is not None:
+            start = len(cols["state"])
+            typed_values: list[Any] = []
+            run = typed.setdefault(name, (typing, []))
+            if run[0] != typing:
+                raise CorruptStateError(f"state {name!r} is written with two types")
+            run[1].append((start, typed_values))
+            entries = _split_values(kind, entries, typed_values)
         if kind != _LIST and kind != _MAP:  # one row per entry: column by column
             count = len(entries)
             if count:
@@ -138,19 +166,112 @@ def _entry_columns(dumps: list[Any], cols: dict[str, list[Any]]) -> int:
     return rows
 
 
+def _split_values(kind: str, entries: list[Any], values: list[Any]) -> list[Any]:
+    """A typed state's ``entries`` with each value replaced by None, the values appended
+    to ``values`` in row order."""
+    out: list[Any] = []
+    if kind == _LIST:
+        for key, ns, data in entries:
+            values.extend(v for _, v in data)
+            out.append((key, ns, [(ts, None) for ts, _ in data]))
+    elif kind == _MAP:
+        for key, ns, data in entries:
+            values.extend(v for _, _, v in data)
+            out.append((key, ns, [(mk, ts, None) for mk, ts, _ in data]))
+    else:
+        for key, ns, (ts, v) in entries:
+            values.append(v)
+            out.append((key, ns, (ts, None)))
+    return out
+
+
+def _with_typed(table: pa.Table, typed: Typed) -> pa.Table:
+    """``table`` with a column per typed state (see the module docstring)."""
+    if not typed:
+        return table
+    total = table.num_rows
+    for name, ((value_type, key_type), runs) in sorted(typed.items()):
+        t: pa.DataType = value_type.arrow
+        parts: list[pa.Array] = []
+        at = 0
+        for start, values in runs:
+            if start > at:
+                parts.append(pa.nulls(start - at, t))
+            try:
+                parts.append(value_type.column(values))
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                raise CorruptStateError(
+                    f"state {name!r}: a value does not fit its type {value_type.ddl}: {exc}"
+                ) from exc
+            at = start + len(values)
+        if total > at:
+            parts.append(pa.nulls(total - at, t))
+        meta = {_KEY_TYPE: key_type.ddl.encode()} if key_type is not None else None
+        column = pa.concat_arrays(parts) if parts else pa.nulls(0, t)
+        table = table.append_column(pa.field(_TYPED + name, t, metadata=meta), column)
+    return table
+
+
 def _keyed_state_table(dumps: list[Any]) -> pa.Table:
     cols: dict[str, list[Any]] = {f.name: [] for f in KEYED_STATE_SCHEMA}
-    _entry_columns(dumps, cols)
-    return pa.table(cols, schema=KEYED_STATE_SCHEMA)
+    typed: Typed = {}
+    _entry_columns(dumps, cols, typed)
+    schema = KEYED_STATE_SCHEMA if not typed else _TYPED_KEYED_STATE_SCHEMA
+    return _with_typed(pa.table(cols, schema=schema), typed)
 
 
-def _dumps(rows: Sequence[tuple[Any, ...]], where: str) -> list[Any]:
-    """``(state, kind, has_ttl, key, ns, map_key, ts, value, entry)`` rows back to dumps."""
+def _split(
+    table: pa.Table, schemas: Sequence[pa.Schema], where: str
+) -> tuple[pa.Table, dict[str, tuple[Any, pa.ChunkedArray]]]:
+    """``table``'s own columns (one of ``schemas``, CorruptStateError otherwise) and its
+    typed states' columns ``{state: ((value type, key type), column)}``."""
+    typed: dict[str, tuple[Any, pa.ChunkedArray]] = {}
+    names = table.schema.names
+    own = [i for i, n in enumerate(names) if not n.startswith(_TYPED)]
+    base = table.select(own) if len(own) != len(names) else table
+    for i, field in enumerate(table.schema):
+        if not field.name.startswith(_TYPED):
+            continue
+        try:
+            value_type = StateType.from_arrow(field.type)
+            raw_key = (field.metadata or {}).get(_KEY_TYPE)
+            key_type = StateType.of(raw_key.decode()) if raw_key else None
+        except Exception as exc:
+            raise CorruptStateError(f"{where}: typed column {field.name!r}: {exc}") from exc
+        typed[field.name[len(_TYPED) :]] = ((value_type, key_type), table.column(i))
+    bare = base.schema.remove_metadata()
+    if not any(bare.equals(s) for s in schemas):
+        _columns(schemas[0], base, where)  # raises, naming the columns
+    return base, typed
+
+
+def _typed_values(
+    base: pa.Table, typed: dict[str, tuple[Any, pa.ChunkedArray]]
+) -> list[Any]:
+    """The ``value`` of every row, a typed state's rows from its own column."""
+    values: list[Any] = base.column("value").to_pylist()
+    states = base.column("state")
+    for name, ((value_type, _), column) in typed.items():
+        rows = pc.indices_nonzero(pc.fill_null(pc.equal(states, name), False)).to_pylist()
+        if rows:
+            for row, v in zip(rows, value_type.values(column.take(rows)), strict=True):
+                values[row] = v
+    return values
+
+
+def _dumps(
+    rows: Sequence[tuple[Any, ...]], where: str, typings: Mapping[str, Any] | None = None
+) -> list[Any]:
+    """``(state, kind, has_ttl, key, ns, map_key, ts, value, entry)`` rows back to dumps
+    (``typings``: the typed states' types; their values are values, not bytes)."""
+    typings = typings or {}
     dumps: dict[str, tuple[str, bool, list[Any]]] = {}
     last_entry = -1
     current: list[Any] | None = None
     for state, kind, has_ttl, key, ns, map_key, ts, value, entry in rows:
-        if state is None or kind is None or has_ttl is None or ns is None or value is None:
+        if state is None or kind is None or has_ttl is None or ns is None or (
+            value is None and state not in typings
+        ):
             raise CorruptStateError(f"{where}: a state entry lacks its state, kind or value")
         dump = dumps.get(state)
         if dump is None:
@@ -171,15 +292,22 @@ def _dumps(rows: Sequence[tuple[Any, ...]], where: str) -> list[Any]:
         elif current is None:
             raise CorruptStateError(f"{where}: state {state!r} repeats a single-value entry")
         current.append((ts, value) if kind == _LIST else (map_key, ts, value))
-    return [(name, kind, has_ttl, entries) for name, (kind, has_ttl, entries) in dumps.items()]
+    return [
+        (name, kind, has_ttl, entries, typings.get(name))
+        for name, (kind, has_ttl, entries) in dumps.items()
+    ]
 
 
 def _read_keyed_state(table: pa.Table, where: str) -> list[Any]:
-    c = _columns(KEYED_STATE_SCHEMA, table, where)
+    base, typed = _split(table, [KEYED_STATE_SCHEMA, _TYPED_KEYED_STATE_SCHEMA], where)
+    c = base.to_pydict()
+    if typed:
+        c["value"] = _typed_values(base, typed)
+    typings = {name: typing for name, (typing, _) in typed.items()}
     return _dumps(
         list(zip(c["state"], c["kind"], c["has_ttl"], c["key"], c["namespace"],
                  c["map_key"], c["ts"], c["value"], c["entry"], strict=True)),
-        where,
+        where, typings,
     )  # fmt: skip
 
 
@@ -196,7 +324,8 @@ def _canonical(value: Any, what: str) -> bytes:
 def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
     dumps, timers, replaced = payload
     cols: dict[str, list[Any]] = {f.name: [] for f in KEY_GROUP_SCHEMA}
-    entries = _entry_columns(dumps, cols)
+    typed: Typed = {}
+    entries = _entry_columns(dumps, cols, typed)
     timer_rows = 0
     for domain, key, namespace, ts in timers:
         cols["key"].append(_canonical(key, "key"))
@@ -214,7 +343,7 @@ def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
     for name in ("domain", "timestamp"):
         cols[name] = [None] * entries + cols[name] + [None] * (others - timer_rows)
     cols["row"] = [_ENTRY] * entries + [_TIMER] * timer_rows + [_REPLACED] * (others - timer_rows)
-    return pa.table(cols, schema=KEY_GROUP_SCHEMA)
+    return _with_typed(pa.table(cols, schema=KEY_GROUP_SCHEMA), typed)
 
 
 def _value_entries(table: pa.Table, where: str) -> list[Any] | None:
@@ -241,7 +370,7 @@ def _value_entries(table: pa.Table, where: str) -> list[Any] | None:
                     pairs, strict=True))  # fmt: skip
     dumps: dict[str, tuple[str, bool, list[Any]]] = {}
     if len(table.column("state").unique()) == 1 and len(kinds.unique()) == 1:
-        return [(states[0], kind_list[0], ttl[0], rows)]  # one state: one run
+        return [(states[0], kind_list[0], ttl[0], rows, None)]  # one state: one run
     start = 0
     n = len(states)
     while start < n:  # runs of one state (a dump's rows are consecutive)
@@ -256,11 +385,16 @@ def _value_entries(table: pa.Table, where: str) -> list[Any] | None:
             raise CorruptStateError(f"{where}: state {name!r} has rows of two kinds")
         dump[2].extend(rows[start:end])
         start = end
-    return [(name, kind, has_ttl, entries) for name, (kind, has_ttl, entries) in dumps.items()]
+    return [
+        (name, kind, has_ttl, entries, None) for name, (kind, has_ttl, entries) in dumps.items()
+    ]
 
 
 def _read_key_group(table: pa.Table, where: str) -> KeyGroupPayload:
     if not table.schema.remove_metadata().equals(KEY_GROUP_SCHEMA):
+        base, typed = _split(table, [KEY_GROUP_SCHEMA], where)
+        if typed:  # typed states: row by row, their values from their columns
+            return _read_key_group_rows(base, where, typed)
         _columns(KEY_GROUP_SCHEMA, table, where)  # raises, naming the columns
     # The writer puts entry rows first: read them column by column when they are all
     # of value-like states (the common case), the timers and replaced keys after.
@@ -301,8 +435,13 @@ def _timers_and_replaced(
     return timers, replaced, False
 
 
-def _read_key_group_rows(table: pa.Table, where: str) -> KeyGroupPayload:
+def _read_key_group_rows(
+    table: pa.Table, where: str, typed: dict[str, tuple[Any, pa.ChunkedArray]] | None = None
+) -> KeyGroupPayload:
     c = _columns(KEY_GROUP_SCHEMA, table, where)
+    if typed:
+        c["value"] = _typed_values(table, typed)
+    typings = {name: typing for name, (typing, _) in (typed or {}).items()}
     entries: list[tuple[Any, ...]] = []
     timers: list[tuple[str, Any, Any, float]] = []
     replaced: list[bytes] = []
@@ -322,7 +461,7 @@ def _read_key_group_rows(table: pa.Table, where: str) -> KeyGroupPayload:
             replaced.append(key)
         else:
             raise CorruptStateError(f"{where}: a row of unknown kind {row}")
-    return _dumps(entries, where), timers, replaced
+    return _dumps(entries, where, typings), timers, replaced
 
 
 # -- operator state -------------------------------------------------------------------------

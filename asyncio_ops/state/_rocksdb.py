@@ -428,7 +428,7 @@ class RocksDBSnapshot:
     def __init__(
         self,
         path: Path,
-        tables: list[tuple[str, str, bool, bool, float, Any]],
+        tables: list[tuple[_RocksTable, bool, float]],
         pending: dict[int, list[StateDump]],
         merge: Any,
     ) -> None:
@@ -452,14 +452,16 @@ class RocksDBSnapshot:
                     access_type=rocksdict.AccessType.read_only(),
                 )
                 try:
-                    for name, kind, has_ttl, drop, now, expired in self._tables:
-                        cf = db.get_column_family(_CF_PREFIX + name)
+                    for t, drop, now in self._tables:
+                        cf = db.get_column_family(_CF_PREFIX + t.name)
                         try:
-                            by_kg = _dump_rows(cf, kind, has_ttl, drop, now, expired)
+                            by_kg = _dump_rows(cf, t, drop, now)
                         finally:
                             cf.close()
                         for kg, entries in by_kg.items():
-                            groups.setdefault(kg, []).append((name, kind, has_ttl, entries))
+                            groups.setdefault(kg, []).append(
+                                (t.name, t.kind, t.has_ttl, entries, t.typing)
+                            )
                 finally:
                     db.close()
         finally:
@@ -473,18 +475,34 @@ class RocksDBSnapshot:
 
 def _dump_rows(
     cf: Any,
+    table: _RocksTable,
+    drop: bool,
+    now: float,
+    prefix: bytes = b"",
+    out: dict[int, list[Entry]] | None = None,
+) -> dict[int, list[Entry]]:
+    """Rows of one column family (``table``'s, or a checkpoint's copy of it; those
+    starting with ``prefix``) as logical entries, by key group (rows are sorted), added
+    to ``out``. A typed state's values are decoded (its snapshot holds values)."""
+    if out is None:
+        out = {}
+    if table.typing is not None:
+        rows = _rows(cf, table.kind, table.has_ttl, drop, now, table.expired, prefix, {})
+        return _decoded(rows, table, out)
+    return _rows(cf, table.kind, table.has_ttl, drop, now, table.expired, prefix, out)
+
+
+def _rows(
+    cf: Any,
     kind: str,
     has_ttl: bool,
     drop: bool,
     now: float,
     expired: Any,
-    prefix: bytes = b"",
-    out: dict[int, list[Entry]] | None = None,
+    prefix: bytes,
+    out: dict[int, list[Entry]],
 ) -> dict[int, list[Entry]]:
-    """Rows of one column family (those starting with ``prefix``) as logical entries, by
-    key group (rows are sorted), added to ``out``."""
-    if out is None:
-        out = {}
+    """:func:`_dump_rows` of bytes."""
     multi = kind in (LIST, MAP)
     if not multi and not has_ttl:  # the common case: one row per entry, no timestamp
         group = -1
@@ -533,6 +551,24 @@ def _dump_rows(
                 last = ident
             bucket.append((ts, body) if kind == LIST else (suffix, ts, body))
         it.next()
+    return out
+
+
+def _decoded(
+    rows: dict[int, list[Entry]], table: _RocksTable, out: dict[int, list[Entry]]
+) -> dict[int, list[Entry]]:
+    """``rows`` (entries of bytes) with a typed table's values decoded, added to ``out``."""
+    loads = table.loads
+    kind = table.kind
+    for kg, entries in rows.items():
+        group = out.setdefault(kg, [])
+        for key, ns, data in entries:
+            if kind == LIST:
+                group.append((key, ns, [(ts, loads(b)) for ts, b in data]))
+            elif kind == MAP:
+                group.append((key, ns, [(mk, ts, loads(b)) for mk, ts, b in data]))
+            else:
+                group.append((key, ns, (data[0], loads(data[1]))))
     return out
 
 
@@ -635,7 +671,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         tables = []
         for t in self._tables.values():
             assert isinstance(t, _RocksTable)
-            tables.append((t.name, t.kind, t.has_ttl, t.full_snapshot_cleanup, t.now(), t.expired))
+            tables.append((t, t.full_snapshot_cleanup, t.now()))
         if tables:
             self._rd.Checkpoint(self._db).create_checkpoint(str(snap_dir))
         return RocksDBSnapshot(snap_dir, tables, self._pending_dumps(), self._merger())
@@ -659,10 +695,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for t, now in self._tables_now():
             by_kg: dict[int, list[Entry]] = {}
             for kg in groups:
-                _dump_rows(t.cf, t.kind, t.has_ttl, t.full_snapshot_cleanup, now, t.expired,
-                           _KG.pack(kg), by_kg)  # fmt: skip
+                _dump_rows(t.cf, t, t.full_snapshot_cleanup, now, _KG.pack(kg), by_kg)
             for kg, entries in by_kg.items():
-                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries))
+                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries, t.typing))
         return out
 
     def _dump_keys(
@@ -673,10 +708,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             by_kg: dict[int, list[Entry]] = {}
             for kg, pairs in keys.items():
                 for _, enc in pairs:
-                    _dump_rows(t.cf, t.kind, t.has_ttl, t.full_snapshot_cleanup, now, t.expired,
-                               key_prefix(kg, enc), by_kg)  # fmt: skip
+                    _dump_rows(t.cf, t, t.full_snapshot_cleanup, now, key_prefix(kg, enc), by_kg)
             for kg, entries in by_kg.items():
-                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries))
+                out.setdefault(kg, []).append((t.name, t.kind, t.has_ttl, entries, t.typing))
         return out
 
     def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
@@ -697,11 +731,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         stamp = _pack_ts(table.now())
         has_ttl = table.has_ttl
         kind = table.kind
+        encode = table.dumps if table.typing is not None else None  # values, not bytes
 
-        def value(ts: float | None, body: bytes) -> bytes:
+        def value(ts: float | None, body: Any) -> bytes:
+            data: bytes = body if encode is None else encode(body)
             if not has_ttl:
-                return body
-            return (stamp if ts is None else _pack_ts(ts)) + body
+                return data
+            return (stamp if ts is None else _pack_ts(ts)) + data
 
         for key_enc, ns_enc, payload in entries:
             prefix = key_prefix(kg, key_enc) + struct.pack(">I", len(ns_enc)) + ns_enc

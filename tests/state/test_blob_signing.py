@@ -33,10 +33,10 @@ def _container(body: bytes, *, flags: int = 0, version: int = 4, tag: int = 3) -
     return head + frame + (b"\x00" * 32 if flags else b"")
 
 
-# one value state, one list state: (state, kind, has_ttl, [(key, namespace, data)])
+# one value state, one list state: (state, kind, has_ttl, [(key, namespace, data)], typing)
 PAYLOAD = [
-    ("count", "value", False, [(b"i\x01", b"n", (None, b"v1"))]),
-    ("seen", "list", True, [(b"i\x02", b"n", [(1.5, b"a"), (None, b"b")])]),
+    ("count", "value", False, [(b"i\x01", b"n", (None, b"v1"))], None),
+    ("seen", "list", True, [(b"i\x02", b"n", [(1.5, b"a"), (None, b"b")])], None),
 ]
 
 

@@ -148,7 +148,7 @@ def test_every_entry_is_filed_under_its_key_group(backend: KeyedStateBackend) ->
     keys: list[Any] = [*range(200), *(f"k{i}" for i in range(200)), (1, "a"), None, 2.5]
     fill(backend, keys)
     for kg, blob in backend.snapshot().items():
-        for _name, _kind, _ttl, entries in unseal(KEYED_STATE, kg, blob):
+        for _name, _kind, _ttl, entries, _typing in unseal(KEYED_STATE, kg, blob):
             for key_enc, _ns, _payload in entries:
                 assert assign_to_key_group(decode_canonical(key_enc), 128) == kg
 

@@ -1,0 +1,152 @@
+"""The driver's check of a restart's state against the checkpoint it restores.
+
+Contract: before ``keyed_process`` on a streaming DataFrame builds its plan,
+:func:`check_state_schema` reads the newest complete version under its
+checkpoint (manifests only) and refuses, with
+:class:`~asyncio_ops.IncompatibleStateError` and before any Spark job:
+
+- key columns of other types than the checkpoint's (their keys would hash
+  into other key groups), naming the columns, both types and what to do;
+- a state whose declared kind or type cannot take the checkpointed one
+  (``state._types.evolution``: a narrowed or changed type, typed against
+  untyped, another map key type, another kind), naming the state, both
+  types, why and what to do.
+
+The declared states are what ``fn.open`` obtains (:func:`declared_states`: run
+once on a copy of ``fn`` with a throwaway heap backend of one key group and no
+key, so the driver's ``fn`` is not opened; Spark runs a ``StatefulProcessor``'s
+``init`` on the driver for the same purpose; states obtained later than
+``open`` are not seen): with
+``preflight=False``, or a checkpoint written before versions recorded their
+states, only the key columns are checked, and the workers still refuse an
+incompatible state when its descriptor registers, before touching it.
+:func:`recorded_types` is the union of a version's manifests' records (also
+what ``read_state`` types its columns by).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from .._checkpoint import CheckpointStorage
+from .._exceptions import CheckpointError, IncompatibleStateError
+from .._functions import RuntimeContext
+from .._keyed_operator import KeyedProcessOperator
+from .._keygroups import KeyGroupRange
+from .._runtime._keyed_partition import KEY_SCHEMA, STATE_TYPES
+from .._runtime._versions import VersionFiles, read_version
+from ..state import HeapKeyedStateBackend, KeyedProcessFunction
+from ..state._schema import StateTypes, check_restore, types_of_json
+
+__all__ = ["check_state_schema", "declared_states", "newest_complete", "recorded_types"]
+
+
+def declared_states(fn: KeyedProcessFunction[Any, Any, Any]) -> StateTypes:
+    """The states ``fn.open`` declares (see the module docstring); ``fn`` is opened and
+    closed: pass a copy."""
+    backend = HeapKeyedStateBackend(max_parallelism=1, key_group_range=KeyGroupRange(0, 0))
+    try:
+        op = KeyedProcessOperator(
+            fn, _same, backend=backend, output=_discard, schedule_timers=False,
+            runtime_context=RuntimeContext(task_name="keyed_process (declaring state)"),
+        )  # fmt: skip
+        op.open()
+        op.close()
+        return backend.state_types()
+    finally:
+        backend.close()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _discard(element: Any) -> None:
+    return None
+
+
+def newest_complete(storage: CheckpointStorage) -> VersionFiles | None:
+    """The newest version every partition finished writing (None: no state yet)."""
+    for version in reversed(storage.versions()):
+        try:
+            found = read_version(storage, version)
+        except CheckpointError:
+            continue  # incomplete: a micro-batch that failed while writing it
+        if found is not None:
+            return found
+    return None
+
+
+def recorded_types(found: VersionFiles) -> StateTypes | None:
+    """The states the version's manifests record (None: written before they did)."""
+    out: StateTypes = {}
+    seen = False
+    for manifest, path in zip(found.manifests, found.paths, strict=True):
+        raw = (manifest.schema.metadata or {}).get(STATE_TYPES)
+        if raw is None:
+            continue
+        seen = True
+        try:
+            out.update(types_of_json(raw.decode()))
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint file {path}: unreadable state types {raw[:100]!r}"
+            ) from exc
+    return out if seen else None
+
+
+def check_state_schema(
+    fn: KeyedProcessFunction[Any, Any, Any],
+    storage: CheckpointStorage,
+    key_cols: Sequence[str],
+    df: DataFrame,
+    declare: bool,
+) -> None:
+    """See the module docstring; ``declare``: run ``fn.open`` on a copy (``preflight``)."""
+    found = newest_complete(storage)
+    if found is None:
+        return
+    where = (
+        f"checkpoint version {found.version} of keyed_process uid {storage.uid!r} under "
+        f"{storage.location}"
+    )
+    raw_keys = (found.manifests[0].schema.metadata or {}).get(KEY_SCHEMA)
+    if raw_keys:
+        old = StructType.fromJson(json.loads(raw_keys))
+        new = StructType([df.schema[c] for c in key_cols])
+        before = [(f.name, f.dataType.simpleString()) for f in old.fields]
+        now = [(f.name, f.dataType.simpleString()) for f in new.fields]
+        if before != now:
+            raise IncompatibleStateError(
+                f"{where}: the key columns were {_cols(before)}, the query now keys by "
+                f"{_cols(now)}: keys of other types hash into other key groups, so the state "
+                "cannot be found. Cast the key columns back to the old types, or start from a "
+                "new uid or checkpoint_location"
+            )
+    recorded = recorded_types(found)
+    if recorded is None or not declare:
+        return
+    copy = cloudpickle.loads(cloudpickle.dumps(fn))  # type: ignore[no-untyped-call]
+    try:
+        declared = declared_states(copy)
+    except Exception as exc:
+        exc.add_note(
+            f"raised by {type(fn).__qualname__}.open on the driver, run there to check its "
+            f"state descriptors against {where} before any Spark job (preflight=False skips "
+            "it; the workers still check)"
+        )
+        raise
+    try:
+        check_restore(recorded, declared)
+    except IncompatibleStateError as exc:
+        raise IncompatibleStateError(f"{where}: {exc}") from None
+
+
+def _cols(cols: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in cols)

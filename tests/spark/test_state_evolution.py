@@ -1,0 +1,154 @@
+"""Typed state across restarts of a streaming ``keyed_process`` query, in real Spark, on both
+backends: a compatible change of the descriptors (a struct field added, dropped and
+reordered, numbers widened, a state added, one removed) restores the old state into the new
+shape; an incompatible one (a type narrowed, typed to untyped, the key's type) is refused on
+the driver when ``keyed_process`` is called, before any job, and the checkpoint is left
+as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from asyncio_ops import IncompatibleStateError
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops.spark import keyed_process, read_state
+from asyncio_ops.state import (
+    Collector,
+    KeyedProcessContext,
+    KeyedProcessFunction,
+    KeyedRuntimeContext,
+    ListStateDescriptor,
+    ValueStateDescriptor,
+)
+
+Row = dict[str, Any]
+OUT = "user string, count long, n long, total double, note string, events int"
+
+
+class Stats(KeyedProcessFunction[Any, Row, Row]):
+    """Per user: a count, a struct of running stats and the list of values seen, each
+    declared with the types it is given (None: untyped)."""
+
+    def __init__(self, count: str | None, stats: str | None, events: str | None) -> None:
+        self.types = (count, stats, events)
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        count, stats, events = self.types
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", count))
+        self.stats = runtime_context.get_state(ValueStateDescriptor("stats", stats))
+        self.events = (
+            runtime_context.get_list_state(ListStateDescriptor("events", events))
+            if events is not None
+            else None
+        )
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        stats = dict(self.stats.value() or {"n": 0, "total": 0.0})
+        stats["n"] = (stats.get("n") or 0) + 1
+        stats["total"] = (stats.get("total") or 0.0) + value["v"]
+        self.stats.update(stats)
+        events = 0
+        if self.events is not None:
+            self.events.add({"v": value["v"]})
+            events = len(self.events.get())
+        yield {"user": value["user"], "count": n, "n": stats["n"], "total": stats["total"],
+               "note": stats.get("note"), "events": events}  # fmt: skip
+
+
+def _write(src: Path, name: str, rows: list[tuple[str, int]]) -> None:
+    path = src / name
+    path.write_text("\n".join(json.dumps({"user": u, "v": v}) for u, v in rows))
+    stamp = 1_700_000_000 + len(list(src.iterdir())) * 10
+    os.utime(path, (stamp, stamp))
+
+
+def _query(
+    spark: SparkSession, tmp: Path, fn: Stats, backend: str, key_type: str = "string"
+) -> DataFrame:
+    stream = (
+        spark.readStream.schema("user string, v int").option("maxFilesPerTrigger", 1)
+        .json(str(tmp / "in")).withColumn("user", F.col("user").cast(key_type))
+    )  # fmt: skip
+    return keyed_process(
+        stream, fn, key="user", output_schema=OUT, checkpoint_location=str(tmp / "state"),
+        uid="stats", num_partitions=2, state_backend=backend,
+    )  # fmt: skip
+
+
+def _run(out: DataFrame, tmp: Path) -> list[Row]:
+    """The rows the query emits until its input is used up (each restart: the new ones)."""
+    got: list[Row] = []
+
+    def collect(batch: DataFrame, _batch_id: int) -> None:
+        got.extend(r.asDict() for r in batch.collect())
+
+    query = (
+        out.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp / "spark"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination(180)
+    assert query.exception() is None
+    return got
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_compatible_changes_restore_and_incompatible_ones_fail_on_the_driver(
+    spark: SparkSession, tmp_path: Path, backend: str
+) -> None:
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in", "a.json", [("u1", 1), ("u2", 10), ("u1", 2)])
+    first = Stats("int", "struct<n int, total float, note string>", "struct<v int>")
+    rows = _run(_query(spark, tmp_path, first, backend), tmp_path)
+    assert max(r["count"] for r in rows if r["user"] == "u1") == 2
+
+    # compatible: int -> bigint, a struct reordered with a field dropped (note), one added
+    # and float -> double; the list state "events" removed (kept, unclaimed)
+    _write(tmp_path / "in", "b.json", [("u1", 4), ("u3", 5)])
+    second = Stats("bigint", "struct<total double, n bigint, note2 string>", None)
+    rows = _run(_query(spark, tmp_path, second, backend), tmp_path)
+    assert {(r["user"], r["count"], r["n"], r["total"], r["note"]) for r in rows} == {
+        ("u1", 3, 3, 7.0, None),
+        ("u3", 1, 1, 5.0, None),
+    }
+    stats = read_state(spark, str(tmp_path / "state"), uid="stats", state="stats")
+    value_type = stats.schema["value"].dataType.simpleString()
+    assert value_type == "struct<total:double,n:bigint,note2:string>"
+    assert {(r["user"], r["value"]["n"], r["value"]["total"]) for r in stats.collect()} == {
+        ("u1", 3, 7.0), ("u2", 1, 10.0), ("u3", 1, 5.0),
+    }  # fmt: skip
+    # the removed state is still there, in its old type, for a function that asks again
+    events = read_state(spark, str(tmp_path / "state"), uid="stats", state="events")
+    assert sorted((r["user"], r["value"]["v"]) for r in events.collect()) == [
+        ("u1", 1), ("u1", 2), ("u2", 10),
+    ]  # fmt: skip
+
+    versions = CheckpointStorage(str(tmp_path / "state"), "stats").versions()
+    refused = [
+        (Stats("int", "struct<total double, n bigint, note2 string>", None),
+         r"state 'count'.*value state of bigint.*value state of int.*bigint -> int narrows"),
+        (Stats("bigint", "struct<total double, n bigint, note2 string>", "struct<v string>"),
+         r"state 'events'.*struct<v:int>.*struct<v:string>.*int -> string \(at v\)"),
+        (Stats("bigint", None, None), r"state 'stats'.*typed state cannot become untyped"),
+    ]  # fmt: skip
+    for fn, message in refused:
+        with pytest.raises(IncompatibleStateError, match=message) as info:
+            _query(spark, tmp_path, fn, backend)
+        assert "checkpoint version 1 of keyed_process uid 'stats'" in str(info.value)
+        assert "new state name" in str(info.value)
+    with pytest.raises(IncompatibleStateError, match=r"key columns were user string.*user int"):
+        _query(spark, tmp_path, second, backend, key_type="int")
+    assert CheckpointStorage(str(tmp_path / "state"), "stats").versions() == versions
+
+    # the query goes on with the compatible descriptors
+    _write(tmp_path / "in", "c.json", [("u2", 1)])
+    rows = _run(_query(spark, tmp_path, second, backend), tmp_path)
+    assert [(r["user"], r["count"], r["n"], r["total"]) for r in rows] == [("u2", 2, 2, 11.0)]
