@@ -38,7 +38,9 @@ from ._functions import (
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     SupportsOutputColumns,
+    SupportsOutputSchema,
     SupportsPreflight,
+    SupportsRateLimitUsage,
     SupportsTokenUsage,
 )
 from ._limit import AdaptiveLimit, SignalsOverload
@@ -97,7 +99,9 @@ __all__ = [
     "SupportsInvokeArrow",
     "SupportsInvokeChunk",
     "SupportsOutputColumns",
+    "SupportsOutputSchema",
     "SupportsPreflight",
+    "SupportsRateLimitUsage",
     "SupportsTokenUsage",
     "SystemClock",
     "Timer",
