@@ -19,8 +19,8 @@ The JSON Schema, per Spark type (Arrow type of the column):
 ``date``                                  ``{"type": "string", "format": "date"}``
 ``timestamp``                             ``{"type": "string", "format": "date-time"}``:
                                           an offset, or UTC when it has none
-``timestamp_ntz``                         ``{"type": "string", "format": "date-time"}``
-                                          without an offset
+``timestamp_ntz``                         ``{"type": "string", "format": "date-time",
+                                          "pattern": ...}``: without an offset
 ``binary``                                ``{"type": "string", "contentEncoding":
                                           "base64"}``
 ``array<T>``                              ``{"type": "array", "items": T}``
@@ -61,6 +61,7 @@ from .. import LookupDecodeError
 __all__ = ["AnswerSchema"]
 
 _UTC: Final = dt.UTC
+_LOCAL_DATE_TIME: Final = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$"
 
 
 class AnswerSchema:
@@ -99,6 +100,8 @@ class AnswerSchema:
             out = {"type": "string", "format": "date"}
         elif pa.types.is_timestamp(type_):
             out = {"type": "string", "format": "date-time"}
+            if type_.tz is None:  # timestamp_ntz: a local date-time, no offset
+                out["pattern"] = _LOCAL_DATE_TIME
         elif pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
             out = {"type": "string", "contentEncoding": "base64"}
         elif pa.types.is_list(type_) or pa.types.is_large_list(type_):
