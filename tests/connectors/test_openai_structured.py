@@ -26,7 +26,8 @@ from tests.spark.conftest import spark
 __all__ = ["spark"]
 
 EVERY_TYPE = (  # checked in this order: a nested mismatch first
-    "author struct<name:string, karma:int, badges:array<string>>, label string, flag boolean, tiny tinyint, small smallint, n int, big bigint, "
+    "author struct<name:string, karma:int, badges:array<string>>, label string, "
+    "flag boolean, tiny tinyint, small smallint, n int, big bigint, "
     "ratio float, score double, price decimal(10,2), day date, at timestamp, "
     "local timestamp_ntz, raw binary, tags array<string>, "
     "items array<struct<sku:string, qty:int>>, counts map<string,int>, note_null string"
@@ -86,8 +87,8 @@ def test_every_column_type_is_asked_for_and_typed_in_spark(spark: SparkSession) 
     (request,) = [r for r in service.stats["bodies"] if "a great film" in json.dumps(r)]
     schema = request["response_format"]["json_schema"]["schema"]
     assert schema["required"] == [
-        "author", "label", "flag", "tiny", "small", "n", "big", "ratio", "score", "price", "day", "at",
-        "local", "raw", "tags", "items", "counts", "note_null",
+        "author", "label", "flag", "tiny", "small", "n", "big", "ratio", "score", "price",
+        "day", "at", "local", "raw", "tags", "items", "counts", "note_null",
     ]  # fmt: skip
     assert schema["properties"]["price"] == {"type": ["number", "null"]}
     assert schema["properties"]["author"]["properties"]["badges"] == {
