@@ -25,9 +25,14 @@ executor and job naming the same ``name``: the reservation is one atomic
 step of a Lua script on the Redis server (its clock, ``TIME``, is the only
 clock), under the keys ``asyncio_ops:rate:<name>:requests``, ``:tokens`` and
 ``:pause``, which expire once idle. Request permits are leased ``lease`` at a
-time, so a process pays one round trip per ``lease`` requests; permits a
-process leased and did not use (it ended first) are lost to the budget, never
-added to it. Tokens are reserved with each request that names them.
+time, but never more than the rate gives in ``LEASE_SECONDS`` (0.1 s; at least
+one), so a process pays one round trip per lease while a process that stops
+(its task ended) leaves at most a tenth of a second of the budget unused. A
+leased permit is a slot of the shared schedule: one not used within one
+interval after it came due (the process was busy elsewhere, or between
+tasks) is dropped, never sent late on top of other processes' slots; permits
+a process leased and did not use are lost to the budget, never added to it.
+Tokens are reserved with each request that names them.
 
 ``pause(seconds)`` (a 429 or 503 with Retry-After) holds the limit: every
 reservation not yet due moves that many seconds later, keeping its order and
@@ -66,6 +71,9 @@ if TYPE_CHECKING:
 __all__ = ["Permit", "RateLimit", "RateLimitStatistics", "rate_limit_option"]
 
 log = logging.getLogger("asyncio_ops.connectors")
+
+LEASE_SECONDS: Final = 0.1
+"""A lease holds at most this many seconds of the shared request rate."""
 
 # KEYS: bucket, pause. ARGV: interval (s per unit), tolerance (burst * interval), units,
 # ttl slack (ms), now (s; "" for the server's clock). Returns, as strings: when the first
@@ -372,6 +380,7 @@ class _State:
         self.waited = 0.0
         self.round_trips = 0
         self.fallbacks = 0
+        self.dropped = 0
         self.totals: dict[str, int] = {}
 
     async def acquire(self, tokens: float) -> float:
@@ -415,12 +424,17 @@ class _State:
             async with self.lock:  # one lease at a time; callers keep their order
                 due = self.now()
                 if limit.requests_per_second is not None:
+                    step = 1.0 / limit.requests_per_second
+                    while self.leased and self.leased[0] < due - step:
+                        self.leased.popleft()  # a slot missed: dropped, never sent late
+                        self.dropped += 1
                     if not self.leased:
+                        most = int(limit.requests_per_second * LEASE_SECONDS)
+                        lease = max(1, min(limit.lease, most))
                         first, _ = await self._round_trip(
-                            "requests", limit.requests_per_second, limit.burst, limit.lease
+                            "requests", limit.requests_per_second, limit.burst, lease
                         )
-                        step = 1.0 / limit.requests_per_second
-                        self.leased.extend(first + i * step for i in range(limit.lease))
+                        self.leased.extend(first + i * step for i in range(lease))
                     due = max(due, self.leased.popleft(), self.paused_until)
                 if limit.tokens_per_minute is not None and tokens > 0:
                     first, _ = await self._round_trip(
