@@ -40,7 +40,9 @@ from ._functions import (
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     SupportsOutputColumns,
+    SupportsOutputSchema,
     SupportsPreflight,
+    SupportsRateLimitUsage,
     SupportsTokenUsage,
 )
 from ._keyed_operator import KeyedProcessOperator
@@ -105,7 +107,9 @@ __all__ = [
     "SupportsInvokeArrow",
     "SupportsInvokeChunk",
     "SupportsOutputColumns",
+    "SupportsOutputSchema",
     "SupportsPreflight",
+    "SupportsRateLimitUsage",
     "SupportsTokenUsage",
     "SystemClock",
     "Timer",

@@ -28,7 +28,11 @@ Optional abilities are declared as protocols, never probed by name:
   rows as :class:`PrefersChunks` says (one request's worth), or one input
   Arrow batch; ``async_invoke_arrow`` may answer an :class:`ArrowResult` that
   fails single rows of the chunk on their own.
+- :class:`SupportsOutputColumns` / :class:`SupportsOutputSchema`: the declared
+  output columns' names, or their Arrow schema, before the first element.
 - :class:`SupportsTokenUsage`: tokens a model call was billed, summed in the metrics
+- :class:`SupportsRateLimitUsage`: permits and tokens taken from a rate limit and
+  the time spent waiting for them, summed in the metrics
 - :class:`SupportsCacheStatistics`: cache counters that reach the operator
   metrics.
 - :class:`SupportsPreflight`: ``async preflight(context)`` runs once on the
@@ -206,6 +210,17 @@ class SupportsOutputColumns(Protocol):
 
 
 @runtime_checkable
+class SupportsOutputSchema(Protocol):
+    """A function that types its answers by the declared output columns (a model asked
+    for JSON of that shape). The runtime calls ``bind_output_schema`` with the Arrow
+    schema of the columns the function adds (``output_schema``'s, in its order,
+    with their nullability) before the first element, after
+    ``bind_output_columns``."""
+
+    def bind_output_schema(self, schema: pa.Schema) -> None: ...
+
+
+@runtime_checkable
 class CheckpointedFunction(Protocol):
     """A function with state of its own that checkpoints write and restore.
 
@@ -265,6 +280,17 @@ class SupportsTokenUsage(Protocol):
     ``completion_tokens``, ``cost``)."""
 
     def token_usage(self) -> tuple[int, int, float | None]: ...
+
+
+@runtime_checkable
+class SupportsRateLimitUsage(Protocol):
+    """A function that waits on a rate limit and counts it, monotonic over its life:
+    ``(permits, tokens, seconds_waited)``: request permits and tokens it took from the
+    limit, and the seconds its calls spent waiting for them (summed over calls, so
+    concurrent waits add up). The runtime adds each partition's share to the metrics
+    (``rate_limit_permits``, ``rate_limit_tokens``, ``rate_limit_wait_seconds``)."""
+
+    def rate_limit_usage(self) -> tuple[int, int, float]: ...
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from ._exceptions import (
     ConnectorError,
     LookupAmbiguousError,
     LookupAuthError,
+    LookupBudgetExceeded,
     LookupConnectionError,
     LookupDecodeError,
     LookupKeyError,
@@ -33,7 +34,7 @@ from ._exceptions import (
     is_retryable,
 )
 from ._lookup import BaseLookup, KeyFields, LookupStatistics, Row
-from ._rate_limit import RateLimit, RateLimitStatistics
+from ._rate_limit import Permit, RateLimit, RateLimitStatistics
 from ._resources import SharedResources
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "KeyFields",
     "LookupAmbiguousError",
     "LookupAuthError",
+    "LookupBudgetExceeded",
     "LookupCache",
     "LookupConnectionError",
     "LookupDecodeError",
@@ -55,6 +57,7 @@ __all__ = [
     "LookupStatistics",
     "LookupTLSError",
     "LookupTimeout",
+    "Permit",
     "RateLimit",
     "RateLimitStatistics",
     "Row",

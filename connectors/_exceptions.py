@@ -18,6 +18,8 @@
         │                                       a one-to-one lookup matched several rows
         ├── LookupKeyError (KeyError)           the input row lacks a key field, or the
         │                                       key value cannot be used (unhashable)
+        ├── LookupBudgetExceeded                a model lookup's max_total_tokens is
+        │                                       spent: the row is not sent (not retryable)
         └── LookupResponseError                 an HTTP status that is not a result;
             │                                   ``status``, ``retry_after``; retryable
             │                                   when the status is one of retry_statuses
@@ -42,6 +44,7 @@ __all__ = [
     "ConnectorError",
     "LookupAmbiguousError",
     "LookupAuthError",
+    "LookupBudgetExceeded",
     "LookupConnectionError",
     "LookupDecodeError",
     "LookupKeyError",
@@ -113,6 +116,10 @@ class LookupKeyError(ConnectorError, KeyError):
     def __str__(self) -> str:
         # KeyError.__str__ quotes its argument as a repr; a message reads better plain.
         return str(self.args[0]) if self.args else ""
+
+
+class LookupBudgetExceeded(ConnectorError):
+    """A model lookup's ``max_total_tokens`` is spent: the row's request is not sent."""
 
 
 class LookupResponseError(ConnectorError):

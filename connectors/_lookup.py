@@ -19,7 +19,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,6 +30,7 @@ from asyncio_ops import AsyncFunction, ConfigurationError, RuntimeContext, Unsup
 from ._batching import BatchStatistics
 from ._cache import CacheStatistics, LookupCache
 from ._exceptions import ConnectorError, LookupKeyError
+from ._rate_limit import RateLimit
 
 if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
     import pyarrow as pa
@@ -205,6 +207,10 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         self._rows = 0
         self._null_keys = 0
         self._closed_batches = _NO_BATCHES
+        # what this lookup took from its rate limit (asyncio_ops.SupportsRateLimitUsage)
+        self._limit_permits = 0
+        self._limit_tokens = 0
+        self._limit_waited = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def open(self, runtime_context: RuntimeContext | None = None) -> None:
@@ -292,6 +298,33 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         answer = await fetch()
         await cache.put_through([(key, answer)])
         return answer
+
+    # -- rate limit ------------------------------------------------------------------
+    @asynccontextmanager
+    async def _limited(self, limit: RateLimit | None, tokens: int = 0) -> AsyncIterator[None]:
+        """Run the block once ``limit`` (if any) gave one request permit and ``tokens``;
+        counted in :meth:`rate_limit_usage`."""
+        if limit is None:
+            yield
+            return
+        async with limit.acquire(tokens=tokens) as permit:
+            self._limit_permits += 1
+            self._limit_tokens += tokens
+            self._limit_waited += permit.waited
+            yield
+
+    async def _settle(self, limit: RateLimit, reserved: int, used: int) -> None:
+        """A call that reserved ``reserved`` tokens was billed ``used``: the limit (and
+        this lookup's count of tokens) follows what was billed."""
+        await limit.settle(reserved, used)
+        if limit.tokens_per_minute is not None:
+            self._limit_tokens += used - reserved
+
+    def rate_limit_usage(self) -> tuple[int, int, float]:
+        """``asyncio_ops.SupportsRateLimitUsage``: request permits and tokens this lookup
+        took from its rate limit, and the seconds its calls waited for them (summed over
+        calls), since construction; zeros without a limit."""
+        return self._limit_permits, self._limit_tokens, self._limit_waited
 
     @abc.abstractmethod
     async def _open_runtime(self) -> R: ...

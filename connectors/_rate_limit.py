@@ -25,9 +25,14 @@ executor and job naming the same ``name``: the reservation is one atomic
 step of a Lua script on the Redis server (its clock, ``TIME``, is the only
 clock), under the keys ``asyncio_ops:rate:<name>:requests``, ``:tokens`` and
 ``:pause``, which expire once idle. Request permits are leased ``lease`` at a
-time, so a process pays one round trip per ``lease`` requests; permits a
-process leased and did not use (it ended first) are lost to the budget, never
-added to it. Tokens are reserved with each request that names them.
+time, but never more than the rate gives in ``LEASE_SECONDS`` (0.1 s; at least
+one), so a process pays one round trip per lease while a process that stops
+(its task ended) leaves at most a tenth of a second of the budget unused. A
+leased permit is a slot of the shared schedule: one not used within one
+interval after it came due (the process was busy elsewhere, or between
+tasks) is dropped, never sent late on top of other processes' slots; permits
+a process leased and did not use are lost to the budget, never added to it.
+Tokens are reserved with each request that names them.
 
 ``pause(seconds)`` (a 429 or 503 with Retry-After) holds the limit: every
 reservation not yet due moves that many seconds later, keeping its order and
@@ -63,9 +68,12 @@ from ._redact import redact_dsn
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ["RateLimit", "RateLimitStatistics"]
+__all__ = ["Permit", "RateLimit", "RateLimitStatistics", "rate_limit_option"]
 
 log = logging.getLogger("asyncio_ops.connectors")
+
+LEASE_SECONDS: Final = 0.1
+"""A lease holds at most this many seconds of the shared request rate."""
 
 # KEYS: bucket, pause. ARGV: interval (s per unit), tolerance (burst * interval), units,
 # ttl slack (ms), now (s; "" for the server's clock). Returns, as strings: when the first
@@ -112,6 +120,21 @@ return 1
 """
 
 
+# KEYS: total. ARGV: units (may be negative), maximum (-1: none), ttl (ms). Adds units to
+# the total unless that passes the maximum; returns {1 added / 0 refused, the total}.
+_TOTAL: Final = """
+local total = tonumber(redis.call('GET', KEYS[1]) or '0')
+local units = tonumber(ARGV[1])
+local maximum = tonumber(ARGV[2])
+if units > 0 and maximum >= 0 and total + units > maximum then
+  return {0, total}
+end
+total = redis.call('INCRBY', KEYS[1], units)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, total}
+"""
+
+
 @dataclass(frozen=True)
 class RateLimitStatistics:
     """Counters of one limit in this process: ``requests`` and ``tokens`` acquired,
@@ -124,6 +147,34 @@ class RateLimitStatistics:
     waited: float
     round_trips: int
     fallbacks: int
+
+
+@dataclass(frozen=True)
+class Permit:
+    """What one ``acquire`` was given: the ``tokens`` it reserved, and the seconds it
+    ``waited`` for them (on the limit's clock, round trips to Redis included) before
+    its block ran."""
+
+    tokens: float
+    waited: float
+
+
+def rate_limit_option(
+    value: object, *, burst: int, name: str, option: str = "rate_limit"
+) -> RateLimit | None:
+    """A connector's ``rate_limit=``: a :class:`RateLimit` as given (per process, or
+    shared through Redis), a number of requests per second of this process (a
+    RateLimit named ``name``, ``burst`` at once: every lookup in the process with
+    equal settings shares it), or None (no limit). Anything else is a
+    ConfigurationError naming the option and the value."""
+    if value is None or isinstance(value, RateLimit):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(
+            f"{option} must be requests per second (a number > 0) or an "
+            f"asyncio_ops.connectors.RateLimit, got {value!r}"
+        )
+    return RateLimit(requests_per_second=_positive(value, option), burst=burst, name=name)
 
 
 class _Gcra:
@@ -252,12 +303,13 @@ class RateLimit:
         return state
 
     @asynccontextmanager
-    async def acquire(self, tokens: float = 0) -> AsyncIterator[None]:
-        """Wait for one request permit and ``tokens`` tokens, then run the block."""
+    async def acquire(self, tokens: float = 0) -> AsyncIterator[Permit]:
+        """Wait for one request permit and ``tokens`` tokens, then run the block (given
+        the :class:`Permit`: what was reserved, and how long it waited)."""
         if tokens < 0 or not math.isfinite(tokens):
             raise ConfigurationError(f"tokens must be a finite number >= 0, got {tokens!r}")
-        await self._local().acquire(tokens)
-        yield
+        waited = await self._local().acquire(tokens)
+        yield Permit(float(tokens), waited)
 
     async def settle(self, reserved: float, used: float) -> None:
         """After a call: it reserved ``reserved`` tokens and was billed ``used`` (the
@@ -265,6 +317,15 @@ class RateLimit:
         so that the limit follows what the server counts rather than an estimate."""
         if self.tokens_per_minute is not None and used != reserved:
             await self._local().settle(float(used) - float(reserved))
+
+    async def take_total(self, budget: str, units: int, maximum: int | None) -> int | None:
+        """Add ``units`` (negative: give back) to the running total named ``budget``
+        unless it would pass ``maximum``: the total after, or None when refused. Shared,
+        the total is one for every process (``asyncio_ops:rate:<name>:total:<budget>``
+        on the Redis server, one atomic step, kept a week after its last change);
+        otherwise it is this process's. Redis unreachable: as ``on_unavailable`` says
+        (an error, or this process's count meanwhile)."""
+        return await self._local().take_total(budget, int(units), maximum)
 
     async def pause(self, seconds_: float) -> None:
         """Hold every reservation after now for ``seconds_`` (every sharing process)."""
@@ -319,10 +380,14 @@ class _State:
         self.waited = 0.0
         self.round_trips = 0
         self.fallbacks = 0
+        self.dropped = 0
+        self.totals: dict[str, int] = {}
 
-    async def acquire(self, tokens: float) -> None:
+    async def acquire(self, tokens: float) -> float:
+        """Reserve and wait; the seconds it took."""
         limit = self.limit
         now = self.now()
+        start = now
         pauses = len(self.pause_log)
         if limit.shared is not None and now >= self.down_until:
             due = await self._reserve_shared(tokens)
@@ -342,7 +407,7 @@ class _State:
             moved = sum(length for start, length in self.pause_log[pauses:] if start <= due)
             pauses = len(self.pause_log)
             if moved <= 0:
-                return
+                return max(0.0, self.now() - start)
             due += moved
 
     def _reserve_local(self, tokens: float, now: float) -> float:
@@ -359,12 +424,17 @@ class _State:
             async with self.lock:  # one lease at a time; callers keep their order
                 due = self.now()
                 if limit.requests_per_second is not None:
+                    step = 1.0 / limit.requests_per_second
+                    while self.leased and self.leased[0] < due - step:
+                        self.leased.popleft()  # a slot missed: dropped, never sent late
+                        self.dropped += 1
                     if not self.leased:
+                        most = int(limit.requests_per_second * LEASE_SECONDS)
+                        lease = max(1, min(limit.lease, most))
                         first, _ = await self._round_trip(
-                            "requests", limit.requests_per_second, limit.burst, limit.lease
+                            "requests", limit.requests_per_second, limit.burst, lease
                         )
-                        step = 1.0 / limit.requests_per_second
-                        self.leased.extend(first + i * step for i in range(limit.lease))
+                        self.leased.extend(first + i * step for i in range(lease))
                     due = max(due, self.leased.popleft(), self.paused_until)
                 if limit.tokens_per_minute is not None and tokens > 0:
                     first, _ = await self._round_trip(
@@ -426,6 +496,35 @@ class _State:
         # due times on this process's clock: relative to when the reply came back
         arrived = self.now() if limit.clock is None else sent
         return arrived + first, arrived
+
+    async def take_total(self, budget: str, units: int, maximum: int | None) -> int | None:
+        limit = self.limit
+        if limit.shared is not None and self.now() >= self.down_until:
+            assert limit.name is not None
+            try:
+                client = self._connect()
+                added, total = await client.eval(
+                    _TOTAL, 1, f"asyncio_ops:rate:{limit.name}:total:{budget}", units,
+                    -1 if maximum is None else maximum, 7 * 24 * 3600 * 1000,
+                )  # fmt: skip
+                self.round_trips += 1
+                return int(total) if int(added) else None
+            except Exception as exc:
+                from redis import exceptions as rx
+
+                if not isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+                    raise
+                if limit.on_unavailable == "fail":
+                    raise LookupConnectionError(
+                        f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
+                        f"is unreachable: {exc}"
+                    ) from exc
+                self.down_until = self.now() + limit.retry_unavailable
+        total = self.totals.get(budget, 0)
+        if units > 0 and maximum is not None and total + units > maximum:
+            return None
+        total = self.totals[budget] = total + units
+        return total
 
     async def settle(self, tokens: float) -> None:
         """Take ``tokens`` more (or give back, if negative) from the token budget."""

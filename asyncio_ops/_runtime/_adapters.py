@@ -37,6 +37,7 @@ from .._functions import (
     SupportsInvokeArrow,
     SupportsInvokeChunk,
     SupportsOutputColumns,
+    SupportsOutputSchema,
 )
 from .._results import one_result
 from ._coerce import coerced_array, decimals_as_floats, has_fraction, spark_type
@@ -146,6 +147,8 @@ class RowFunction(AsyncFunction[Any, Any]):
         self.columns = tuple(spec.added_columns)  # in output_schema order
         if isinstance(user, SupportsOutputColumns):  # e.g. a connector: project at the source
             user.bind_output_columns(self.columns)
+        if isinstance(user, SupportsOutputSchema):  # e.g. a model asked for typed JSON
+            user.bind_output_schema(pa.schema([spec.output_schema.field(c) for c in self.columns]))
         self.keep = spec.keep_input_columns
         # on_empty="keep": a row without results is emitted once, its output columns null
         self.keep_empty = spec.on_empty == "keep"

@@ -41,6 +41,10 @@ class RunMetrics:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    # a rate limit's toll (asyncio_ops.SupportsRateLimitUsage)
+    rate_limit_permits: int = 0
+    rate_limit_tokens: int = 0
+    rate_limit_wait_seconds: float = 0.0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     # capacity="auto": each partition's limit when it ended
@@ -52,6 +56,7 @@ class RunMetrics:
             "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
             "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
+            "rate_limit_permits", "rate_limit_tokens", "rate_limit_wait_seconds",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -87,6 +92,9 @@ class RunMetrics:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost": round(self.cost, 6),
+            "rate_limit_permits": self.rate_limit_permits,
+            "rate_limit_tokens": self.rate_limit_tokens,
+            "rate_limit_wait_seconds": round(self.rate_limit_wait_seconds, 3),
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
             "capacity_limits": sorted(self.capacity_limits),

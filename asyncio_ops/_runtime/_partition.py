@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
-from .._functions import SupportsCacheStatistics, SupportsTokenUsage
+from .._functions import SupportsCacheStatistics, SupportsRateLimitUsage, SupportsTokenUsage
 from .._limit import AdaptiveLimit
 from .._operator import AsyncWaitOperator, OperatorHooks
 from .._snapshot import OperatorSnapshot
@@ -139,6 +139,13 @@ def _token_usage(fn: object) -> tuple[int, int, float] | None:
     return (prompt, completion, cost or 0.0)
 
 
+def _rate_limit_usage(fn: object) -> tuple[int, int, float] | None:
+    """(permits, tokens, seconds waited) a function took from its rate limit so far."""
+    if not isinstance(fn, SupportsRateLimitUsage):
+        return None
+    return fn.rate_limit_usage()
+
+
 async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
     """``end_input``, bounded by ``drain_timeout`` if given; True if everything left."""
     if drain_timeout is None:
@@ -202,6 +209,7 @@ def run_partition(
     started = time.perf_counter()
     cache_before = _cache_counters(user_fn)
     usage_before = _token_usage(user_fn)
+    limited_before = _rate_limit_usage(user_fn)
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
@@ -282,6 +290,17 @@ def run_partition(
             metrics.prompt_tokens, metrics.completion_tokens, metrics.cost = (
                 usage_after[0] - usage_before[0], usage_after[1] - usage_before[1],
                 usage_after[2] - usage_before[2],
+            )  # fmt: skip
+        limited_after = _rate_limit_usage(user_fn)
+        if limited_before is not None and limited_after is not None:
+            # the function lives as long as the worker: this partition's share
+            (
+                metrics.rate_limit_permits,
+                metrics.rate_limit_tokens,
+                metrics.rate_limit_wait_seconds,
+            ) = (
+                limited_after[0] - limited_before[0], limited_after[1] - limited_before[1],
+                limited_after[2] - limited_before[2],
             )  # fmt: skip
         cache_after = _cache_counters(user_fn)
         if cache_before is not None and cache_after is not None:

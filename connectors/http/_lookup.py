@@ -524,9 +524,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         limit = self.limit
         while True:
             try:
-                if limit is None:
-                    return await self._attempt(runtime, url, params, body)
-                async with limit.acquire():
+                async with self._limited(limit):
                     return await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None

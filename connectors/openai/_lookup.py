@@ -18,12 +18,15 @@ Semantics:
   :class:`LookupKeyError` naming it). ``system``: an optional system message.
 - A chat answer is the column ``answer`` (declare ``answer string``); with
   other declared output columns (``output_schema="label string, score
-  double"``) the answer is asked for as a JSON object with those fields
-  (``response_format`` ``json_object``, the fields named in the prompt) and
-  parsed: an answer that is not a JSON object, or lacks a declared field, is a
-  :class:`LookupDecodeError` naming the column (an error row with
-  ``on_error="error_column"``); the Spark layer then checks each value against
-  its column's type.
+  double, tags array<string>"``) the answer is asked for as JSON matching a
+  JSON Schema derived from the declared Spark schema (``response_format``
+  ``json_schema``; types, nested structs and arrays, nulls: see
+  :mod:`._schema`) and typed into the columns: an answer that is not JSON,
+  lacks a column or a struct field, or holds a value that does not fit its
+  column is a :class:`LookupDecodeError` naming the column (an error row
+  with ``on_error="error_column"``). Outside Spark, with only column names
+  bound (``bind_output_columns``), it is asked for as a ``json_object`` with
+  those fields, values as the model gave them.
 - An embedding is the column ``embedding`` (``array<float>``), or the one
   declared output column; a chunk's inputs go ``batch_size`` per request.
 - The API key comes from the environment variable ``api_key_env``
@@ -40,7 +43,21 @@ Semantics:
   longer), as providers count a request's tokens before it is answered.
 - ``usage()``: the prompt and completion tokens the server reported, the
   requests, and the cost when ``prices`` (per 1,000 prompt and completion
-  tokens) are given; per lookup object, in this process.
+  tokens) are given; per lookup object, in this process. The runtime sums them
+  in ``AsyncMetrics``, with the permits and tokens taken from ``rate_limit``
+  and the seconds spent waiting for them.
+- ``max_total_tokens``: a budget of tokens (prompt and completion) for the
+  lookup object built on the driver, i.e. for every task, attempt and action
+  of the job that uses it. Before each request its estimate is reserved from
+  the budget and, once answered, settled to the usage reported (refunded if
+  no answer came), so the budget is never passed by more than the estimates
+  fell short. A request the budget cannot hold is not sent: the row raises
+  :class:`LookupBudgetExceeded` (not retryable: an error row with
+  ``on_error="error_column"``, else the job fails); cached answers still
+  come. Scope: with ``rate_limit`` a RateLimit shared through Redis the
+  total is one for the whole job, counted on that server
+  (``asyncio_ops:rate:<name>:total:<lookup id>``); otherwise it is per
+  worker process (each Python worker spends up to the budget).
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ import asyncio
 import json
 import os
 import string
+import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -61,6 +79,7 @@ from asyncio_ops.options import at_least, seconds
 from .. import (
     BaseLookup,
     BatchStatistics,
+    LookupBudgetExceeded,
     LookupCache,
     LookupDecodeError,
     LookupKeyError,
@@ -76,9 +95,14 @@ from ..http._lookup import parse_retry_after
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from ._schema import AnswerSchema  # imports pyarrow: only once a schema is bound
+
 __all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]
 
 _NO_BATCHES: Final = BatchStatistics(0, 0, 0, 0, 0)
+# tokens spent from each lookup's max_total_tokens in this process, by the lookup's
+# budget id (without a shared RateLimit)
+_SPENT: Final[dict[str, int]] = {}
 
 
 async def _create_session(settings: Hashable) -> aiohttp.ClientSession:
@@ -153,6 +177,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         max_retries: int,
         max_connections: int,
         prices: tuple[float, float] | None,
+        max_total_tokens: int | None,
     ) -> None:
         super().__init__(cache=cache)
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -171,6 +196,13 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         self.max_retries = at_least(max_retries, "max_retries", 0)
         self.max_connections = at_least(max_connections, "max_connections", 1)
         self.prices = prices
+        self.max_total_tokens = (
+            None if max_total_tokens is None
+            else at_least(max_total_tokens, "max_total_tokens", 1)
+        )  # fmt: skip
+        # drawn on the driver: every pickled copy of this lookup (each task, attempt and
+        # action of the job) spends from one budget
+        self.budget_id = uuid.uuid4().hex
         self.output_columns: tuple[str, ...] | None = None
         self._requests = 0
         self._prompt_tokens = 0
@@ -200,9 +232,58 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                     + self._completion_tokens * self.prices[1]) / 1000  # fmt: skip
         return Usage(self._requests, self._prompt_tokens, self._completion_tokens, cost)
 
-    async def _post(self, path: str, body: dict[str, Any], estimate: int) -> Any:
+    async def _post(self, path: str, body: dict[str, Any], estimate: int, what: str) -> Any:
         """POST ``body``; the decoded JSON answer. Retries a 429/503 after its Retry-After
-        (pausing the limit), up to ``max_retries`` times."""
+        (pausing the limit), up to ``max_retries`` times. ``estimate``: its tokens before
+        it is sent; ``what``: the rows it asks for, for errors."""
+        reserved = await self._reserve_budget(estimate, what)
+        billed: int | None = None
+        try:
+            answer, billed = await self._post_limited(path, body, estimate)
+        finally:
+            if reserved:
+                await self._spend(billed - reserved if billed is not None else -reserved)
+        return answer
+
+    async def _reserve_budget(self, estimate: int, what: str) -> int:
+        """Take ``estimate`` from ``max_total_tokens`` (0 without one); a
+        LookupBudgetExceeded naming the option when it cannot hold it."""
+        maximum = self.max_total_tokens
+        if maximum is None:
+            return 0
+        units = min(estimate, maximum)  # a request larger than the budget still fits alone
+        total = await self._spend(units, maximum)
+        if total is None:
+            spent = await self._spend(0)
+            scope = ("in the job (shared through Redis)" if self._budget_shared()
+                     else "in this worker process")  # fmt: skip
+            raise LookupBudgetExceeded(
+                f"max_total_tokens={maximum} of {type(self).__name__}(model {self.model!r}) is "
+                f"spent: {spent} tokens used {scope}, and this request needs about "
+                f"{estimate}; not sent for {what}"
+            )
+        return units
+
+    def _budget_shared(self) -> bool:
+        limit = self.rate_limit
+        return limit is not None and limit.shared is not None
+
+    async def _spend(self, units: int, maximum: int | None = None) -> int | None:
+        """Add ``units`` to this lookup's spent tokens unless that passes ``maximum``;
+        the total after, None when refused."""
+        limit = self.rate_limit
+        if limit is not None and limit.shared is not None:
+            return await limit.take_total(self.budget_id, units, maximum)
+        total = _SPENT.get(self.budget_id, 0)
+        if units > 0 and maximum is not None and total + units > maximum:
+            return None
+        total = _SPENT[self.budget_id] = total + units
+        return total
+
+    async def _post_limited(
+        self, path: str, body: dict[str, Any], estimate: int
+    ) -> tuple[Any, int | None]:
+        """The answer, and the tokens it was billed (None if it reports no usage)."""
         session = self._require_runtime()
         url = f"{self.base_url}{path}"
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
@@ -211,11 +292,8 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         attempt = 0
         while True:
             try:
-                if limit is None:
+                async with self._limited(limit, estimate):
                     status, raw, after = await self._send(session, url, body, headers)
-                else:
-                    async with limit.acquire(tokens=estimate):
-                        status, raw, after = await self._send(session, url, body, headers)
             except Exception as exc:
                 mapped = aiohttp_error(exc, "POST", url, Scrubber([key]))
                 if mapped is None:
@@ -230,16 +308,18 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                         f"POST {redact_url(url)} answered {status} with no JSON", status=status
                     ) from exc
                 usage = answer.get("usage") if isinstance(answer, dict) else None
+                billed = None
                 if isinstance(usage, dict):
                     prompt = int(usage.get("prompt_tokens") or 0)
                     completion = int(usage.get("completion_tokens") or 0)
+                    billed = prompt + completion
                     self._prompt_tokens += prompt
                     self._completion_tokens += completion
                     if limit is not None:  # what the quota counted, not the estimate:
                         # the prompt, and max_tokens (quotas count it before the answer)
                         counted = prompt + max(completion, int(body.get("max_tokens") or 0))
-                        await limit.settle(estimate, counted)
-                return answer
+                        await self._settle(limit, estimate, counted)
+                return answer, billed
             retry = status in (429, 503) and attempt < self.max_retries
             if retry:
                 wait = after if after is not None else min(30.0, 0.5 * 2**attempt)
@@ -290,16 +370,26 @@ class ChatLookup(_ModelLookup):
         max_retries: int = 3,
         max_connections: int = 16,
         prices: tuple[float, float] | None = None,
+        max_total_tokens: int | None = None,
     ) -> None:
         super().__init__(
             base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
-            prices=prices,
+            prices=prices, max_total_tokens=max_total_tokens,
         )  # fmt: skip
         self.prompt = _Template(prompt, "prompt")
         self.system = system
         self.max_tokens = at_least(max_tokens, "max_tokens", 1)
         self.temperature = float(temperature)
+        self.answer_schema: AnswerSchema | None = None
+
+    def bind_output_schema(self, schema: pa.Schema) -> None:
+        """``asyncio_ops.SupportsOutputSchema``: the declared columns with their types; the
+        answer is then asked for as JSON of that schema and typed by it (a single
+        ``answer`` column stays the plain text)."""
+        from ._schema import AnswerSchema
+
+        self.answer_schema = None if schema.names == ["answer"] else AnswerSchema(schema)
 
     def _structured(self) -> tuple[str, ...] | None:
         columns = self.output_columns
@@ -310,14 +400,21 @@ class ChatLookup(_ModelLookup):
         self._rows += 1
         text = self.prompt.render(value)
         fields = self._structured()
+        schema = self.answer_schema if fields is not None else None
+        # a changed schema is another question: its answers are cached apart
+        shape: Hashable = (
+            json.dumps(schema.json_schema, sort_keys=True) if schema is not None else fields
+        )
 
         async def ask() -> tuple[Row, ...]:
-            return (await self._ask(text, fields),)
+            return (await self._ask(text, fields, schema),)
 
-        rows: tuple[Row, ...] = await self._cached((text, fields), ask)
+        rows: tuple[Row, ...] = await self._cached((text, shape), ask)
         return [dict(row) for row in rows]
 
-    async def _ask(self, text: str, fields: tuple[str, ...] | None) -> Row:
+    async def _ask(
+        self, text: str, fields: tuple[str, ...] | None, schema: AnswerSchema | None
+    ) -> Row:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         content = text
         if fields is not None:
@@ -328,10 +425,13 @@ class ChatLookup(_ModelLookup):
             "model": self.model, "messages": messages, "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }  # fmt: skip
-        if fields is not None:
+        if schema is not None:
+            body["response_format"] = schema.response_format()
+        elif fields is not None:
             body["response_format"] = {"type": "json_object"}
         answer = await self._post("/v1/chat/completions", body,
-                                  len(content) // 4 + 1 + self.max_tokens)  # fmt: skip
+                                  len(content) // 4 + 1 + self.max_tokens,
+                                  f"the prompt {text[:80]!r}")  # fmt: skip
         try:
             said = answer["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as exc:
@@ -339,6 +439,8 @@ class ChatLookup(_ModelLookup):
                                     ) from exc  # fmt: skip
         if fields is None:
             return {"answer": said}
+        if schema is not None:
+            return schema.typed(said)
         try:
             parsed = json.loads(said)
         except (TypeError, ValueError) as exc:
@@ -376,11 +478,12 @@ class EmbeddingLookup(_ModelLookup):
         max_retries: int = 3,
         max_connections: int = 16,
         prices: tuple[float, float] | None = None,
+        max_total_tokens: int | None = None,
     ) -> None:
         super().__init__(
             base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
-            prices=prices,
+            prices=prices, max_total_tokens=max_total_tokens,
         )  # fmt: skip
         self.input = _Template(input, "input")
         self.batch_size = at_least(batch_size, "batch_size", 1)
@@ -413,7 +516,10 @@ class EmbeddingLookup(_ModelLookup):
     async def _fetch(self, texts: Sequence[Hashable]) -> dict[Hashable, Any]:
         inputs = [str(t) for t in texts]
         answer = await self._post("/v1/embeddings", {"model": self.model, "input": inputs},
-                                  sum(len(t) // 4 + 1 for t in inputs))  # fmt: skip
+                                  sum(len(t) // 4 + 1 for t in inputs),
+                                  f"the inputs {[t[:40] for t in inputs[:3]]!r}"
+                                  + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else ""),
+                                  )  # fmt: skip
         try:
             data = sorted(answer["data"], key=lambda d: d["index"])
             vectors = [[float(x) for x in d["embedding"]] for d in data]

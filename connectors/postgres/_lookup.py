@@ -40,6 +40,7 @@ from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache
 from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
 from .._lookup import BaseLookup, KeyFields, Row
+from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
 from ._columnar import ARRAY_OIDS, TEXT_OIDS, Columnar, decode
@@ -184,7 +185,11 @@ class PostgresLookup(BaseLookup[_Runtime]):
     every other protocol step (cancelling a query, resetting a connection for
     the pool), so that ``close()`` returns even on a stalled network; ``connect_timeout``
     seconds per connection attempt; ``server_settings`` extra session settings;
-    ``cache`` a :class:`~asyncio_ops.connectors.LookupCache` consulted before querying.
+    ``cache`` a :class:`~asyncio_ops.connectors.LookupCache` consulted before querying;
+    ``rate_limit`` queries per second of this worker process and DSN (at most
+    ``rate_burst`` at once), or a :class:`~asyncio_ops.connectors.RateLimit`
+    (per process, or shared through Redis by every executor): each query (one
+    batch of keys) takes one request permit.
 
     Raises (from ``open`` and ``async_invoke``): ``LookupConnectionError`` and
     ``LookupTimeout`` (retryable: see :func:`asyncio_ops.connectors.is_retryable`),
@@ -216,6 +221,8 @@ class PostgresLookup(BaseLookup[_Runtime]):
         connect_timeout: float = 10.0,
         server_settings: Mapping[str, str] | None = None,
         cache: LookupCache[Any] | None = None,
+        rate_limit: float | RateLimit | None = None,
+        rate_burst: int = 1,
     ) -> None:
         super().__init__(cache=cache)
         if not isinstance(dsn, str) or not dsn:
@@ -267,6 +274,12 @@ class PostgresLookup(BaseLookup[_Runtime]):
         )
         self._where = redact_dsn(dsn)
         self._scrub = Scrubber(url_secrets(dsn))
+        # a RateLimit (per process, or shared through Redis), or queries per second of
+        # this process and DSN, rate_burst at once: one permit per query
+        self.rate_burst = at_least(rate_burst, "rate_burst", 1)
+        self.rate_limit = rate_limit_option(
+            rate_limit, burst=self.rate_burst, name=f"postgres:{self._where}"
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
     async def _open_runtime(self) -> _Runtime:
@@ -658,6 +671,15 @@ class PostgresLookup(BaseLookup[_Runtime]):
             args: list[list[Any]] = [list(column) for column in zip(*keys, strict=True)]  # type: ignore[call-overload,unused-ignore]
         else:
             args = [keys if type(keys) is list else list(keys)]
+        async with self._limited(self.rate_limit):
+            records = await self._query_now(runtime, sql, args)
+        if sql is None and records:
+            self._check_columns(list(records[0].keys()))
+        return records
+
+    async def _query_now(
+        self, runtime: _Runtime, sql: str | None, args: list[list[Any]]
+    ) -> list[asyncpg.Record]:
         with map_asyncpg_errors("lookup query", self._where, self._scrub):
             async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
                 try:
@@ -669,8 +691,6 @@ class PostgresLookup(BaseLookup[_Runtime]):
                     # pool opens a fresh one on the next acquire.
                     connection.terminate()
                     raise
-        if sql is None and records:
-            self._check_columns(list(records[0].keys()))
         return records
 
     def _check_columns(self, present: list[str]) -> None:

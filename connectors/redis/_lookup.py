@@ -55,9 +55,11 @@ from .. import (
     LookupKeyError,
     LookupQueryError,
     LookupTimeout,
+    RateLimit,
     Row,
     SharedResources,
 )
+from .._rate_limit import rate_limit_option
 from .._redact import redact_dsn  # the connectors' shared masking of passwords in URLs
 
 if TYPE_CHECKING:
@@ -120,7 +122,10 @@ class RedisLookup(BaseLookup[_Runtime]):
     ``batch_size``: keys per round trip; ``max_batch_delay``: how long a row
     waits for others to share its round trip (row-by-row path);
     ``max_connections``: the process's pool for this URL; ``timeout``: seconds
-    per call; ``cache``: a :class:`LookupCache` in front of Redis.
+    per call; ``cache``: a :class:`LookupCache` in front of Redis; ``rate_limit``:
+    round trips per second of this worker process and URL (``rate_burst`` at
+    once), or a :class:`RateLimit` (per process, or shared through Redis by every
+    executor): each round trip (``MGET`` or pipeline) takes one request permit.
     """
 
     def __init__(
@@ -137,6 +142,8 @@ class RedisLookup(BaseLookup[_Runtime]):
         max_connections: int = 16,
         timeout: float = 5.0,
         cache: LookupCache[Any] | None = None,
+        rate_limit: float | RateLimit | None = None,
+        rate_burst: int = 1,
     ) -> None:
         super().__init__(cache=cache)
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
@@ -162,6 +169,12 @@ class RedisLookup(BaseLookup[_Runtime]):
         self.request_timeout = seconds(timeout, "timeout")
         self.output_columns: tuple[str, ...] | None = None
         self._shown = redact_dsn(url)
+        # a RateLimit (per process, or shared through Redis), or round trips per second of
+        # this process and URL, rate_burst at once: one permit per round trip
+        self.rate_burst = positive_int(rate_burst, "rate_burst")
+        self.rate_limit = rate_limit_option(
+            rate_limit, burst=self.rate_burst, name=f"redis:{self._shown}"
+        )
 
     @property
     def _settings(self) -> tuple[str, int, float]:
@@ -263,17 +276,8 @@ class RedisLookup(BaseLookup[_Runtime]):
         runtime = self._require_runtime()
         names = [self.redis_key(k) for k in keys]
         try:
-            if self.kind == "hash":
-                fields = self.output_columns
-                async with runtime.client.pipeline(transaction=False) as pipe:
-                    for name in names:
-                        if fields:
-                            pipe.hmget(name, list(fields))
-                        else:
-                            pipe.hgetall(name)
-                    answers = await pipe.execute(raise_on_error=False)
-            else:
-                answers = await runtime.client.mget(names)
+            async with self._limited(self.rate_limit):
+                answers = await self._round_trip(runtime, names)
         except Exception as exc:
             raise self._mapped(exc, "HGETALL" if self.kind == "hash" else "MGET") from exc
         out: dict[Hashable, Rows] = {}
@@ -282,6 +286,19 @@ class RedisLookup(BaseLookup[_Runtime]):
                 raise self._mapped(answer, "HGETALL", name) from answer
             out[key] = self._rows_of(name, answer)
         return out
+
+    async def _round_trip(self, runtime: _Runtime, names: list[str]) -> list[Any]:
+        if self.kind == "hash":
+            fields = self.output_columns
+            async with runtime.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    if fields:
+                        pipe.hmget(name, list(fields))
+                    else:
+                        pipe.hgetall(name)
+                answers: list[Any] = await pipe.execute(raise_on_error=False)
+                return answers
+        return list(await runtime.client.mget(names))
 
     def _rows_of(self, name: str, answer: Any) -> Rows:
         if answer is None:

@@ -7,8 +7,15 @@ against it unchanged), deterministic answers, token counting and a quota:
 - ``POST /v1/chat/completions`` ``{"model", "messages", "max_tokens"?,
   "response_format"?}``: the answer to the last user message is a sentiment:
   ``positive`` when it has one of the words good, great, love, excellent, else
-  ``negative``; with ``response_format`` of type ``json_object`` or
-  ``json_schema`` the content is a JSON object ``{"label", "score", "words"}``.
+  ``negative``; with ``response_format`` of type ``json_object`` the content
+  is a JSON object ``{"label", "score", "words"}``; of type ``json_schema`` it
+  is an object of that schema (:func:`conforming`: ``label``, ``score`` and
+  ``words`` as above where the schema has them, every other value made from
+  its type and the text, deterministically (an integer: the words of the
+  prompt's first line); a nullable property named
+  ``*_null`` or ``*_none`` is null). A user message holding
+  ``<<reply:TEXT>>`` is answered ``TEXT`` verbatim (to test what a client does
+  with an answer that does not conform).
   ``usage``: prompt tokens (the words of every message), completion tokens.
 - ``POST /v1/embeddings`` ``{"model", "input": str | [str]}``: per input an
   8-float vector from the SHA-256 of its text (:func:`embedding`).
@@ -19,6 +26,10 @@ against it unchanged), deterministic answers, token counting and a quota:
   ``Retry-After`` (whole seconds) and counted in ``rejected``.
 - ``api_key``: when set, a request without ``Authorization: Bearer <key>``
   gets ``401``.
+- ``GET /stats``: the counters below as JSON (``requests``, ``tokens``,
+  ``rejected``); :attr:`OpenAIServiceThread.stats` also holds ``log``: per
+  request served or refused ``(monotonic time, model, status)``, and
+  ``bodies``: every chat request's JSON body.
 
 Run: ``python -m examples.openai_service.app --port 8090`` (``--rpm``,
 ``--tpm``, ``--api-key``); in a program :class:`OpenAIServiceThread`.
@@ -27,6 +38,7 @@ Run: ``python -m examples.openai_service.app --port 8090`` (``--rpm``,
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import math
@@ -83,7 +95,7 @@ def _take(app: web.Application, cost: int) -> float:
     return 0.0
 
 
-async def _guard(request: web.Request, cost: int) -> web.Response | None:
+async def _guard(request: web.Request, cost: int, model: str) -> web.Response | None:
     app = request.app
     key = app[KEY]
     if key and request.headers.get("Authorization") != f"Bearer {key}":
@@ -91,26 +103,79 @@ async def _guard(request: web.Request, cost: int) -> web.Response | None:
     wait = _take(app, cost)
     if wait > 0:
         app[STATS]["rejected"] += 1
+        app[STATS]["log"].append((time.monotonic(), model, 429))
         return web.json_response(
             {"error": {"message": "rate limit reached", "type": "rate_limit"}},
             status=429, headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )  # fmt: skip
     app[STATS]["requests"] += 1
     app[STATS]["tokens"] += cost
+    app[STATS]["log"].append((time.monotonic(), model, 200))
+    return None
+
+
+_REPLY: Final = re.compile(r"<<reply:(.*?)>>", re.S)
+
+
+def conforming(schema: Any, text: str, name: str = "") -> Any:
+    """A value of the JSON Schema ``schema`` for the prompt ``text`` (see the module
+    docstring), made deterministically."""
+    label = sentiment(text)
+    types = schema.get("type", "object") if isinstance(schema, dict) else "object"
+    kinds = [types] if isinstance(types, str) else list(types)
+    if "null" in kinds and name.endswith(("_null", "_none")):
+        return None
+    kind = next((k for k in kinds if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties")
+        if isinstance(properties, dict):
+            return {key: conforming(sub, text, key) for key, sub in properties.items()}
+        values = schema.get("additionalProperties")
+        return {w: conforming(values, text, w) for w in text.lower().split()[:2]} if isinstance(
+            values, dict
+        ) else {}
+    if kind == "array":
+        return [conforming(schema.get("items") or {}, text, name) for _ in range(2)]
+    if kind == "string":
+        if name == "label":
+            return label
+        fmt = schema.get("format")
+        if fmt == "date":
+            return "2024-05-17"
+        if fmt == "date-time":  # a pattern: one without an offset (local time)
+            return "2024-05-17T10:30:00" if "pattern" in schema else "2024-05-17T10:30:00+00:00"
+        if schema.get("contentEncoding") == "base64":
+            return base64.b64encode(text.encode()[:8]).decode()
+        return f"{name or 'text'}: {label}"
+    if kind == "integer":  # the words of the prompt's first line
+        return tokens(text.split("\n", 1)[0])
+    if kind == "number":
+        return 0.9 if label == "positive" else 0.1
+    if kind == "boolean":
+        return label == "positive"
     return None
 
 
 async def chat(request: web.Request) -> web.Response:
     body = await request.json()
+    request.app[STATS]["bodies"].append(body)
     messages = body.get("messages") or []
     prompt = sum(tokens(str(m.get("content", ""))) for m in messages)
-    refused = await _guard(request, prompt + int(body.get("max_tokens") or 16))
+    refused = await _guard(request, prompt + int(body.get("max_tokens") or 16),
+                           str(body.get("model")))
     if refused is not None:
         return refused
     text = str(messages[-1].get("content", "")) if messages else ""
     label = sentiment(text)
-    kind = (body.get("response_format") or {}).get("type")
-    if kind in ("json_object", "json_schema"):
+    response_format = body.get("response_format") or {}
+    kind = response_format.get("type")
+    verbatim = _REPLY.search(text)
+    if verbatim is not None:
+        content = verbatim.group(1)
+    elif kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema") or {}
+        content = json.dumps(conforming(schema, text))
+    elif kind == "json_object":
         score = 0.9 if label == "positive" else 0.1
         content = json.dumps({"label": label, "score": score, "words": tokens(text)})
     else:
@@ -130,7 +195,7 @@ async def embeddings(request: web.Request) -> web.Response:
     given = body.get("input")
     inputs = [given] if isinstance(given, str) else list(given or [])
     cost = sum(tokens(str(t)) for t in inputs)
-    refused = await _guard(request, cost)
+    refused = await _guard(request, cost, str(body.get("model")))
     if refused is not None:
         return refused
     request.app[STATS]["batches"].append(len(inputs))
@@ -149,7 +214,8 @@ def make_app(
     """``burst_seconds``: how many seconds of the quota may go at once (a minute's by
     default, as per-minute quotas allow)."""
     app = web.Application()
-    app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": []}
+    app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": [], "log": [],
+                  "bodies": []}
     app[QUOTA] = {"requests_per_minute": requests_per_minute,
                   "requests": requests_per_minute * burst_seconds / 60,
                   "tokens_per_minute": tokens_per_minute,
@@ -158,7 +224,13 @@ def make_app(
     app[KEY] = api_key
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/stats", stats)
     return app
+
+
+async def stats(request: web.Request) -> web.Response:
+    counts = request.app[STATS]
+    return web.json_response({k: counts[k] for k in ("requests", "tokens", "rejected")})
 
 
 class OpenAIServiceThread(ServiceThread):
