@@ -466,6 +466,20 @@ class _State:
             self.script = self.client.register_script(_RESERVE)
         return self.client
 
+    def _unreachable(self, exc: Exception) -> Exception:
+        """``exc`` as raised by the Redis client: a LookupConnectionError naming the limit
+        and the server (its credentials hidden) when Redis could not be reached, else
+        ``exc`` itself (a bug or a script error: never taken for an outage)."""
+        from redis import exceptions as rx
+
+        if not isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+            return exc
+        limit = self.limit
+        return LookupConnectionError(
+            f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared or '')} "
+            f"is unreachable: {exc}"
+        )
+
     async def _round_trip(
         self, dimension: str, rate: float, burst: float, units: float
     ) -> tuple[float, float]:
@@ -483,14 +497,10 @@ class _State:
                       repr(sent) if limit.clock is not None else ""],
             )  # fmt: skip
         except Exception as exc:
-            from redis import exceptions as rx
-
-            if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
-                raise LookupConnectionError(
-                    f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
-                    f"is unreachable: {exc}"
-                ) from exc
-            raise
+            error = self._unreachable(exc)
+            if error is exc:
+                raise
+            raise error from exc
         self.round_trips += 1
         first = float(reply[0])
         # due times on this process's clock: relative to when the reply came back
@@ -510,15 +520,11 @@ class _State:
                 self.round_trips += 1
                 return int(total) if int(added) else None
             except Exception as exc:
-                from redis import exceptions as rx
-
-                if not isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+                error = self._unreachable(exc)
+                if error is exc:
                     raise
                 if limit.on_unavailable == "fail":
-                    raise LookupConnectionError(
-                        f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
-                        f"is unreachable: {exc}"
-                    ) from exc
+                    raise error from exc
                 self.down_until = self.now() + limit.retry_unavailable
         total = self.totals.get(budget, 0)
         if units > 0 and maximum is not None and total + units > maximum:
@@ -563,15 +569,11 @@ class _State:
                 await client.eval(_PAUSE, 3, key, f"asyncio_ops:rate:{limit.name}:requests",
                                        f"asyncio_ops:rate:{limit.name}:tokens", ms)  # fmt: skip
         except Exception as exc:
-            from redis import exceptions as rx
-
-            if not isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+            error = self._unreachable(exc)
+            if error is exc:
                 raise
             if limit.on_unavailable == "fail":
-                raise LookupConnectionError(
-                    f"shared rate limit {limit.name!r}: Redis at {redact_dsn(limit.shared)} "
-                    f"is unreachable: {exc}"
-                ) from exc
+                raise error from exc
 
     async def _sleep(self, delay: float) -> None:
         clock = self.limit.clock

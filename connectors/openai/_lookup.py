@@ -441,22 +441,9 @@ class ChatLookup(_ModelLookup):
             return {"answer": said}
         if schema is not None:
             return schema.typed(said)
-        try:
-            parsed = json.loads(said)
-        except (TypeError, ValueError) as exc:
-            raise LookupDecodeError(
-                f"the model's answer is not the JSON object asked for (columns {list(fields)}): "
-                f"{str(said)[:200]!r}"
-            ) from exc
-        if not isinstance(parsed, dict):
-            raise LookupDecodeError(f"the model answered {type(parsed).__name__}, not an object "
-                                    f"with the columns {list(fields)}")  # fmt: skip
-        missing = [f for f in fields if f not in parsed]
-        if missing:
-            raise LookupDecodeError(
-                f"the model's answer lacks the column {missing[0]!r} (asked for {list(fields)}): "
-                f"{str(said)[:200]!r}"
-            )
+        from ._schema import answer_object  # (imports pyarrow, which Spark has loaded)
+
+        parsed = answer_object(said, list(fields))
         return {f: parsed[f] for f in fields}
 
 

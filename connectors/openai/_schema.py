@@ -138,27 +138,36 @@ class AnswerSchema:
     def typed(self, said: Any) -> dict[str, Any]:
         """The answer ``said`` (the message's text) as ``{column: value}``, each value of
         its column's type; a LookupDecodeError naming the column otherwise."""
-        try:
-            parsed = json.loads(said)
-        except (TypeError, ValueError) as exc:
-            raise LookupDecodeError(
-                f"the model's answer is not the JSON object asked for (columns "
-                f"{self.schema.names}): {str(said)[:200]!r}"
-            ) from exc
-        if not isinstance(parsed, dict):
-            raise LookupDecodeError(
-                f"the model answered a JSON {type(parsed).__name__}, not an object with the "
-                f"columns {self.schema.names}: {str(said)[:200]!r}"
-            )
+        parsed = answer_object(said, self.schema.names)
         out: dict[str, Any] = {}
         for field in self.schema:
-            if field.name not in parsed:
-                raise LookupDecodeError(
-                    f"the model's answer lacks the column {field.name!r} (asked for "
-                    f"{self.schema.names}): {str(said)[:200]!r}"
-                )
             out[field.name] = _value(parsed[field.name], field.type, field.nullable, field.name)
         return out
+
+
+def answer_object(said: Any, columns: list[str]) -> dict[str, Any]:
+    """The model's answer ``said`` parsed as the JSON object of ``columns`` asked for
+    (each present; values as JSON gives them); a LookupDecodeError naming what is wrong
+    (not JSON, not an object, a column missing) and the answer's start otherwise."""
+    try:
+        parsed = json.loads(said)
+    except (TypeError, ValueError) as exc:
+        raise LookupDecodeError(
+            f"the model's answer is not the JSON object asked for (columns {columns}): "
+            f"{str(said)[:200]!r}"
+        ) from exc
+    if not isinstance(parsed, dict):
+        raise LookupDecodeError(
+            f"the model answered a JSON {type(parsed).__name__}, not an object with the "
+            f"columns {columns}: {str(said)[:200]!r}"
+        )
+    missing = [c for c in columns if c not in parsed]
+    if missing:
+        raise LookupDecodeError(
+            f"the model's answer lacks the column {missing[0]!r} (asked for {columns}): "
+            f"{str(said)[:200]!r}"
+        )
+    return parsed
 
 
 def _bad(path: str, value: Any, wanted: str) -> LookupDecodeError:

@@ -122,3 +122,27 @@ def redis_url() -> str:
                     "ASYNCIO_OPS_REDIS_URL or start one (docker compose up -d)")  # fmt: skip
     return REDIS_URL
 
+
+@pytest.fixture
+def name(redis_url: str) -> Iterator[str]:
+    """A shared limit's or cache's name of this test's own; its Redis keys (rate limits'
+    and caches') deleted after."""
+    import asyncio
+    import uuid
+
+    unique = f"test-{uuid.uuid4().hex[:8]}"
+    yield unique
+
+    async def clean() -> None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            for kind in ("rate", "cache"):
+                keys = [k async for k in client.scan_iter(f"asyncio_ops:{kind}:{unique}:*")]
+                if keys:
+                    await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+    asyncio.run(clean())

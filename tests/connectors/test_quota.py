@@ -31,26 +31,6 @@ from .support import PgTables
 __all__ = ["spark"]
 
 
-@pytest.fixture
-def name(redis_url: str) -> Iterator[str]:
-    """A limit name of this test's own; its Redis keys deleted after."""
-    unique = f"test-{uuid.uuid4().hex[:8]}"
-    yield unique
-
-    async def clean() -> None:
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            keys = [k async for k in client.scan_iter(f"asyncio_ops:rate:{unique}:*")]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
-
-    asyncio.run(clean())
-
-
 async def _until_done(clock: ManualClock, task: asyncio.Future[Any], step: float) -> Any:
     """Advance the manual clock by ``step`` whenever every coroutine waits, until ``task``
     is done."""

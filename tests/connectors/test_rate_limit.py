@@ -7,8 +7,6 @@ import asyncio
 import multiprocessing
 import pickle
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,26 +20,6 @@ from asyncio_ops.testing import ManualClock
 from .conftest import REDIS_URL
 
 URL = REDIS_URL
-
-
-@pytest.fixture
-def name(redis_url: str) -> Iterator[str]:
-    """A limit name of this test's own; its Redis keys deleted after."""
-    unique = f"test-{uuid.uuid4().hex[:8]}"
-    yield unique
-
-    async def clean() -> None:
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            keys = [k async for k in client.scan_iter(f"asyncio_ops:rate:{unique}:*")]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
-
-    asyncio.run(clean())
 
 
 async def _times(limit: RateLimit, clock: ManualClock, n: int, step: float,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,25 +87,6 @@ class CountingServer:
 def server(redis_url: str) -> Iterator[CountingServer]:
     with CountingServer() as s:
         yield s
-
-
-@pytest.fixture
-def name(redis_url: str) -> Iterator[str]:
-    unique = f"test-{uuid.uuid4().hex[:8]}"
-    yield unique
-
-    async def clean() -> None:
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            keys = [k async for k in client.scan_iter(f"asyncio_ops:cache:{unique}:*")]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
-
-    asyncio.run(clean())
 
 
 @pytest.mark.asyncio
