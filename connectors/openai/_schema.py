@@ -138,17 +138,23 @@ class AnswerSchema:
     def typed(self, said: Any) -> dict[str, Any]:
         """The answer ``said`` (the message's text) as ``{column: value}``, each value of
         its column's type; a LookupDecodeError naming the column otherwise."""
-        parsed = answer_object(said, self.schema.names)
+        parsed = answer_object(said, self.schema.names, require=False)
         out: dict[str, Any] = {}
-        for field in self.schema:
+        for field in self.schema:  # in order: a column's own error before a later one's
+            if field.name not in parsed:
+                raise LookupDecodeError(
+                    f"the model's answer lacks the column {field.name!r} (asked for "
+                    f"{self.schema.names}): {str(said)[:200]!r}"
+                )
             out[field.name] = _value(parsed[field.name], field.type, field.nullable, field.name)
         return out
 
 
-def answer_object(said: Any, columns: list[str]) -> dict[str, Any]:
+def answer_object(said: Any, columns: list[str], *, require: bool = True) -> dict[str, Any]:
     """The model's answer ``said`` parsed as the JSON object of ``columns`` asked for
-    (each present; values as JSON gives them); a LookupDecodeError naming what is wrong
-    (not JSON, not an object, a column missing) and the answer's start otherwise."""
+    (with ``require``, each present; values as JSON gives them); a LookupDecodeError
+    naming what is wrong (not JSON, not an object, a column missing) and the answer's
+    start otherwise."""
     try:
         parsed = json.loads(said)
     except (TypeError, ValueError) as exc:
@@ -161,7 +167,7 @@ def answer_object(said: Any, columns: list[str]) -> dict[str, Any]:
             f"the model answered a JSON {type(parsed).__name__}, not an object with the "
             f"columns {columns}: {str(said)[:200]!r}"
         )
-    missing = [c for c in columns if c not in parsed]
+    missing = [c for c in columns if c not in parsed] if require else []
     if missing:
         raise LookupDecodeError(
             f"the model's answer lacks the column {missing[0]!r} (asked for {columns}): "
