@@ -82,8 +82,8 @@ from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
 from ._versions import (
     Chain,
     VersionFiles,
+    apply_chains,
     prune_versions,
-    read_chains,
     read_previous,
     write_version,
     writer_of,
@@ -300,13 +300,7 @@ def _sync(
         elif len(want) > len(have):
             rests[kg] = want[len(have) :]  # the deltas written since
             tails.add(kg)
-    found = read_chains(spec.checkpoint, rests, tails)
-    for kg in sorted(found):
-        for path, section in found[kg]:
-            try:
-                op.apply_change(section, f"checkpoint file {path}")
-            except (ValueError, TypeError) as exc:
-                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
+    apply_chains(spec.checkpoint, rests, op.apply_change, tails)
     return target
 
 

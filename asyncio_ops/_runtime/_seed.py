@@ -40,7 +40,7 @@ from ..state import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
-from ._versions import Chain, read_chains
+from ._versions import Chain, apply_chains
 
 SEED: Final = "initial-state"
 _MANIFEST_PREFIX: Final = "seed-manifest-"
@@ -152,10 +152,4 @@ def seed_chains(storage: CheckpointStorage, op: KeyedProcessOperator) -> None:
             if kg in kgr:
                 # the seed is a run directory: its links name it where a version would be
                 chains[kg] = ((SEED, file, offset, length, size),)  # type: ignore[assignment]
-    found = read_chains(storage, chains)
-    for kg in sorted(found):
-        for path, section in found[kg]:
-            try:
-                op.apply_change(section, f"checkpoint file {path}")
-            except (ValueError, TypeError) as exc:
-                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
+    apply_chains(storage, chains, op.apply_change)

@@ -44,7 +44,7 @@ older version directory their chains name.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -255,6 +255,24 @@ def read_chains(
                 )  # fmt: skip
             items.append((path, held))
     return out
+
+
+def apply_chains(
+    storage: CheckpointStorage,
+    chains: dict[int, Chain],
+    apply: Callable[[Section, str], None],
+    tails: Collection[int] = (),
+) -> None:
+    """Read ``chains`` (:func:`read_chains`) and hand every link to ``apply(section,
+    where)`` in key-group and chain order; a ValueError or TypeError it raises becomes
+    a CheckpointError naming the file."""
+    found = read_chains(storage, chains, tails)
+    for kg in sorted(found):
+        for path, section in found[kg]:
+            try:
+                apply(section, f"checkpoint file {path}")
+            except (ValueError, TypeError) as exc:
+                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
 
 
 def read_version(

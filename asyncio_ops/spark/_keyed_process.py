@@ -133,8 +133,12 @@ def keyed_process(
         )
 
     seed_fn = _initial_state_fn(fn, initial_state, initial_state_fn, key_cols, df, storage)
-    if storage is not None and df.isStreaming:
-        check_state_schema(fn, storage, key_cols, df, options.preflight)
+    # the version a streaming query restores from (read once: the state check and the
+    # seed's decision both need it)
+    found = newest_complete(storage) if storage is not None and df.isStreaming else None
+    if found is not None:
+        assert storage is not None
+        check_state_schema(fn, storage, found, key_cols, df, options.preflight)
     run_preflight(options.preflight, fn, df, out_struct)
 
     df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
@@ -156,7 +160,6 @@ def keyed_process(
     )
     if seed_fn is not None:
         assert initial_state is not None and storage is not None
-        found = newest_complete(storage) if df.isStreaming else None
         restores = found.version if found is not None else None
         if restores is not None:
             log.info(

@@ -1,8 +1,9 @@
 """The driver's check of a restart's state against the checkpoint it restores.
 
 Contract: before ``keyed_process`` on a streaming DataFrame builds its plan,
-:func:`check_state_schema` reads the newest complete version under its
-checkpoint (manifests only) and refuses, with
+:func:`check_state_schema` takes the newest complete version under its
+checkpoint (:func:`newest_complete`, manifests only, read once by the caller,
+which also decides from it whether ``initial_state`` applies) and refuses, with
 :class:`~asyncio_ops.IncompatibleStateError` and before any Spark job:
 
 - key columns of other types than the checkpoint's (their keys would hash
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from copy import deepcopy
 from typing import Any
 
-from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
@@ -104,14 +105,13 @@ def recorded_types(found: VersionFiles) -> StateTypes | None:
 def check_state_schema(
     fn: KeyedProcessFunction[Any, Any, Any],
     storage: CheckpointStorage,
+    found: VersionFiles,
     key_cols: Sequence[str],
     df: DataFrame,
     declare: bool,
 ) -> None:
-    """See the module docstring; ``declare``: run ``fn.open`` on a copy (``preflight``)."""
-    found = newest_complete(storage)
-    if found is None:
-        return
+    """See the module docstring; ``found``: the newest complete version
+    (:func:`newest_complete`); ``declare``: run ``fn.open`` on a copy (``preflight``)."""
     where = (
         f"checkpoint version {found.version} of keyed_process uid {storage.uid!r} under "
         f"{storage.location}"
@@ -132,7 +132,7 @@ def check_state_schema(
     recorded = recorded_types(found)
     if recorded is None or not declare:
         return
-    copy = cloudpickle.loads(cloudpickle.dumps(fn))  # type: ignore[no-untyped-call]
+    copy = deepcopy(fn)  # open() stores its state handles on the function: not the user's
     try:
         declared = declared_states(copy)
     except Exception as exc:
