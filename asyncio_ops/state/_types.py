@@ -5,8 +5,9 @@ Contract:
 - :meth:`StateType.of` takes a Spark DDL string (``"long"``, ``"array<string>"``,
   ``"struct<n long, last timestamp>"``, ``"n long, last timestamp"``) or a
   pyspark ``DataType`` (read through its JSON form; pyspark is never
-  imported here; the parsing and the DDL rendering are ``_ddl``) and gives the one :class:`StateType` of it: its Arrow type
-  (what a checkpoint's column holds) and its canonical DDL (what messages,
+  imported here; the parsing and the DDL rendering are ``_ddl``) and gives
+  the one :class:`StateType` of it: its Arrow type (what a checkpoint's
+  column holds) and its canonical DDL (what messages,
   manifests and ``read_state`` show). Spark ↔ Arrow as pyspark maps them:
   ``tinyint`` int8, ``smallint`` int16, ``int`` int32, ``bigint`` int64,
   ``float`` float32, ``double`` float64, ``string``, ``binary``,
