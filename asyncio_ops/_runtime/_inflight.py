@@ -5,14 +5,17 @@ flight, or complete but held back by the queue's order) is written; the next
 micro-batch restores it before any new input. The mapping is Flink's (the
 elements follow their key group; unkeyed, operator list state):
 
-- **Keyed** (``key=``): the elements of one key group (Spark computed it in
-  the JVM, ``__aops_key_group``; never re-hashed in Python) are ONE Arrow
-  table, in queue order, the key group's section of the partition's
-  ``kg-p<i>`` file (kind ``IN_FLIGHT``, see ``_versions``): one conversion
-  per column for all of a partition's elements, sliced per key group. Each
-  element still waiting for its lookup keeps its absolute deadline in the
-  ``deadline`` column. A key group follows to whichever partition owns it
-  next, which reads just its section (a ranged read).
+- **Keyed** (``key=``): a partition's elements are ONE Arrow table, sorted
+  by key group (Spark computed it in the JVM, ``__aops_key_group``; never
+  re-hashed in Python) and in queue order within one, the key group a
+  ``key_group`` column: the one section of the partition's ``kg-p<i>`` file
+  (kind ``IN_FLIGHT``, see ``_versions``), which its manifest names for every
+  key group in it. Each element still waiting for its lookup keeps its
+  absolute deadline in the ``deadline`` column. A key group follows to
+  whichever partition owns it next: that partition reads the sections of the
+  old partitions that held its key groups, each once, and keeps its rows (a
+  section's key groups in its range must be exactly those the manifest names
+  there, else an error naming the file).
 - **Unkeyed**: a partition's elements are one record batch, the one item of
   the union operator list state ``"in-flight-batch"`` (one item per old
   partition, so each is known by its partition); a new partition takes its
@@ -52,12 +55,17 @@ it the state layer's machinery per key group (a backend, a timer service,
 a payload table of state rows and timer rows). A carry-over is bounded by
 ``capacity`` and ``output_buffer`` and never outlives one boundary, so it
 needs none of what a backend gives (access by key, TTL, incremental
-snapshots): it is written as the tables themselves. Files of that earlier
+snapshots): it is written as the table itself. A table per key group (the
+layout after that) still paid one Arrow stream per key group, about 40 us
+each to write and to read back and validate; one table per partition pays
+it once, and a carry-over is small enough (``capacity`` and
+``output_buffer`` bound it) that a partition reading part of an old
+partition's table after a rescale costs nothing worth a ranged read per key
+group. Files of that earlier
 layout (kind ``KEY_GROUPS``, manifests without ``aops.in_flight``) are still
 read, through a state backend of ``state_backend``
 (:meth:`CarryOver.restore_keyed_state`). What remains per element is Arrow's
-conversion and the operator's objects (:class:`SnapshotEntry`, ``Record``);
-per key group, one Arrow stream in the container.
+conversion and the operator's objects (:class:`SnapshotEntry`, ``Record``).
 
 Restore orders elements by (``after_watermark``, partition,
 ``seq``) and puts a watermark before each group, so no row crosses a
@@ -76,6 +84,7 @@ from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._container import FULL, Section
 from .._elements import Record, Watermark
@@ -94,6 +103,7 @@ from ..state._keyed_snapshot import apply_change
 from ._adapters import RowValue
 
 IN_FLIGHT_BATCH: Final = "in-flight-batch"
+_KEY_GROUP_FIELD: Final = "key_group"  # keyed: the element's key group, beside its columns
 WATERMARK: Final = "watermark"
 TIMEOUTS: Final = "async-timeouts"
 
@@ -418,8 +428,8 @@ class CarryOver:
 
     ``key_groups`` is the partition's key-group range (keyed), ``state_backend``
     ``"heap"`` or ``"rocksdb"`` (validated by the Spark API; only to read the keyed
-    state of earlier releases). Written: one table per key group (keyed) or one
-    record batch per partition (unkeyed).
+    state of earlier releases). Written: one table per partition (keyed, a
+    section of its key-group file) or one record batch (unkeyed, operator state).
     """
 
     def __init__(
@@ -447,10 +457,14 @@ class CarryOver:
         )  # fmt: skip
 
     # -- keyed --------------------------------------------------------------------------
-    def snapshot_keyed(self, elements: Sequence[tuple[int, StoredElement]]) -> dict[int, Section]:
-        """``{key_group: section}`` of ``(key group, element)`` pairs: per key group one
-        table of its elements, in the given order, deadlines inside (the sections of a
-        container of kind ``IN_FLIGHT``). One conversion for all of them, sliced."""
+    def snapshot_keyed(
+        self, partition: int, elements: Sequence[tuple[int, StoredElement]]
+    ) -> dict[int, Section]:
+        """``{key_group: section}`` of ``(key group, element)`` pairs: ONE section (tagged
+        ``partition``) for all the key groups, the table of the elements sorted by key
+        group (given order within one) with their key group in a ``key_group`` column:
+        a container of kind ``IN_FLIGHT`` holding it once, its manifest naming it for
+        each key group."""
         by_kg: dict[int, list[StoredElement]] = {}
         for kg, e in elements:
             group = by_kg.get(kg)
@@ -458,34 +472,46 @@ class CarryOver:
                 by_kg[kg] = [e]
             else:
                 group.append(e)
+        if not by_kg:
+            return {}
         groups = sorted(by_kg)
         ordered = [e for kg in groups for e in by_kg[kg]]
         batch = self.batches.to_batch(ordered, deadlines=True)
-        schema = self.batches.schema
-        out: dict[int, Section] = {}
-        offset = 0
-        for kg in groups:
-            n = len(by_kg[kg])
-            out[kg] = Section(kg, pa.Table.from_batches([batch.slice(offset, n)], schema=schema))
-            offset += n
-        return out
+        kgs = pa.array([kg for kg in groups for _ in by_kg[kg]], pa.int32())
+        table = pa.Table.from_batches([batch]).append_column(_KEY_GROUP_FIELD, kgs)
+        section = Section(partition, table)
+        return dict.fromkeys(groups, section)
 
-    def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
-        """The elements of ``(file, section)`` pairs of :meth:`snapshot_keyed` whose key
-        group is in this partition's range, in order. CheckpointError names the file of
-        a section that is not a full table of elements."""
+    def restore_keyed(
+        self, sections: Iterable[tuple[str, Section, frozenset[int]]]
+    ) -> list[StoredElement]:
+        """The elements of this partition's key groups in ``(file, section, key groups
+        its manifest names there)`` of :meth:`snapshot_keyed`. CheckpointError names the
+        file of a section that is not a full table of elements, or whose key groups in
+        this partition's range are not those its manifest names."""
         schema = self.batches.schema
+        expected = schema.append(pa.field(_KEY_GROUP_FIELD, pa.int32()))
         batches: list[pa.RecordBatch] = []
-        for name, section in sections:
-            kg = section.tag
-            if kg not in self.key_groups:
-                continue
-            if section.part != FULL or not section.table.schema.remove_metadata().equals(schema):
+        for name, section, named in sections:
+            table = section.table
+            if section.part != FULL or not table.schema.remove_metadata().equals(expected):
                 raise CheckpointError(
-                    f"checkpoint file {name}: key group {kg} is not a table of in-flight "
-                    f"elements ({section.table.schema.names}, expected {schema.names})"
+                    f"checkpoint file {name}: section {section.tag} is not a table of "
+                    f"in-flight elements ({table.schema.names}, expected {expected.names})"
                 )
-            batches += section.table.to_batches()
+            column = table.column(_KEY_GROUP_FIELD)
+            present = set(pc.unique(column).to_pylist())
+            held = {kg for kg in present if kg in self.key_groups}
+            if held != named:
+                odd = sorted(held ^ named)[0]
+                raise CheckpointError(
+                    f"checkpoint file {name}: key group {odd} is "
+                    + ("not in it where its manifest says it is" if odd in named
+                       else "in it where its manifest does not say so")
+                )  # fmt: skip
+            if held != present:  # key groups of other partitions too
+                table = table.filter(pc.is_in(column, pa.array(sorted(held), pa.int32())))
+            batches += table.drop_columns([_KEY_GROUP_FIELD]).to_batches()
         return self.batches.elements(batches)
 
     def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:

@@ -7,11 +7,12 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
   a delta (part ``DELTA``: the keys it replaces whole, with their state and
   timers, ``asyncio_ops.state._keyed_snapshot``). The async operator (kind
-  ``IN_FLIGHT``, manifests marked ``aops.in_flight``): the key group's
-  carried-over elements as one table (``asyncio_ops._runtime._inflight``;
-  earlier releases wrote them as keyed state, kind ``KEY_GROUPS``, and are
-  still read). The token is the attempt's, so two attempts never write one
-  name.
+  ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section (tag: the
+  partition) for all its key groups, the carried-over elements as one table
+  with their key group as a column, which the manifest names for each of
+  them (``asyncio_ops._runtime._inflight``; earlier releases wrote a key
+  group's elements as keyed state, kind ``KEY_GROUPS``, and are still read).
+  The token is the attempt's, so two attempts never write one name.
 - ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
   partition i's operator state: the watermark state (union) and, unkeyed, its
   in-flight elements (even split); the manifest names it (``aops.ops``).
@@ -69,8 +70,8 @@ _WRITER: Final = b"aops.writer"
 # the partition's operator state file, attempt-unique as its key-group file (earlier
 # manifests lack it: ops-<i>.ckpt)
 _OPS: Final = b"aops.ops"
-# the async operator's key-group sections are tables of elements (kind IN_FLIGHT); earlier
-# manifests lack it: keyed state and timers (kind KEY_GROUPS)
+# the async operator's key-group file is one table of elements (kind IN_FLIGHT); earlier
+# manifests lack it: keyed state and timers per key group (kind KEY_GROUPS)
 IN_FLIGHT: Final = b"aops.in_flight"
 _KEY_GROUP: Final = "key_group"
 _CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
@@ -192,12 +193,7 @@ class VersionFiles:
                     out[kg] = tuple(zip(vs, fs, offs, lens, sizes, strict=True))
         return out
 
-    def key_group_sections(
-        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind = Kind.KEY_GROUPS
-    ) -> list[tuple[str, Section]]:
-        """``(file, section)`` of the key groups in ``key_groups``, each a full section
-        of a container of ``kind`` (what the async operator writes); CheckpointError
-        naming the file otherwise."""
+    def _full_only(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
         chains = self.chains(key_groups, max_parallelism)
         for kg, chain in chains.items():
             if len(chain) != 1:
@@ -206,8 +202,44 @@ class VersionFiles:
                     f"checkpoint file {where}: key group {kg} has a chain of deltas, where "
                     "one full section was expected"
                 )
-        read = read_chains(self.storage, chains, kind=kind)
+        return chains
+
+    def key_group_sections(
+        self, key_groups: KeyGroupRange, max_parallelism: int
+    ) -> list[tuple[str, Section]]:
+        """``(file, section)`` of the key groups in ``key_groups``, each a full section
+        of its own (kind ``KEY_GROUPS``: what the async operator of earlier releases
+        wrote); CheckpointError naming the file otherwise."""
+        read = read_chains(self.storage, self._full_only(key_groups, max_parallelism))
         return [read[kg][0] for kg in sorted(read)]
+
+    def shared_sections(
+        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind
+    ) -> list[tuple[str, Section, frozenset[int]]]:
+        """``(file, section, key groups)``: every section that holds key groups of
+        ``key_groups`` when one section holds several (:func:`write_version` given one
+        section for them: kind ``IN_FLIGHT``), read once, with the key groups of the
+        range its manifest says it holds (the section itself may hold others)."""
+        named: dict[tuple[int, str, int, int], set[int]] = {}
+        for kg, ((version, file, offset, length, _),) in sorted(
+            self._full_only(key_groups, max_parallelism).items()
+        ):
+            named.setdefault((version, file, offset, length), set()).add(kg)
+        by_file: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for version, file, offset, length in named:
+            by_file.setdefault((version, file), []).append((offset, length))
+        out: list[tuple[str, Section, frozenset[int]]] = []
+        for (version, file), extents in sorted(by_file.items()):
+            sections = self.storage.read_sections(version, file, kind, sorted(extents))
+            path = self.storage.path(version, file)
+            if len(sections) != len(extents):
+                raise CorruptCheckpointError(
+                    f"checkpoint file {path} holds {len(sections)} section(s) in the "
+                    f"{len(extents)} range(s) its manifest names"
+                )
+            for (offset, length), section in zip(sorted(extents), sections, strict=True):
+                out.append((path, section, frozenset(named[(version, file, offset, length)])))
+        return out
 
 
 def read_chains(
@@ -388,7 +420,9 @@ def write_version(
 ) -> dict[int, Chain]:
     """Write one partition's key-group file (a container of ``kind``, a section per key
     group in ``sections``: full ones, and deltas over the key group's chain in
-    ``chains``, the previous version's), its operator state (if any,
+    ``chains``, the previous version's; one section given for several key groups,
+    the same object, is written once, the key groups' rows telling themselves apart
+    inside it: kind ``IN_FLIGHT``), its operator state (if any,
     ``OperatorStateBackend.dump``: ``keyed_process`` keeps its watermark in the
     manifest's ``meta``), then its manifest (every key group's chain); returns the
     chains.
@@ -402,15 +436,19 @@ def write_version(
     if sections:
         name = f"kg-p{partition:05d}-{writer}.ckpt"
         groups = sorted(sections)
+        shared = len({id(s) for s in sections.values()}) < len(sections)
+        distinct: dict[int, int] = {}  # id(section) -> its place in the file
         for kg in groups:
-            if sections[kg].tag != kg:
-                raise CheckpointError(f"key group {kg}: a section tagged {sections[kg].tag}")
-            if sections[kg].part == DELTA and kg not in new:
+            section = sections[kg]
+            if not shared and section.tag != kg:
+                raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
+            if section.part == DELTA and kg not in new:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
-        extents = storage.write_sections(
-            version, name, kind, [sections[kg] for kg in groups]
-        )
-        for kg, (offset, length, size) in zip(groups, extents, strict=True):
+            distinct.setdefault(id(section), len(distinct))
+        written = list({id(sections[kg]): sections[kg] for kg in groups}.values())
+        extents = storage.write_sections(version, name, kind, written)
+        for kg in groups:
+            offset, length, size = extents[distinct[id(sections[kg])]]
             link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
     named: dict[bytes, bytes] = {}
