@@ -19,7 +19,9 @@ table::
               stored bytes                 the frame's sections back to back, compressed
                                                  as one zstd frame (if that is smaller)
               HMAC-SHA256                  32 bytes, signed containers only
-    section   tag                          i32   its key group, partition or subtask
+    section   tag                          i32   its key group, partition or subtask;
+                                                 SHARED (-1): several key groups',
+                                                 each row's in a ``key_group`` column
               part                         u16   FULL, or DELTA (the keys it names replaced:
                                                  since version 5 a key with entries or
                                                  timers in it is named by those alone)
@@ -70,6 +72,8 @@ __all__ = [
     "DELTA",
     "FORMAT_VERSION",
     "FULL",
+    "KEY_GROUP_FIELD",
+    "SHARED",
     "Kind",
     "Section",
     "decode",
@@ -91,6 +95,10 @@ FRAME_HEADER_SIZE: Final = _FRAME.size
 _FRAME_BYTES: Final = 4 << 20  # a frame closes once its sections hold this much
 FULL: Final = 0
 DELTA: Final = 1
+SHARED: Final = -1
+"""The tag of a section holding several key groups: its table sorted by key group, each
+row's in the int32 column :data:`KEY_GROUP_FIELD` (see ``_runtime._versions``)."""
+KEY_GROUP_FIELD: Final = "key_group"
 _PARTS: Final = (FULL, DELTA)
 
 # One zstd frame per frame's sections, Arrow streams whole: schemas, validity bitmaps
@@ -111,7 +119,7 @@ class Kind(IntEnum):
     REPLAY_LOG = 4  # completed lookups of a task attempt (``_runtime._replay_log``)
     FUNCTION_STATE = 5  # a function's own state (``_runtime._checkpointing``)
     KEYED_STATE = 6  # one key group's keyed state, without timers (``state._payloads``)
-    IN_FLIGHT = 7  # key groups' carried-over elements, a table each (``_runtime._inflight``)
+    IN_FLIGHT = 7  # a partition's carried-over elements, a SHARED section (``_runtime._inflight``)
 
 
 @dataclass(frozen=True)

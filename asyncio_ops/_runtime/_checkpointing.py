@@ -285,7 +285,7 @@ class PartitionCheckpoint:
         maxp = self.spec.max_parallelism
         if marked and marked[0]:
             return carry.restore_keyed(
-                found.shared_sections(carry.key_groups, maxp, Kind.IN_FLIGHT)
+                found.key_group_sections(carry.key_groups, maxp, Kind.IN_FLIGHT)
             )
         return carry.restore_keyed_state(found.key_group_sections(carry.key_groups, maxp))
 
@@ -308,9 +308,7 @@ class PartitionCheckpoint:
         stored = to_stored(remaining, self.partition, self.kind)
         sections: dict[int, Section] = {}
         if keyed:
-            sections = carry.snapshot_keyed(
-                self.partition, [(_key_group(e.row, self.kind), e) for e in stored]
-            )
+            sections = carry.snapshot_keyed([(_key_group(e.row, self.kind), e) for e in stored])
         operator_state = carry.snapshot_operator(
             self.partition, p, watermarks, None if keyed else stored
         )

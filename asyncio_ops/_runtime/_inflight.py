@@ -10,12 +10,12 @@ elements follow their key group; unkeyed, operator list state):
   re-hashed in Python) and in queue order within one, the key group a
   ``key_group`` column: the one section of the partition's ``kg-p<i>`` file
   (kind ``IN_FLIGHT``, see ``_versions``), which its manifest names for every
-  key group in it. Each element still waiting for its lookup keeps its
-  absolute deadline in the ``deadline`` column. A key group follows to
-  whichever partition owns it next: that partition reads the sections of the
-  old partitions that held its key groups, each once, and keeps its rows (a
-  section's key groups in its range must be exactly those the manifest names
-  there, else an error naming the file).
+  key group in it (tag ``SHARED``). Each element still waiting for its lookup
+  keeps its absolute deadline in the ``deadline`` column. A key group follows
+  to whichever partition owns it next, which reads the sections of the old
+  partitions that held its key groups, each once, and keeps its key groups'
+  rows (a key group missing where the manifest says it is: an error naming
+  the file).
 - **Unkeyed**: a partition's elements are one record batch, the one item of
   the union operator list state ``"in-flight-batch"`` (one item per old
   partition, so each is known by its partition); a new partition takes its
@@ -44,7 +44,7 @@ validated fully before use (the container does it for a key group's
 section; ``validate(full=True)`` for an operator-state batch); an error names
 the file.
 
-Why a table per key group and no state backend. Earlier releases stored each
+Why one table per partition and no state backend. Earlier releases stored each
 element as one list-state element of its key, one Arrow record batch of one
 row: 58 to 360 us per element against 0.6 to 0.9 us for one Arrow table of
 the same rows (``python -m bench.carry_over``, 2,000 elements over 64 key
@@ -61,9 +61,8 @@ each to write and to read back and validate; one table per partition pays
 it once, and a carry-over is small enough (``capacity`` and
 ``output_buffer`` bound it) that a partition reading part of an old
 partition's table after a rescale costs nothing worth a ranged read per key
-group. Files of that earlier
-layout (kind ``KEY_GROUPS``, manifests without ``aops.in_flight``) are still
-read, through a state backend of ``state_backend``
+group. Files of the keyed-state layout (kind ``KEY_GROUPS``, manifests
+without ``aops.in_flight``) are still read, through a state backend of ``state_backend``
 (:meth:`CarryOver.restore_keyed_state`). What remains per element is Arrow's
 conversion and the operator's objects (:class:`SnapshotEntry`, ``Record``).
 
@@ -84,9 +83,8 @@ from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from .._container import FULL, Section
+from .._container import FULL, KEY_GROUP_FIELD, SHARED, Section
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError, StateError
 from .._keygroups import KeyGroupRange
@@ -103,7 +101,6 @@ from ..state._keyed_snapshot import apply_change
 from ._adapters import RowValue
 
 IN_FLIGHT_BATCH: Final = "in-flight-batch"
-_KEY_GROUP_FIELD: Final = "key_group"  # keyed: the element's key group, beside its columns
 WATERMARK: Final = "watermark"
 TIMEOUTS: Final = "async-timeouts"
 
@@ -457,14 +454,12 @@ class CarryOver:
         )  # fmt: skip
 
     # -- keyed --------------------------------------------------------------------------
-    def snapshot_keyed(
-        self, partition: int, elements: Sequence[tuple[int, StoredElement]]
-    ) -> dict[int, Section]:
-        """``{key_group: section}`` of ``(key group, element)`` pairs: ONE section (tagged
-        ``partition``) for all the key groups, the table of the elements sorted by key
+    def snapshot_keyed(self, elements: Sequence[tuple[int, StoredElement]]) -> dict[int, Section]:
+        """``{key_group: section}`` of ``(key group, element)`` pairs: ONE section (tag
+        ``SHARED``) for all the key groups, the table of the elements sorted by key
         group (given order within one) with their key group in a ``key_group`` column:
-        a container of kind ``IN_FLIGHT`` holding it once, its manifest naming it for
-        each key group."""
+        a container of kind ``IN_FLIGHT`` holds it once, its manifest names it for each
+        key group (``_versions.write_version``)."""
         by_kg: dict[int, list[StoredElement]] = {}
         for kg, e in elements:
             group = by_kg.get(kg)
@@ -478,40 +473,28 @@ class CarryOver:
         ordered = [e for kg in groups for e in by_kg[kg]]
         batch = self.batches.to_batch(ordered, deadlines=True)
         kgs = pa.array([kg for kg in groups for _ in by_kg[kg]], pa.int32())
-        table = pa.Table.from_batches([batch]).append_column(_KEY_GROUP_FIELD, kgs)
-        section = Section(partition, table)
-        return dict.fromkeys(groups, section)
+        table = pa.Table.from_batches([batch]).append_column(
+            pa.field(KEY_GROUP_FIELD, pa.int32(), nullable=False), kgs
+        )
+        return dict.fromkeys(groups, Section(SHARED, table))
 
-    def restore_keyed(
-        self, sections: Iterable[tuple[str, Section, frozenset[int]]]
-    ) -> list[StoredElement]:
-        """The elements of this partition's key groups in ``(file, section, key groups
-        its manifest names there)`` of :meth:`snapshot_keyed`. CheckpointError names the
-        file of a section that is not a full table of elements, or whose key groups in
-        this partition's range are not those its manifest names."""
+    def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
+        """The elements of ``(file, section)`` pairs, a key group each (what
+        ``_versions.read_chains`` makes of :meth:`snapshot_keyed`'s section), whose key
+        group is in this partition's range, in order. CheckpointError names the file of
+        a section that is not a full table of elements."""
         schema = self.batches.schema
-        expected = schema.append(pa.field(_KEY_GROUP_FIELD, pa.int32()))
         batches: list[pa.RecordBatch] = []
-        for name, section, named in sections:
-            table = section.table
-            if section.part != FULL or not table.schema.remove_metadata().equals(expected):
+        for name, section in sections:
+            kg = section.tag
+            if kg not in self.key_groups:
+                continue
+            if section.part != FULL or not section.table.schema.remove_metadata().equals(schema):
                 raise CheckpointError(
-                    f"checkpoint file {name}: section {section.tag} is not a table of "
-                    f"in-flight elements ({table.schema.names}, expected {expected.names})"
+                    f"checkpoint file {name}: key group {kg} is not a table of in-flight "
+                    f"elements ({section.table.schema.names}, expected {schema.names})"
                 )
-            column = table.column(_KEY_GROUP_FIELD)
-            present = set(pc.unique(column).to_pylist())
-            held = {kg for kg in present if kg in self.key_groups}
-            if held != named:
-                odd = sorted(held ^ named)[0]
-                raise CheckpointError(
-                    f"checkpoint file {name}: key group {odd} is "
-                    + ("not in it where its manifest says it is" if odd in named
-                       else "in it where its manifest does not say so")
-                )  # fmt: skip
-            if held != present:  # key groups of other partitions too
-                table = table.filter(pc.is_in(column, pa.array(sorted(held), pa.int32())))
-            batches += table.drop_columns([_KEY_GROUP_FIELD]).to_batches()
+            batches += section.table.to_batches()
         return self.batches.elements(batches)
 
     def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:

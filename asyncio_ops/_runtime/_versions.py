@@ -7,12 +7,13 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
   a delta (part ``DELTA``: the keys it replaces whole, with their state and
   timers, ``asyncio_ops.state._keyed_snapshot``). The async operator (kind
-  ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section (tag: the
-  partition) for all its key groups, the carried-over elements as one table
-  with their key group as a column, which the manifest names for each of
-  them (``asyncio_ops._runtime._inflight``; earlier releases wrote a key
-  group's elements as keyed state, kind ``KEY_GROUPS``, and are still read).
-  The token is the attempt's, so two attempts never write one name.
+  ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
+  key groups (tag ``SHARED``), the carried-over elements as one table sorted
+  by key group with it as a column, which the manifest names for each of them
+  and a reader splits back into key groups (:func:`split_shared`;
+  ``asyncio_ops._runtime._inflight``; earlier releases wrote a key group's
+  elements as keyed state, kind ``KEY_GROUPS``, and are still read). The
+  token is the attempt's, so two attempts never write one name.
 - ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
   partition i's operator state: the watermark state (union) and, unkeyed, its
   in-flight elements (even split); the manifest names it (``aops.ops``).
@@ -50,9 +51,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._checkpoint import CheckpointStorage, Version
-from .._container import DELTA, FULL, Kind, Section
+from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Kind, Section
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state._payloads import read, table
@@ -193,7 +195,12 @@ class VersionFiles:
                     out[kg] = tuple(zip(vs, fs, offs, lens, sizes, strict=True))
         return out
 
-    def _full_only(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
+    def key_group_sections(
+        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind = Kind.KEY_GROUPS
+    ) -> list[tuple[str, Section]]:
+        """``(file, section)`` of the key groups in ``key_groups``, each a full section
+        of a container of ``kind`` (what the async operator writes); CheckpointError
+        naming the file otherwise."""
         chains = self.chains(key_groups, max_parallelism)
         for kg, chain in chains.items():
             if len(chain) != 1:
@@ -202,44 +209,8 @@ class VersionFiles:
                     f"checkpoint file {where}: key group {kg} has a chain of deltas, where "
                     "one full section was expected"
                 )
-        return chains
-
-    def key_group_sections(
-        self, key_groups: KeyGroupRange, max_parallelism: int
-    ) -> list[tuple[str, Section]]:
-        """``(file, section)`` of the key groups in ``key_groups``, each a full section
-        of its own (kind ``KEY_GROUPS``: what the async operator of earlier releases
-        wrote); CheckpointError naming the file otherwise."""
-        read = read_chains(self.storage, self._full_only(key_groups, max_parallelism))
+        read = read_chains(self.storage, chains, kind=kind)
         return [read[kg][0] for kg in sorted(read)]
-
-    def shared_sections(
-        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind
-    ) -> list[tuple[str, Section, frozenset[int]]]:
-        """``(file, section, key groups)``: every section that holds key groups of
-        ``key_groups`` when one section holds several (:func:`write_version` given one
-        section for them: kind ``IN_FLIGHT``), read once, with the key groups of the
-        range its manifest says it holds (the section itself may hold others)."""
-        named: dict[tuple[int, str, int, int], set[int]] = {}
-        for kg, ((version, file, offset, length, _),) in sorted(
-            self._full_only(key_groups, max_parallelism).items()
-        ):
-            named.setdefault((version, file, offset, length), set()).add(kg)
-        by_file: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        for version, file, offset, length in named:
-            by_file.setdefault((version, file), []).append((offset, length))
-        out: list[tuple[str, Section, frozenset[int]]] = []
-        for (version, file), extents in sorted(by_file.items()):
-            sections = self.storage.read_sections(version, file, kind, sorted(extents))
-            path = self.storage.path(version, file)
-            if len(sections) != len(extents):
-                raise CorruptCheckpointError(
-                    f"checkpoint file {path} holds {len(sections)} section(s) in the "
-                    f"{len(extents)} range(s) its manifest names"
-                )
-            for (offset, length), section in zip(sorted(extents), sections, strict=True):
-                out.append((path, section, frozenset(named[(version, file, offset, length)])))
-        return out
 
 
 def read_chains(
@@ -268,7 +239,11 @@ def read_chains(
                 runs.append([offset, length])
         ranges = [(o, n) for o, n in runs]
         for got in storage.read_sections(version, file, kind, ranges):
-            found[(version, file, got.tag)] = got
+            if got.tag == SHARED:
+                for one in split_shared(got, storage.path(version, file)):
+                    found[(version, file, one.tag)] = one
+            else:
+                found[(version, file, got.tag)] = got
     out: dict[int, list[tuple[str, Section]]] = {}
     for kg, chain in chains.items():
         items = out[kg] = []
@@ -286,6 +261,35 @@ def read_chains(
                        "holds a full snapshot after its first")
                 )  # fmt: skip
             items.append((path, held))
+    return out
+
+
+def split_shared(section: Section, path: str) -> list[Section]:
+    """The key groups of a SHARED section, a section each (the rows of its key group,
+    without the key-group column; zero-copy slices). CorruptCheckpointError naming the
+    file if it has no int32 key-group column or is not sorted by it."""
+    table = section.table
+    index = table.schema.get_field_index(KEY_GROUP_FIELD)
+    if index < 0 or table.schema.field(index).type != pa.int32():
+        raise CorruptCheckpointError(
+            f"checkpoint file {path}: a section of several key groups without an int32 "
+            f"{KEY_GROUP_FIELD!r} column ({table.schema.names})"
+        )
+    column = table.column(index)
+    rest = table.remove_column(index)
+    if column.null_count:
+        raise CorruptCheckpointError(f"checkpoint file {path}: a row without its key group")
+    runs = pc.run_end_encode(column.combine_chunks())
+    groups = runs.values.to_pylist()
+    if groups != sorted(set(groups)):
+        raise CorruptCheckpointError(
+            f"checkpoint file {path}: a section of several key groups not sorted by key group"
+        )
+    out: list[Section] = []
+    start = 0
+    for kg, end in zip(groups, runs.run_ends.to_pylist(), strict=True):
+        out.append(Section(kg, rest.slice(start, end - start), section.part))
+        start = end
     return out
 
 
@@ -420,9 +424,9 @@ def write_version(
 ) -> dict[int, Chain]:
     """Write one partition's key-group file (a container of ``kind``, a section per key
     group in ``sections``: full ones, and deltas over the key group's chain in
-    ``chains``, the previous version's; one section given for several key groups,
-    the same object, is written once, the key groups' rows telling themselves apart
-    inside it: kind ``IN_FLIGHT``), its operator state (if any,
+    ``chains``, the previous version's; a SHARED section given for several key
+    groups, the same object, is written once: kind ``IN_FLIGHT``), its operator
+    state (if any,
     ``OperatorStateBackend.dump``: ``keyed_process`` keeps its watermark in the
     manifest's ``meta``), then its manifest (every key group's chain); returns the
     chains.
@@ -436,11 +440,10 @@ def write_version(
     if sections:
         name = f"kg-p{partition:05d}-{writer}.ckpt"
         groups = sorted(sections)
-        shared = len({id(s) for s in sections.values()}) < len(sections)
         distinct: dict[int, int] = {}  # id(section) -> its place in the file
         for kg in groups:
             section = sections[kg]
-            if not shared and section.tag != kg:
+            if section.tag not in (kg, SHARED):
                 raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
             if section.part == DELTA and kg not in new:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
@@ -448,7 +451,8 @@ def write_version(
         written = list({id(sections[kg]): sections[kg] for kg in groups}.values())
         extents = storage.write_sections(version, name, kind, written)
         for kg in groups:
-            offset, length, size = extents[distinct[id(sections[kg])]]
+            section = sections[kg]
+            offset, length, size = extents[distinct[id(section)]]
             link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
     named: dict[bytes, bytes] = {}

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from asyncio_ops import CheckpointError, OutputSchemaError
-from asyncio_ops._container import DELTA, FULL, Section
+from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
+from asyncio_ops._container import DELTA, FULL, SHARED, Section
 from asyncio_ops._runtime._inflight import (
     ARROW,
     ROW,
@@ -21,6 +21,7 @@ from asyncio_ops._runtime._inflight import (
     StoredElement,
     WatermarkState,
 )
+from asyncio_ops._runtime._versions import split_shared
 from asyncio_ops.state import KeyGroupRange, assign_to_key_group
 
 from .earlier_releases import keyed_carry_over_as_earlier_releases_wrote
@@ -70,22 +71,12 @@ def test_an_output_that_the_schema_cannot_hold_names_the_value() -> None:
         ser.dumps(element(1, results=[{"score": "not a number"}]))
 
 
-def _sections(
-    sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt"
-) -> list[tuple[str, Section, frozenset[int]]]:
-    """``(file, section, key groups its manifest names)``, as ``shared_sections`` reads
-    them: each distinct section once."""
-    named: dict[int, set[int]] = {}
-    for kg, sec in sections.items():
-        named.setdefault(id(sec), set()).add(kg)
-    distinct = {id(sec): sec for sec in sections.values()}
-    return [(name, sec, frozenset(named[i])) for i, sec in distinct.items()]
-
-
-def _mine(got: list[tuple[str, Section, frozenset[int]]], kgs: KeyGroupRange) -> list[
-    tuple[str, Section, frozenset[int]]
+def _split(sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt") -> list[
+    tuple[str, Section]
 ]:
-    return [(n, s, frozenset(kg for kg in named if kg in kgs)) for n, s, named in got]
+    """``(file, section)`` per key group, as ``read_chains`` makes of the one section."""
+    (shared,) = {id(s): s for s in sections.values()}.values()
+    return [(name, one) for one in split_shared(shared, name)]
 
 
 def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
@@ -97,50 +88,52 @@ def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     done = element(2, results=[{"score": 2.0}], deadline=None)
     sections = carry.snapshot_keyed(
-        0, [(spark_kg, element(1, deadline=50.0)), (spark_kg, done), (other_kg, element(3))]
+        [(spark_kg, element(1, deadline=50.0)), (spark_kg, done), (other_kg, element(3))]
     )
     assert sorted(sections) == sorted([spark_kg, other_kg])
     mine = KeyGroupRange(spark_kg, spark_kg)
     only = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=mine)
-    got = only.restore_keyed(_mine(_sections(sections), mine))
+    got = only.restore_keyed(_split(sections))
     assert got == [element(1, deadline=50.0), done]
 
 
-def test_a_partitions_elements_are_one_section_written_once() -> None:
-    """All key groups of a partition share one section (tagged by the partition), the
-    elements sorted by key group with it as a column; the file holds it once."""
+def test_a_partitions_elements_are_one_shared_section() -> None:
+    """All key groups of a partition share one section (tag SHARED), the elements
+    sorted by key group with it as a column; split, each key group's rows in order."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i)) for i in range(20)]
-    sections = carry.snapshot_keyed(3, todo)
+    sections = carry.snapshot_keyed(todo)
     assert len({id(s) for s in sections.values()}) == 1
     (section,) = {id(s): s for s in sections.values()}.values()
-    assert section.tag == 3 and section.part == FULL
-    kgs = section.table.column("key_group").to_pylist()
-    assert kgs == sorted(kg for kg, _ in todo)
+    assert section.tag == SHARED and section.part == FULL
+    assert section.table.column("key_group").to_pylist() == sorted(kg for kg, _ in todo)
+    split = _split(sections)
+    assert [s.tag for _, s in split] == sorted(sections)
+    assert all(s.table.schema.equals(carry.batches.schema) for _, s in split)
 
 
 def test_a_key_group_section_that_is_not_a_table_of_elements_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    ((kg, sec),) = carry.snapshot_keyed(0, [(5, element(1))]).items()
+    ((_, sec),) = _split(carry.snapshot_keyed([(5, element(1))]))
     chunks = CarryOver(ElementSerializer(ROWS, OUT, IN), max_parallelism=128, key_groups=ALL)
     batch = chunks.batches.to_batch([element(1, kind=ROWS)], deadlines=True)
-    named = r"checkpoint file /ck/kg-p00000-a\.ckpt: section 0 is not a table"
-    for bad in (Section(0, pa.Table.from_batches([batch])), Section(0, sec.table, DELTA)):
+    named = r"checkpoint file /ck/kg-p00000-a\.ckpt: key group 5"
+    for bad in (Section(5, pa.Table.from_batches([batch])), Section(5, sec.table, DELTA)):
         with pytest.raises(CheckpointError, match=named):
-            carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad, frozenset({kg}))])
+            carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad)])
 
 
-def test_key_groups_not_where_the_manifest_says_are_named() -> None:
-    """A section lacking a key group its manifest names there, or holding one of this
-    partition's that the manifest does not name there, is an error naming the file
-    and the key group, never elements lost or restored twice."""
+def test_a_shared_section_without_sorted_key_groups_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    ((_, sec),) = carry.snapshot_keyed(0, [(5, element(1))]).items()
+    sections = carry.snapshot_keyed([(5, element(1)), (6, element(2))])
+    table = sections[5].table
     where = "/ck/kg-p00001-b.ckpt"
-    with pytest.raises(CheckpointError, match=r"kg-p00001-b\.ckpt: key group 6 is not in it"):
-        carry.restore_keyed([(where, sec, frozenset({5, 6}))])
-    with pytest.raises(CheckpointError, match=r"key group 5 is in it where its manifest does not"):
-        carry.restore_keyed([(where, sec, frozenset())])
+    unsorted = table.take([1, 0])
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00001-b\.ckpt: .* not sorted"):
+        split_shared(Section(SHARED, unsorted), where)
+    without = table.drop_columns(["key_group"])
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00001-b\.ckpt: .* without an int32"):
+        split_shared(Section(SHARED, without), where)
 
 
 def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
@@ -160,13 +153,12 @@ def test_a_key_group_of_many_elements_is_one_table() -> None:
     as a column, and come back as written."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [element(i, deadline=1000.0 + i if i % 3 else None) for i in range(300)]
-    sections = carry.snapshot_keyed(0, [(9, e) for e in todo])
+    sections = carry.snapshot_keyed([(9, e) for e in todo])
     assert list(sections) == [9]
-    table = sections[9].table
-    assert table.num_rows == 300
-    assert table.schema.equals(carry.batches.schema.append(pa.field("key_group", pa.int32())))
-    assert table.column("deadline").null_count == 100
-    assert carry.restore_keyed(_sections(sections)) == todo
+    ((_, one),) = _split(sections)
+    assert one.table.num_rows == 300 and one.table.schema.equals(carry.batches.schema)
+    assert one.table.column("deadline").null_count == 100
+    assert carry.restore_keyed(_split(sections)) == todo
 
 
 def test_rescale_moves_the_elements_by_key_group() -> None:
@@ -174,11 +166,11 @@ def test_rescale_moves_the_elements_by_key_group() -> None:
     each gets exactly the elements of its key groups."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
-    sections = carry.snapshot_keyed(0, todo)
+    sections = carry.snapshot_keyed(todo)
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
         part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
-        got = part.restore_keyed(_mine(_sections(sections, "f"), half))
+        got = part.restore_keyed(_split(sections, "f"))
         want = [e for kg, e in todo if kg in half]
         assert sorted(got, key=lambda e: e.seq) == want
 
