@@ -286,7 +286,7 @@ class ElementBatchSerializer:
 
     def elements(self, batches: Sequence[pa.RecordBatch]) -> list[StoredElement]:
         """The elements of validated batches, in order: one conversion per column."""
-        table = pa.Table.from_batches(batches, schema=self.schema)
+        table = pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
         if not table.num_rows:
             return []
         cols = [c.to_pylist() for c in table.columns]
