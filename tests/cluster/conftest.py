@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyspark
@@ -60,43 +60,91 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 WORKERS = 2
 
 
+class _Cluster:
+    """The running master and workers (for :func:`lose_a_worker`)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port, self.ui = _free_port(), _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.work = tmp / "work"
+        self.master = _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                              "--port", str(self.port), "--webui-port", str(self.ui)],
+                             tmp / "master.log")  # fmt: skip
+        self.workers = [self._worker(i) for i in range(WORKERS)]
+
+    def _worker(self, i: int) -> subprocess.Popen[bytes]:
+        # a host each (127.0.0.2, .3: loopback too), as machines of a cluster have:
+        # Spark never runs a speculative copy on the host of the attempt it copies
+        host = f"127.0.0.{2 + i}"
+        args = ["org.apache.spark.deploy.worker.Worker", self.url, "--host", host,
+                "--cores", "1", "--memory", "1g", "--webui-port", "0",
+                "--work-dir", str(self.work / f"w{i}")]  # fmt: skip
+        return _start(args, self.tmp / f"worker{i}.log", host)
+
+    def wait_for_workers(self) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                url = f"http://127.0.0.1:{self.ui}/json/"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if json.load(r).get("aliveworkers", 0) >= WORKERS:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.master.poll() is not None:
+                logs = (self.tmp / "master.log").read_text()[-2000:]
+                pytest.fail(f"the workers did not register with the master:\n{logs}")
+            time.sleep(0.5)
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker ``i`` with its executors and their Python workers (one process
+        group): the machine is gone."""
+        os.killpg(self.workers[i].pid, signal.SIGKILL)
+        self.workers[i].wait(timeout=20)
+
+    def restart_worker(self, i: int) -> None:
+        if self.workers[i].poll() is not None:
+            self.workers[i] = self._worker(i)
+        self.wait_for_workers()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            _stop(worker)
+        _stop(self.master)
+
+
+_RUNNING: list[_Cluster] = []
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """``(master URL, the directory of the workers' work directories)`` of a running
     master with two workers of one core each."""
-    tmp = tmp_path_factory.mktemp("cluster")
-    port, ui = _free_port(), _free_port()
-    master = _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(port), "--webui-port", str(ui)], tmp / "master.log")  # fmt: skip
-    url = f"spark://127.0.0.1:{port}"
-    work = tmp / "work"
-    workers = []
-    for i in range(WORKERS):
-        # a host each (127.0.0.2, .3: loopback too), as machines of a cluster have:
-        # Spark never runs a speculative copy on the host of the attempt it copies
-        host = f"127.0.0.{2 + i}"
-        args = ["org.apache.spark.deploy.worker.Worker", url, "--host", host,
-                "--cores", "1", "--memory", "1g", "--webui-port", "0",
-                "--work-dir", str(work / f"w{i}")]  # fmt: skip
-        workers.append(_start(args, tmp / f"worker{i}.log", host))
+    running = _Cluster(tmp_path_factory.mktemp("cluster"))
+    _RUNNING.append(running)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
-                    if json.load(r).get("aliveworkers", 0) >= WORKERS:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or master.poll() is not None:
-                logs = (tmp / "master.log").read_text()[-2000:]
-                pytest.fail(f"the workers did not register with the master:\n{logs}")
-            time.sleep(0.5)
-        yield url, work
+        running.wait_for_workers()
+        yield running.url, running.work
     finally:
-        for worker in workers:
-            _stop(worker)
-        _stop(master)
+        _RUNNING.remove(running)
+        running.stop()
+
+
+@pytest.fixture
+def lose_a_worker(cluster: tuple[str, Path]) -> Iterator[Callable[[int], None]]:
+    """``kill(i)``: SIGKILL worker ``i`` of the session's cluster (and its executors);
+    afterwards it is started again, so the other tests have both."""
+    (running,) = _RUNNING
+    killed: list[int] = []
+
+    def kill(i: int) -> None:
+        killed.append(i)
+        running.kill_worker(i)
+
+    yield kill
+    for i in killed:
+        running.restart_worker(i)
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,18 @@
 docs/quickstart.md says (the project shipped as a zip with ``--py-files``). An
 enrichment job must run on the executors, import the shipped archive there, and give
 exact output; a streaming ``keyed_process`` job with its state on S3 must give each
-event once, with counts that continue, when an executor is killed mid-micro-batch."""
+event once, with counts that continue, when an executor is killed mid-micro-batch and
+when a whole worker is lost between micro-batches."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.cluster.conftest import ROOT, SPARK_HOME, _env
@@ -112,3 +116,63 @@ def test_a_speculative_copy_on_s3_gives_each_row_once(
     # a speculative copy of partition 0 ran (attempt 1; its first attempt, slow to start
     # or waiting on its lookups, was killed when the copy won)
     assert (0, 1) in attempts, sorted(attempts)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_lost_between_micro_batches_leaves_the_counts_exact(
+    cluster: tuple[str, Path], shipped_zip: Path, s3_server: S3Server, tmp_path: Path,
+    lose_a_worker: Callable[[int], None],
+) -> None:
+    """Three micro-batches of a running count per key, state on S3. After micro-batch 1
+    the worker that ran (some of) it is SIGKILLed with its executor and Python workers,
+    whose partitions' state was warm there: micro-batch 2 runs on the worker left, which
+    reads from S3 what it never held. Every event is counted once and every key's counts
+    are 1..n; micro-batch 2's rows all come from the worker left."""
+    url, work = cluster
+    source = tmp_path / "in"
+    source.mkdir()
+    keys = [f"k{i}" for i in range(30)]
+    events: list[tuple[str, int]] = []
+    for batch, (start, n) in enumerate([(0, 60), (1_000, 60), (2_000, 60)]):
+        lines = [(keys[i % 30], start + i) for i in range(n)]
+        events += lines
+        body = "".join(json.dumps({"key": k, "seq": q}) + "\n" for k, q in lines)
+        (source / f"part-{batch}.json").write_text(body)
+    job_work, out = tmp_path / "work", tmp_path / "out.json"
+    log = (tmp_path / "submit.log").open("w")
+    submit = subprocess.Popen(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", url, "--py-files",
+         str(shipped_zip), "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.sql.shuffle.partitions=2",
+         str(ROOT / "tests" / "cluster" / "stream_lose_worker_job.py"),
+         s3_server("cluster-lose"), str(source), str(job_work), str(out)],
+        cwd=tmp_path, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (job_work / "markers" / "batch-1-written").exists():
+            assert submit.poll() is None, (tmp_path / "submit.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "micro-batch 1 did not finish"
+            time.sleep(0.2)
+        ran = pq.read_table(job_work / "out" / "batch=1").column("executor").to_pylist()
+        workers = sorted({Path(e).relative_to(work).parts[0] for e in ran})  # w0, w1
+        lost = int(workers[0][1:])
+        lose_a_worker(lost)
+        (job_work / "markers" / "worker-lost").touch()
+        assert submit.wait(timeout=300) == 0, (tmp_path / "submit.log").read_text()[-4000:]
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+        log.close()
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["seq"] for r in rows) == sorted(q for _, q in events)  # each event once
+    per_key: dict[str, list[int]] = {}
+    for r in rows:
+        per_key.setdefault(r["key"], []).append(r["n"])
+    expected = {k: sum(1 for key, _ in events if key == k) for k in keys}
+    assert {k: sorted(ns) for k, ns in per_key.items()} == {
+        k: list(range(1, c + 1)) for k, c in expected.items()
+    }  # counts continue across the lost worker
+    after = {Path(r["executor"]).relative_to(work).parts[0] for r in rows if r["batch"] == 2}
+    assert after and f"w{lost}" not in after, after  # micro-batch 2 ran on the worker left
+    assert any("/cluster-lose/counts/v" in r for r in s3_server.requests)  # state on S3
