@@ -140,13 +140,15 @@ class RateLimitStatistics:
     """Counters of one limit in this process: ``requests`` and ``tokens`` acquired,
     ``waited`` seconds spent waiting for them (summed over callers), ``round_trips``
     to Redis, ``fallbacks`` (acquires served by the local share while Redis was
-    unreachable)."""
+    unreachable), ``dropped`` (shared limits: leased request permits whose slot
+    passed unused, lost to the budget rather than sent late)."""
 
     requests: int
     tokens: int
     waited: float
     round_trips: int
     fallbacks: int
+    dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,7 +338,7 @@ class RateLimit:
         if state is None:
             return RateLimitStatistics(0, 0, 0.0, 0, 0)
         return RateLimitStatistics(state.requests, state.tokens, state.waited,
-                                   state.round_trips, state.fallbacks)  # fmt: skip
+                                   state.round_trips, state.fallbacks, state.dropped)  # fmt: skip
 
     def __repr__(self) -> str:
         where = f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""

@@ -39,7 +39,7 @@ from .._exceptions import (
     LookupTimeout,
 )
 from .._lookup import BaseLookup, Row
-from .._rate_limit import RateLimit
+from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
 from .._resources import SharedResources
 from ._errors import aiohttp_error
@@ -272,12 +272,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
         # a RateLimit (per process, or shared through Redis), or a number: requests per
         # second for this process and host, a RateLimit of rate_burst at once
-        self.limit: RateLimit | None = rate_limit if isinstance(rate_limit, RateLimit) else None
-        if rate_limit is not None and self.limit is None:
-            rate_limit = seconds(rate_limit, "rate_limit")
-            self.limit = RateLimit(
-                requests_per_second=rate_limit, burst=self.rate_burst, name=f"http:{host}"
-            )
+        self.limit = rate_limit_option(rate_limit, burst=self.rate_burst, name=f"http:{host}")
         self.rate_limit = rate_limit
         self.max_connections = at_least(max_connections, "max_connections", 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.

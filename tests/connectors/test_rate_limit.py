@@ -226,3 +226,20 @@ async def test_settling_a_call_gives_back_what_it_did_not_use() -> None:
     assert await _times(limit, clock, 1, 0.01, tokens=6) == [0.0]
     await limit.settle(6, 8)  # billed more than reserved: taken
     assert await _times(limit, clock, 1, 0.01, tokens=1) == pytest.approx([0.3], abs=0.0101)
+
+
+@pytest.mark.asyncio
+async def test_a_leased_permit_whose_slot_passed_is_dropped_and_counted(name: str) -> None:
+    """A process leases 4 permits of a shared 80/s schedule, uses one, then is away for
+    a second: the 3 slots that passed are dropped (never sent late on top of other
+    processes' slots), counted in statistics().dropped, and a new lease is taken."""
+    clock = ManualClock(2_000.0)
+    limit = RateLimit(requests_per_second=80, burst=1, shared=URL, name=name, lease=4,
+                      clock=clock)  # fmt: skip
+    await _times(limit, clock, 1, 0.01)
+    trips = limit.statistics().round_trips
+    clock.advance(1.0)
+    await _times(limit, clock, 1, 0.01)
+    stats = limit.statistics()
+    assert stats.dropped == 3 and stats.requests == 2
+    assert stats.round_trips == trips + 1  # the slots gone: a new lease
