@@ -1,11 +1,12 @@
 """``read_state`` over a large ``keyed_process`` state, both backends.
 
-Per backend: a streaming ``keyed_process`` query (a count per key, value state)
-is seeded from ``spark.range(keys)`` with ``initial_state`` and runs one
+Per backend, with the count's state untyped (pickled values) and typed
+(``"long"``, an Arrow column): a streaming ``keyed_process`` query (a count per
+key, value state) is seeded from ``spark.range(keys)`` with ``initial_state`` and runs one
 micro-batch of one event, so version 0 holds every key's full state; then
-``read_state(...)`` is written to Spark's ``noop`` sink (every row built, none
+``read_state(..., state="n")`` is written to Spark's ``noop`` sink (every row built, none
 kept) and timed, once after a warm-up read of a small state. Prints one line
-per backend: keys, rows read, seconds, rows per second, and the checkpoint's
+per backend and kind: keys, rows read, seconds, rows per second, and the checkpoint's
 bytes on disk.
 
 Command: ``python -m bench.read_state --keys 1000000``.
@@ -34,8 +35,13 @@ Row = dict[str, Any]
 
 
 class Count(KeyedProcessFunction[int, Row, Row]):
+    def __init__(self, typed: bool) -> None:
+        self.typed = typed
+
     def open(self, runtime_context: KeyedRuntimeContext) -> None:
-        self.n = runtime_context.get_state(ValueStateDescriptor[int]("n"))
+        # typed: an Arrow column of longs; untyped: each value its pickle's bytes
+        descriptor = ValueStateDescriptor[int]("n", "long" if self.typed else None)
+        self.n = runtime_context.get_state(descriptor)
 
     def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
         self.n.update((self.n.value() or 0) + 1)
@@ -45,13 +51,13 @@ class Count(KeyedProcessFunction[int, Row, Row]):
         self.n.update(rows[0]["n"])
 
 
-def _build(spark: Any, root: Path, keys: int, backend: str) -> str:
+def _build(spark: Any, root: Path, keys: int, backend: str, typed: bool = False) -> str:
     (root / "in").mkdir(parents=True)
     (root / "in" / "a.json").write_text(json.dumps({"k": 0}))
     stream = spark.readStream.schema("k long").json(str(root / "in"))
     seed = spark.range(keys).selectExpr("id as k", "id % 97 as n")
     out = keyed_process(
-        stream, Count(), key="k", output_schema="k long, n long", uid="count",
+        stream, Count(typed), key="k", output_schema="k long, n long", uid="count",
         checkpoint_location=str(root / "state"), state_backend=backend, initial_state=seed,
     )  # fmt: skip
     query = (
@@ -81,20 +87,23 @@ def main() -> None:
         warm = _build(spark, Path(tmp) / "warm", 1000, "heap")
         read_state(spark, warm, uid="count").write.format("noop").mode("overwrite").save()
         for backend in ("heap", "rocksdb"):
-            t0 = time.perf_counter()
-            location = _build(spark, Path(tmp) / backend, args.keys, backend)
-            built = time.perf_counter() - t0
-            df = read_state(spark, location, uid="count")
-            t0 = time.perf_counter()
-            df.write.format("noop").mode("overwrite").save()
-            seconds = time.perf_counter() - t0
-            rows = read_state(spark, location, uid="count").count()
-            print(
-                f"{backend}: {args.keys:,} keys seeded in {built:.1f} s; read_state: "
-                f"{rows:,} rows in {seconds:.1f} s ({rows / seconds:,.0f} rows/s); "
-                f"checkpoint {_size(location) / 1e6:.1f} MB",
-                flush=True,
-            )
+            for typed in (False, True):
+                kind = "typed (long)" if typed else "pickled"
+                t0 = time.perf_counter()
+                location = _build(spark, Path(tmp) / f"{backend}-{typed}", args.keys, backend,
+                                  typed)  # fmt: skip
+                built = time.perf_counter() - t0
+                df = read_state(spark, location, uid="count", state="n")
+                t0 = time.perf_counter()
+                df.write.format("noop").mode("overwrite").save()
+                seconds = time.perf_counter() - t0
+                rows = read_state(spark, location, uid="count", state="n").count()
+                print(
+                    f"{backend}, {kind}: {args.keys:,} keys seeded in {built:.1f} s; "
+                    f"read_state: {rows:,} rows in {seconds:.1f} s ({rows / seconds:,.0f} "
+                    f"rows/s); checkpoint {_size(location) / 1e6:.1f} MB",
+                    flush=True,
+                )
     spark.stop()
     os._exit(0)
 
