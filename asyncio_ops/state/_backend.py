@@ -78,9 +78,11 @@ from .._keygroups import KeyGroupRange, canonical_bytes, check_parallelism
 from ._api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
 from ._blob import KEYED_STATE, seal, unseal
 from ._descriptors import (
+    AGGREGATING,
     KINDS,
     LIST,
     MAP,
+    REDUCING,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -90,7 +92,7 @@ from ._descriptors import (
 )
 from ._keycodec import decode_canonical, encoded_key_group, key_prefix
 from ._ttl import IncrementalCleanup, StateTtlConfig
-from ._typed_states import typed_state
+from ._typed_states import checker, typed_state
 from ._types import StateType, evolution
 
 __all__ = ["KeyedStateBackend"]
@@ -166,10 +168,16 @@ class TableBase:
         self.typing: Typing = None
         self.dumps: Callable[[Any], bytes]
         self.loads: Callable[[Any], Any]
+        self.fit: Callable[[Any], Any] | None = None  # typed reducing / aggregating state
         if descriptor.value_type is not None:  # bytes of a RocksDB working copy, no pickle
             self.typing = (descriptor.value_type, descriptor.key_type)
             self.dumps = descriptor.value_type.encode
             self.loads = descriptor.value_type.decode
+            if descriptor.kind in (REDUCING, AGGREGATING):
+                what = "reduced value" if descriptor.kind == REDUCING else "accumulator"
+                self.fit = checker(
+                    descriptor.name, descriptor.value_type, what, backend.get_current_key
+                )
         else:
             self.dumps = _naming_dumps(descriptor.serializer.dumps, descriptor.name)
             self.loads = descriptor.serializer.loads

@@ -60,7 +60,9 @@ class ReducingCell(_Cell, ReducingState[Any]):
         descriptor = self._t.descriptor
         assert isinstance(descriptor, ReducingStateDescriptor)
         current = self._read(for_write=True)
-        self._write(value if current is None else descriptor.reduce_fn(current, value))
+        result = value if current is None else descriptor.reduce_fn(current, value)
+        fit = self._t.fit
+        self._write(result if fit is None else fit(result))
 
 
 class AggregatingCell(_Cell, AggregatingState[Any, Any]):
@@ -82,4 +84,6 @@ class AggregatingCell(_Cell, AggregatingState[Any, Any]):
         acc = self._read(for_write=True)
         if acc is None:
             acc = aggregate.create_accumulator()
-        self._write(aggregate.add(value, acc))
+        result = aggregate.add(value, acc)
+        fit = self._t.fit
+        self._write(result if fit is None else fit(result))

@@ -4,12 +4,14 @@ A descriptor is configuration: frozen, picklable (if its functions are) and
 compared by value. Two ``get_state`` calls with descriptors of the same name
 must agree on the kind, the TTL and the type.
 
-Value, list and map state may declare a type (a Spark DDL string or a pyspark
+Every kind of state may declare a type (a Spark DDL string or a pyspark
 ``DataType``, parsed at construction into a :class:`StateType`; a bad one is a
 ``ConfigurationError`` naming the state): ``ValueStateDescriptor("count",
 "long")``, ``ListStateDescriptor("events", "struct<t timestamp, v double>")``,
 ``MapStateDescriptor("seen", "string", "struct<n long, last timestamp>")``
-(map keys and values both, or neither). Typed state is checked on write and
+(map keys and values both, or neither), ``ReducingStateDescriptor("sum",
+operator.add, "long")`` (the reduced value), ``AggregatingStateDescriptor("avg",
+Avg(), "struct<sum double, n long>")`` (the accumulator). Typed state is checked on write and
 checkpointed as typed Arrow columns, never pickled (``_types``); without a
 type (the default) values go through ``serializer`` (pickle by default).
 """
@@ -155,7 +157,9 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
 
 @dataclass(frozen=True, init=False)
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
-    """``ReducingStateDescriptor("sum", lambda a, b: a + b)``."""
+    """``ReducingStateDescriptor("sum", lambda a, b: a + b)``; typed:
+    ``ReducingStateDescriptor("sum", operator.add, "long")`` (the type of the values
+    added and of what ``reduce_fn`` returns: each result is checked before it is kept)."""
 
     kind: ClassVar[str] = REDUCING
     reduce_fn: Callable[[T, T], T]
@@ -164,6 +168,7 @@ class ReducingStateDescriptor(StateDescriptor, Generic[T]):
         self,
         name: str,
         reduce_fn: Callable[[T, T], T],
+        value_type: object = None,
         *,
         serializer: Serializer = PICKLE_SERIALIZER,
         ttl: StateTtlConfig | None = None,
@@ -173,12 +178,15 @@ class ReducingStateDescriptor(StateDescriptor, Generic[T]):
                 f"state {name!r}: reduce_fn must be callable, got {reduce_fn!r}"
             )
         object.__setattr__(self, "reduce_fn", reduce_fn)
-        _init(self, name, serializer, ttl)
+        _init(self, name, serializer, ttl, value_type)
 
 
 @dataclass(frozen=True, init=False)
 class AggregatingStateDescriptor(StateDescriptor, Generic[IN, OUT]):
-    """``AggregatingStateDescriptor("avg", MyAverage())``; the serializer is for accumulators."""
+    """``AggregatingStateDescriptor("avg", MyAverage())``; the serializer is for
+    accumulators; typed: ``AggregatingStateDescriptor("avg", MyAverage(), "struct<sum
+    double, n long>")`` (the accumulator's type: each accumulator ``add`` returns is
+    checked before it is kept)."""
 
     kind: ClassVar[str] = AGGREGATING
     aggregate_fn: AggregateFunction[IN, Any, OUT]
@@ -187,6 +195,7 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN, OUT]):
         self,
         name: str,
         aggregate_fn: AggregateFunction[IN, Any, OUT],
+        accumulator_type: object = None,
         *,
         serializer: Serializer = PICKLE_SERIALIZER,
         ttl: StateTtlConfig | None = None,
@@ -200,7 +209,7 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN, OUT]):
                 f"get_result(), got {aggregate_fn!r}"
             )
         object.__setattr__(self, "aggregate_fn", aggregate_fn)
-        _init(self, name, serializer, ttl)
+        _init(self, name, serializer, ttl, accumulator_type)
 
 
 def _init(

@@ -9,7 +9,10 @@ a checkpoint. A value that does not fit raises
 :class:`~asyncio_ops.StateTypeError` naming the state, the current key, the
 value and what does not fit, and nothing is written (``add_all`` / ``update``
 / ``put_all`` check every item first). Reads pass through. Untyped states are
-never wrapped: their hot path is the backend's own.
+never wrapped: their hot path is the backend's own. Reducing and aggregating
+state are not wrapped either: what they keep is ``reduce_fn``'s result or
+``add``'s accumulator, which their cell checks with :func:`checker` before
+keeping it (``TableBase.fit``).
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from typing import Any
 
 from .._exceptions import StateError, StateTypeError
 from ._api import ListState, MapState, State, ValueState
-from ._descriptors import LIST, MAP, VALUE, StateDescriptor
+from ._descriptors import AGGREGATING, LIST, MAP, REDUCING, VALUE, StateDescriptor
 from ._types import StateType, _Misfit
 
-__all__ = ["typed_state"]
+__all__ = ["checker", "typed_state"]
 
 
-def _checker(
+def checker(
     name: str, t: StateType, what: str, current_key: Callable[[], Any]
 ) -> Callable[[Any], Any]:
     fit = t.fit
@@ -129,14 +132,16 @@ def typed_state(state: State, descriptor: StateDescriptor, current_key: Callable
     assert value_type is not None
     if descriptor.kind == VALUE:
         assert isinstance(state, ValueState)
-        return _TypedValue(state, _checker(name, value_type, "value", current_key))
+        return _TypedValue(state, checker(name, value_type, "value", current_key))
     if descriptor.kind == LIST:
         assert isinstance(state, ListState)
-        return _TypedList(state, _checker(name, value_type, "element", current_key))
+        return _TypedList(state, checker(name, value_type, "element", current_key))
     if descriptor.kind == MAP:
         assert isinstance(state, MapState) and descriptor.key_type is not None
         return _TypedMap(
-            state, _checker(name, descriptor.key_type, "map key", current_key),
-            _checker(name, value_type, "map value", current_key),
+            state, checker(name, descriptor.key_type, "map key", current_key),
+            checker(name, value_type, "map value", current_key),
         )  # fmt: skip
+    if descriptor.kind in (REDUCING, AGGREGATING):
+        return state  # its cell checks what it keeps (TableBase.fit): a result, not an input
     raise StateError(f"state {name!r}: {descriptor.kind} state cannot be typed")

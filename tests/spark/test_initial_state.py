@@ -6,6 +6,7 @@ typed state seeded and read back as its type."""
 from __future__ import annotations
 
 import json
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from asyncio_ops.state import (
     KeyedProcessContext,
     KeyedProcessFunction,
     KeyedRuntimeContext,
+    ReducingStateDescriptor,
     ValueStateDescriptor,
 )
 
@@ -169,21 +171,27 @@ def test_initial_state_options_are_checked_on_the_driver(
 
 
 class TypedLast(KeyedProcessFunction[int, Row, Row]):
-    """A typed struct state per key, seeded from a table with nested columns."""
+    """A typed struct state per key, seeded from a table with nested columns, and a typed
+    reducing state (the length of the tags seen)."""
 
     def open(self, runtime_context: KeyedRuntimeContext) -> None:
         self.last = runtime_context.get_state(
             ValueStateDescriptor("last", "struct<n long, tags array<string>>")
         )
+        self.chars = runtime_context.get_reducing_state(
+            ReducingStateDescriptor("chars", operator.add, "long")
+        )
 
     def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
         old = self.last.value() or {"n": 0, "tags": []}
         self.last.update({"n": old["n"] + 1, "tags": [*old["tags"], value["tag"]]})
+        self.chars.add(len(value["tag"]))
         out.collect({"k": value["k"], "n": old["n"] + 1})
 
     def handle_initial_state(self, key: int, rows: list[Row], ctx: KeyedProcessContext) -> None:
         (row,) = rows
         self.last.update({"n": row["n"], "tags": row["tags"]})
+        self.chars.add(sum(len(t) for t in row["tags"]))
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
@@ -218,6 +226,9 @@ def test_typed_state_is_seeded_checked_and_read_back_as_its_type(
     assert sorted((r.k, r.value.n, list(r.value.tags)) for r in df.collect()) == [
         (1, 11, ["t1", "x"]), (2, 20, ["t2"]), (3, 31, ["t3", "y"])
     ]
+    chars = read_state(spark, str(tmp_path / "state"), uid="last", state="chars")
+    assert chars.schema["value"].dataType.simpleString() == "bigint"  # typed reducing
+    assert sorted((r.k, r.value) for r in chars.collect()) == [(1, 3), (2, 2), (3, 3)]
 
 
 def _write_tags(path: Path, events: list[tuple[int, str]]) -> None:
