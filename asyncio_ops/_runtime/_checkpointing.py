@@ -18,13 +18,20 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
 - streaming: the carried-over elements, per key group (keyed) or in the
   partition's operator state, and the manifest (``_versions``).
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
+
+What a version carried over is read back two ways, with the same readers
+(:class:`CarryOver`): a restoring partition takes its share (by key-group
+range, or the even split), in queue order (:meth:`PartitionCheckpoint.restore`);
+``read_state`` takes each old partition's elements as written
+(:func:`carried_elements`) and its watermark state (:func:`version_watermarks`).
+Both check the manifests with :func:`carried_format`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +41,11 @@ from .._container import Kind, Section
 from .._elements import Watermark
 from .._exceptions import CheckpointError
 from .._functions import CheckpointedFunction
-from .._keygroups import compute_key_group_range_for_operator_index
+from .._keygroups import (
+    UPPER_BOUND_MAX_PARALLELISM,
+    KeyGroupRange,
+    compute_key_group_range_for_operator_index,
+)
 from .._snapshot import SnapshotEntry
 from ._inflight import (
     ARROW,
@@ -46,9 +57,10 @@ from ._inflight import (
     WatermarkState,
     as_kind,
     in_order,
+    restore_operator_state,
     to_stored,
 )
-from ._replay_log import ReplayLog
+from ._replay_log import ReplayLog, read_segment
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from ._versions import (
     _ELEMENT,
@@ -57,6 +69,7 @@ from ._versions import (
     _LIMIT,
     ASYNC_WAIT,
     IN_FLIGHT,
+    OUTPUT_SCHEMA,
     VersionFiles,
     prune_versions,
     read_previous,
@@ -123,13 +136,8 @@ class PartitionCheckpoint:
         """
         found: dict[int, tuple[bytes, Any]] = {}
         for name in self.storage.list_files(self.version, f"results-p{self.partition:05d}-"):
-            table = self.storage.read(self.version, name, Kind.REPLAY_LOG)
+            table = read_segment(self.storage, self.version, name)
             path = self.storage.path(self.version, name)
-            missing = {"position", "fingerprint", "results"} - set(table.column_names)
-            if missing:
-                raise CheckpointError(
-                    f"checkpoint file {path} lacks the column(s) {sorted(missing)}"
-                )
             if table.schema.field("results").type != self.log.results_type:
                 # written by the operator with another element kind (rows, chunks, or
                 # columnar chunks; chunk_size or the function changed): its lookups are
@@ -170,51 +178,6 @@ class PartitionCheckpoint:
             state_backend=spec.state_backend,
         )
 
-    def _check_manifests(
-        self, manifests: list[pa.Table], paths: list[str], keyed: bool
-    ) -> tuple[pa.Schema | None, str]:
-        """The input schema and the element kind the old partitions wrote their elements
-        with; CheckpointError naming the file for a manifest of another key mode, an
-        unknown element kind, or a kind or schema other than the other manifests'."""
-        schema: pa.Schema | None = None
-        schema_path = ""
-        kinds: dict[str, str] = {}
-        for manifest, path in zip(manifests, paths, strict=True):
-            meta = manifest.schema.metadata or {}
-            if (meta.get(_KEYED) == b"1") != keyed:
-                raise CheckpointError(
-                    f"checkpoint file {path} was written "
-                    f"{'with' if not keyed else 'without'} key=, and the operator now runs "
-                    f"{'with' if keyed else 'without'} it: use another uid or location"
-                )
-            kind = meta.get(_ELEMENT, b"?").decode(errors="replace")
-            if kind not in (ROW, ROWS, ARROW):
-                raise CheckpointError(
-                    f"checkpoint file {path} holds elements of an unknown kind {kind!r}"
-                )
-            kinds.setdefault(kind, path)
-            if len(kinds) > 1:
-                (a, path_a), (b, path_b) = kinds.items()
-                raise CheckpointError(
-                    f"checkpoint files {path_a} and {path_b} hold elements of different kinds "
-                    f"({a!r} and {b!r})"
-                )
-            raw = meta.get(_INPUT_SCHEMA)
-            if not raw:
-                continue  # a partition that saw no input knows no schema, and wrote nothing
-            try:
-                found = pa.ipc.read_schema(pa.py_buffer(raw))
-            except (pa.ArrowException, ValueError) as exc:
-                raise CheckpointError(f"checkpoint file {path}: unreadable input schema") from exc
-            if schema is None:
-                schema, schema_path = found, path
-            elif not found.equals(schema):
-                raise CheckpointError(
-                    f"checkpoint files {schema_path} and {path} were written with different "
-                    f"input schemas ({schema} and {found})"
-                )
-        return schema, next(iter(kinds), self.kind)
-
     def _previous_files(self) -> VersionFiles | None:
         """The previous micro-batch's version (read once per partition)."""
         if self._previous_read is None:
@@ -251,7 +214,8 @@ class PartitionCheckpoint:
         found.check_operator(ASYNC_WAIT)
         keyed = bool(self.spec.key_columns)
         p_new = self.task.num_partitions or 1
-        input_schema, kind = self._check_manifests(found.manifests, found.paths, keyed)
+        written = carried_format(found, keyed, self.kind)
+        input_schema, kind = written.input_schema, written.kind
         carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
         watermarks, stored = carry.restore_operator(
@@ -313,11 +277,13 @@ class PartitionCheckpoint:
             self.partition, p, watermarks, None if keyed else stored
         )
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
+        output = self.spec.output_schema.serialize().to_pybytes()
         assert isinstance(self.version, int)
         write_version(
             self.storage, self.version, self.partition, p, keyed,
             sections, operator_state,
-            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, IN_FLIGHT: b"1",
+            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, OUTPUT_SCHEMA: output,
+             IN_FLIGHT: b"1",
              **({_LIMIT: str(limit).encode()} if limit is not None else {})},
             kind=Kind.IN_FLIGHT,
         )  # fmt: skip
@@ -377,3 +343,130 @@ def _key_group(row: Any, kind: str) -> int:
     if kg is None:
         raise CheckpointError(f"an in-flight row has no {KEY_GROUP_COLUMN} in keyed mode")
     return int(kg)
+
+
+# -- what a version carried over, as written (read_state) ----------------------------------------
+@dataclass(frozen=True)
+class CarriedFormat:
+    """How the old partitions of a version wrote their elements (their manifests agree):
+    keyed or not, the element kind, the input schema (None: no partition saw input, and
+    none carried anything) and the output schema (None: an earlier release's version)."""
+
+    keyed: bool
+    kind: str
+    input_schema: pa.Schema | None
+    output_schema: pa.Schema | None
+
+    def check_readable(self, found: VersionFiles) -> pa.Schema:
+        """The output schema, if ``found``'s elements can be read without the job;
+        CheckpointError naming the file if not: manifests without an output schema, or
+        keyed ones in the keyed-state layout (both: earlier releases)."""
+        if self.output_schema is None:
+            raise CheckpointError(
+                f"checkpoint file {found.paths[0]} records no output schema (an earlier "
+                "release wrote it): its carried-over elements cannot be read without the job"
+            )
+        for manifest, path in zip(found.manifests, found.paths, strict=True):
+            if self.keyed and (manifest.schema.metadata or {}).get(IN_FLIGHT) != b"1":
+                raise CheckpointError(
+                    f"checkpoint file {path} names its elements in the keyed-state layout of "
+                    "an earlier release, which only a restore reads"
+                )
+        return self.output_schema
+
+
+def carried_format(
+    found: VersionFiles, keyed: bool | None = None, kind: str = ROW
+) -> CarriedFormat:
+    """The format of ``found``'s elements, from its manifests. CheckpointError naming the
+    file for a manifest of another key mode than ``keyed`` (None: the first manifest's),
+    an unknown element kind, or a kind or schema other than the other manifests'.
+    ``kind``: the one to assume when no manifest names one."""
+    schemas: dict[bytes, tuple[pa.Schema | None, str]] = {}
+    kinds: dict[str, str] = {}
+    for manifest, path in zip(found.manifests, found.paths, strict=True):
+        meta = manifest.schema.metadata or {}
+        wrote_keyed = meta.get(_KEYED) == b"1"
+        if keyed is None:
+            keyed = wrote_keyed
+        elif wrote_keyed != keyed:
+            raise CheckpointError(
+                f"checkpoint file {path} was written "
+                f"{'with' if not keyed else 'without'} key=, and the operator now runs "
+                f"{'with' if keyed else 'without'} it: use another uid or location"
+            )
+        wrote = meta.get(_ELEMENT, b"?").decode(errors="replace")
+        if wrote not in (ROW, ROWS, ARROW):
+            raise CheckpointError(
+                f"checkpoint file {path} holds elements of an unknown kind {wrote!r}"
+            )
+        kinds.setdefault(wrote, path)
+        if len(kinds) > 1:
+            (a, path_a), (b, path_b) = kinds.items()
+            raise CheckpointError(
+                f"checkpoint files {path_a} and {path_b} hold elements of different kinds "
+                f"({a!r} and {b!r})"
+            )
+        for key, what in ((_INPUT_SCHEMA, "input"), (OUTPUT_SCHEMA, "output")):
+            raw = meta.get(key)
+            if not raw:
+                continue  # a partition that saw no input knows no input schema
+            try:
+                schema = pa.ipc.read_schema(pa.py_buffer(raw))
+            except (pa.ArrowException, ValueError) as exc:
+                raise CheckpointError(
+                    f"checkpoint file {path}: unreadable {what} schema"
+                ) from exc
+            held, held_path = schemas.setdefault(key, (schema, path))
+            if held is not None and not schema.equals(held):
+                raise CheckpointError(
+                    f"checkpoint files {held_path} and {path} were written with different "
+                    f"{what} schemas ({held} and {schema})"
+                )
+    return CarriedFormat(
+        bool(keyed), next(iter(kinds), kind), schemas.get(_INPUT_SCHEMA, (None, ""))[0],
+        schemas.get(OUTPUT_SCHEMA, (None, ""))[0],
+    )  # fmt: skip
+
+
+def carried_elements(
+    found: VersionFiles, partition: int, written: CarriedFormat
+) -> list[tuple[int | None, StoredElement]]:
+    """Everything old partition ``partition`` of ``found`` carried over, as it wrote it:
+    ``(key group, element)`` pairs (unkeyed: key group None) in its queue order, read
+    with a restore's readers (:class:`CarryOver`: the partition's shared section split
+    by key group, or its operator state's batch), never rescaled, reordered or turned
+    into queue entries. ``read_state``'s view; a restore reads by key-group range
+    (:meth:`PartitionCheckpoint.restore`). CheckpointError naming the file for a version
+    :meth:`CarriedFormat.check_readable` refuses, or a file that does not read back."""
+    index = found.partitions.index(partition)
+    path = found.paths[index]
+    output_schema = written.check_readable(found)
+    everything = KeyGroupRange(0, UPPER_BOUND_MAX_PARALLELISM - 1)
+    carry = CarryOver(
+        ElementSerializer(written.kind, output_schema, written.input_schema),
+        max_parallelism=UPPER_BOUND_MAX_PARALLELISM, key_groups=everything,
+    )  # fmt: skip
+    if not written.keyed:
+        where = found.storage.path(found.version, "")
+        _, elements = restore_operator_state(
+            0, 1, [found.operator_state(partition)], where, carry.batches
+        )
+        return [(None, e) for e in elements]
+    one = replace(found, manifests=[found.manifests[index]], paths=[path],
+                  partitions=[partition])  # fmt: skip
+    out: list[tuple[int | None, StoredElement]] = []
+    for name, section in one.key_group_sections(
+        everything, UPPER_BOUND_MAX_PARALLELISM, Kind.IN_FLIGHT
+    ):
+        out += [(section.tag, e) for e in carry.restore_keyed([(name, section)])]
+    out.sort(key=lambda pair: pair[1].seq)
+    return out
+
+
+def version_watermarks(found: VersionFiles, partition: int) -> WatermarkState:
+    """Old partition ``partition``'s watermark state (union operator state ``watermark``
+    of its operator-state file), read as a restore reads it."""
+    where = found.storage.path(found.version, "")
+    marks, _ = restore_operator_state(0, 1, [found.operator_state(partition)], where)
+    return marks

@@ -306,15 +306,21 @@ def _sync(
 
 def _watermarks(previous: VersionFiles) -> WatermarkState:
     """The highest watermark state of the old partitions (union), from their manifests."""
-    marks: list[WatermarkState] = []
-    for manifest, path in zip(previous.manifests, previous.paths, strict=True):
-        raw = (manifest.schema.metadata or {}).get(_WATERMARK)
-        try:
-            max_seen, current = (float(x) for x in (raw or b"").decode().split(","))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
-        marks.append(WatermarkState(max_seen, current))
-    return WatermarkState.highest(marks)
+    return WatermarkState.highest(
+        manifest_watermark(manifest, path)
+        for manifest, path in zip(previous.manifests, previous.paths, strict=True)
+    )
+
+
+def manifest_watermark(manifest: pa.Table, path: str) -> WatermarkState:
+    """The watermark state one partition's manifest holds (CheckpointError naming the
+    file if it is unreadable)."""
+    raw = (manifest.schema.metadata or {}).get(_WATERMARK)
+    try:
+        max_seen, current = (float(x) for x in (raw or b"").decode().split(","))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
+    return WatermarkState(max_seen, current)
 
 
 def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:

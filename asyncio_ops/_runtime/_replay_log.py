@@ -5,20 +5,60 @@ position, row fingerprint and the function's results typed by the output
 columns. Written every ``flush_rows`` lookups or ``flush_interval`` seconds,
 so a retried attempt re-requests at most the elements in flight plus the
 lookups of one unflushed stretch.
+
+:func:`read_segment` reads one file, its columns checked (a restore's
+``load_replay`` and ``read_state``'s ``replay_log=True`` both read through
+it); :func:`segment_of` takes a file's name apart.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage, Version
 from .._container import Kind
-from .._exceptions import OutputSchemaError
+from .._exceptions import CheckpointError, OutputSchemaError
 from ._coerce import coerced_array
+
+COLUMNS: Final = ("position", "fingerprint", "results")
+_NAME: Final = re.compile(r"^results-p(\d{5,})-([0-9a-f]+)-(\d{6,})\.ckpt$")
+
+
+class Segment(NamedTuple):
+    """What a replay-log file's name says: partition, attempt token, segment number."""
+
+    partition: int
+    attempt: str
+    segment: int
+
+
+def segment_name(partition: int, attempt: str, segment: int) -> str:
+    """The file name of one segment: ``results-p<i>-<attempt>-<seq>.ckpt``."""
+    return f"results-p{partition:05d}-{attempt}-{segment:06d}.ckpt"
+
+
+def segment_of(name: str) -> Segment | None:
+    """The parts of a segment's file name (None: not a segment's name)."""
+    m = _NAME.match(name)
+    return None if m is None else Segment(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+def read_segment(storage: CheckpointStorage, version: Version, name: str) -> pa.Table:
+    """One segment's table (``position``, ``fingerprint``, ``results``); CheckpointError
+    naming the file if it lacks one of them."""
+    table = storage.read(version, name, Kind.REPLAY_LOG)
+    missing = set(COLUMNS) - set(table.column_names)
+    if missing:
+        raise CheckpointError(
+            f"checkpoint file {storage.path(version, name)} lacks the column(s) "
+            f"{sorted(missing)}"
+        )
+    return table
 
 
 def _explain(values: list[Any], type_: pa.DataType, what: str, exc: Exception) -> OutputSchemaError:
@@ -93,7 +133,7 @@ class ReplayLog:
                 "results": self._results_array(),
             }
         )
-        name = f"results-p{self.partition:05d}-{self.token}-{self.segment:06d}.ckpt"
+        name = segment_name(self.partition, self.token, self.segment)
         self.segment += 1
         self.flushes += 1
         self.storage.write(self.version, name, Kind.REPLAY_LOG, table)

@@ -28,8 +28,13 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   the deltas after it, in order: the frame holding it and the section's own
   bytes (Flink's key-group offsets: a partition reads the frames of its key
   groups, adjacent ones in one read); the number of
-  partitions, and the attempt's token (``aops.writer``). A key group follows
-  to whichever partition owns it next, which reads its chain.
+  partitions, the operator that wrote it (``aops.operator``) and the attempt's
+  token (``aops.writer``); the async operator's also the element kind and the
+  input and output schemas of its elements (``aops.element``,
+  ``aops.input_schema``, ``aops.output_schema``; earlier releases wrote no
+  output schema, which a restore takes from the job and ``read_state``
+  cannot). A key group follows to whichever partition owns it next, which
+  reads its chain.
 
 Incremental checkpoints (keyed_process): a version writes, per key group,
 the keys its micro-batch made current (a delta) and, once every
@@ -65,6 +70,9 @@ _NUM_PARTITIONS: Final = b"aops.num_partitions"
 _PARTITION: Final = b"aops.partition"
 _ELEMENT: Final = b"aops.element"
 _INPUT_SCHEMA: Final = b"aops.input_schema"
+# the schema of the operator's output rows (a completed element's results): read_state reads
+# the elements with it (a restore has the job's own; earlier manifests lack it)
+OUTPUT_SCHEMA: Final = b"aops.output_schema"
 # capacity="auto": the limit a partition's operator ended the micro-batch with
 _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
@@ -131,6 +139,12 @@ class VersionFiles:
         except ValueError:
             return None
 
+    def written_by(self) -> bytes:
+        """The operator that wrote this version, as its first manifest names it
+        (:meth:`check_operator` holds every manifest to it)."""
+        wrote: bytes = (self.manifests[0].schema.metadata or {}).get(_OPERATOR, ASYNC_WAIT)
+        return wrote
+
     def check_operator(self, operator: bytes) -> None:
         """CheckpointError naming the file if another kind of operator wrote this version."""
         for manifest, path in zip(self.manifests, self.paths, strict=True):
@@ -144,18 +158,20 @@ class VersionFiles:
     def operator_states(self) -> list[tuple[str, list[Any]]]:
         """Every old partition's operator state (``OperatorStateBackend.dump``), with its
         file, in partition order."""
-        out = []
-        for index in range(self.num_partitions):
-            manifest = self.manifest_of(index)
-            raw = (manifest.schema.metadata or {}).get(_OPS) if manifest is not None else None
-            name = raw.decode(errors="replace") if raw else f"ops-{index:05d}.ckpt"
-            path = self.storage.path(self.version, name)
-            table = self.storage.read(self.version, name, Kind.OPERATOR_STATE)
-            try:
-                out.append((path, read(Kind.OPERATOR_STATE, table, f"checkpoint file {path}")))
-            except CorruptStateError as exc:
-                raise CorruptCheckpointError(str(exc)) from exc
-        return out
+        return [self.operator_state(index) for index in range(self.num_partitions)]
+
+    def operator_state(self, index: int) -> tuple[str, list[Any]]:
+        """Old partition ``index``'s operator state, with its file: the one its manifest
+        names (if read), else ``ops-<index>.ckpt`` (earlier releases)."""
+        manifest = self.manifest_of(index)
+        raw = (manifest.schema.metadata or {}).get(_OPS) if manifest is not None else None
+        name = raw.decode(errors="replace") if raw else f"ops-{index:05d}.ckpt"
+        path = self.storage.path(self.version, name)
+        table = self.storage.read(self.version, name, Kind.OPERATOR_STATE)
+        try:
+            return path, read(Kind.OPERATOR_STATE, table, f"checkpoint file {path}")
+        except CorruptStateError as exc:
+            raise CorruptCheckpointError(str(exc)) from exc
 
     def chains(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
         """The chain of every key group in ``key_groups`` that holds state.

@@ -1,6 +1,17 @@
-"""``read_state``: a ``keyed_process`` checkpoint's keyed state (or timers) as a DataFrame.
+"""``read_state``: a ``keyed_process`` checkpoint's keyed state (or timers) as a DataFrame;
+the async operator's checkpoint through ``_read_async_state``.
 
 Contract:
+
+- Which: the version's manifests name the operator that wrote it. A version
+  of the async operator (``ordered_wait`` / ``unordered_wait``) gives the
+  elements it carried over; ``watermarks=True`` (either operator) every old
+  partition's watermark state; ``replay_log=True`` the replay log of a
+  version or batch run (``version`` an int or a run's name; default: the
+  newest run, else the newest version); the columns are in
+  ``_read_async_state``. One mode at a time (ConfigurationError naming both);
+  ``state=``, ``timers=True`` or ``changes=True`` on an async operator's
+  version is a CheckpointError naming the location, uid and version.
 
 - The driver lists the operator's versions under ``checkpoint_location/uid``,
   picks ``version`` (default: the newest complete one, every partition's
@@ -53,7 +64,6 @@ Contract:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -72,12 +82,12 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from .._checkpoint import CheckpointStorage
+from .._checkpoint import CheckpointStorage, Version, check_run_id
 from .._container import DELTA, Kind
 from .._exceptions import CheckpointError, ConfigurationError
 from .._keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, canonical_bytes
 from .._runtime._keyed_partition import KEY_SCHEMA, OPERATOR
-from .._runtime._versions import Chain, VersionFiles, read_chains, read_version
+from .._runtime._versions import ASYNC_WAIT, Chain, VersionFiles, read_chains, read_version
 from ..options import path_segment
 from ..state._keycodec import decode_canonical
 from ..state._keyed_snapshot import delta_keys
@@ -85,6 +95,13 @@ from ..state._payloads import read
 from ..state._schema import StateTypes
 from ..state._serializers import PICKLE_SERIALIZER
 from ..state._types import evolution
+from ._read_async_state import (
+    micros,
+    parallelism,
+    read_carried,
+    read_replay_log,
+    read_watermarks,
+)
 from ._state_check import recorded_types
 
 __all__ = ["read_state"]
@@ -115,11 +132,13 @@ def read_state(
     *,
     uid: str,
     state: str | None = None,
-    version: int | None = None,
+    version: int | str | None = None,
     timers: bool = False,
     changes: bool = False,
     from_version: int | None = None,
     to_version: int | None = None,
+    watermarks: bool = False,
+    replay_log: bool = False,
 ) -> DataFrame:
     """The keyed state (or, with ``timers=True``, the timers) of the ``keyed_process``
     operator ``uid`` under ``checkpoint_location`` at ``version`` (default: the newest
@@ -127,7 +146,13 @@ def read_state(
     state's rows. With ``changes=True``, the rows that differ between ``from_version``
     and ``to_version`` (default: the newest), each with ``change_type`` ``put`` (its
     value at ``to_version``) or ``delete`` (its value at ``from_version``). Read in
-    parallel by key group; see the module docstring for the columns."""
+    parallel by key group; see the module docstring for the columns.
+
+    A version the async operator (``ordered_wait`` / ``unordered_wait``) wrote gives
+    the elements it carried over, one row each; ``watermarks=True`` every old
+    partition's watermark state (either operator); ``replay_log=True`` the replay log
+    of ``version`` (an int, or a batch run's name; default: the newest run). See
+    ``_read_async_state``."""
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
@@ -135,9 +160,24 @@ def read_state(
             f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"
         )
     path_segment(uid, "uid")
+    flags = {"timers": timers, "changes": changes, "watermarks": watermarks,
+             "replay_log": replay_log}  # fmt: skip
+    modes = [name for name, on in flags.items() if on]
+    if len(modes) > 1:
+        raise ConfigurationError(
+            f"read_state reads one thing at a time: {' and '.join(m + '=True' for m in modes)}"
+        )
+    if (watermarks or replay_log) and state is not None:
+        raise ConfigurationError(f"state= reads keyed state, not {modes[0]}=True")
+    if replay_log and isinstance(version, str):
+        check_run_id(version)
+    elif isinstance(version, str):
+        raise ConfigurationError(
+            f"version={version!r}: a batch run's name is read with replay_log=True only"
+        )
     for name, given in (("version", version), ("from_version", from_version),
                         ("to_version", to_version)):  # fmt: skip
-        if given is not None and (
+        if given is not None and not isinstance(given, str) and (
             isinstance(given, bool) or not isinstance(given, int) or given < 0
         ):
             raise ConfigurationError(f"{name} must be an int >= 0 or None, got {given!r}")
@@ -157,7 +197,23 @@ def read_state(
     if state is not None and not isinstance(state, str):
         raise ConfigurationError(f"state must be a state name (str) or None, got {state!r}")
     storage = CheckpointStorage(checkpoint_location, uid)
+    if replay_log:
+        run = _run(storage, version)
+        return read_replay_log(spark, storage, run, _where(storage, run))
+    assert not isinstance(version, str)
     found = _version(storage, to_version if changes else version)
+    where = _where(storage, found.version)
+    if watermarks:
+        return read_watermarks(spark, found, where)
+    if found.written_by() == ASYNC_WAIT:
+        if state is not None or timers or changes:
+            given = "state=" if state is not None else "timers=True" if timers else "changes=True"
+            raise CheckpointError(
+                f"{where} was written by the async operator (ordered_wait / unordered_wait), "
+                f"which keeps no keyed state: {given} reads keyed_process's; without it, "
+                "read_state gives the elements it carried over"
+            )
+        return read_carried(spark, found, where)
     found.check_operator(OPERATOR)
     chains = _all_chains(found)
     before: dict[int, Chain] = {}
@@ -194,7 +250,7 @@ def read_state(
         for kg in sorted(chains.keys() | before.keys())
         if not changes or chains.get(kg) != before.get(kg)  # an unchanged chain: no change
     ]
-    slices = max(1, min(len(rows), _parallelism(spark) * 2))
+    slices = max(1, min(len(rows), parallelism(spark) * 2))
     groups = spark.createDataFrame(rows, "key_group int, chain string, before string")
     if len(rows) > 1:
         groups = groups.repartition(slices)
@@ -228,18 +284,34 @@ def _typed_columns(kind: str, value: str, key: str | None) -> list[StructField]:
     return out
 
 
-def _parallelism(spark: SparkSession) -> int:
-    """The session's default parallelism (2 where the client cannot tell: Spark Connect)."""
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:
-        return int(spark.conf.get("spark.default.parallelism", "2") or 2)
-
-
 def _all_chains(found: VersionFiles) -> dict[int, Chain]:
     return found.chains(
         KeyGroupRange(0, UPPER_BOUND_MAX_PARALLELISM - 1), UPPER_BOUND_MAX_PARALLELISM
     )
+
+
+def _where(storage: CheckpointStorage, version: Version) -> str:
+    """A version named for errors: location, uid and version."""
+    return f"checkpoint_location {storage.location} (uid {storage.uid!r}, version {version!r})"
+
+
+def _run(storage: CheckpointStorage, version: int | str | None) -> Version:
+    """The version or batch run whose replay log ``replay_log=True`` reads: ``version``,
+    else the newest run, else the newest version; CheckpointError naming the location
+    and uid if there is none, or ``version`` is not there."""
+    where = f"{storage.location} (uid {storage.uid!r}, {storage.describe(storage.root)})"
+    runs, versions = storage.runs(), storage.versions()
+    if version is None:
+        if not runs and not versions:
+            raise CheckpointError(f"no batch run or checkpoint version under {where}")
+        return runs[-1] if runs else versions[-1]
+    if version not in (runs if isinstance(version, str) else versions):
+        raise CheckpointError(
+            f"checkpoint {'run' if isinstance(version, str) else 'version'} {version!r} does "
+            f"not exist under {where}; runs present: {runs[-3:] or 'none'}"
+            + (f", versions {versions[0]}..{versions[-1]}" if versions else "")
+        )
+    return version
 
 
 def _version(storage: CheckpointStorage, version: int | None) -> VersionFiles:
@@ -361,7 +433,7 @@ def _rows(
         else:  # a typed state's value, among all states
             cols["value"].append(_json(value))
             cols["value_bytes"].append(None)
-        cols["ttl_timestamp"].append(_micros(ts))
+        cols["ttl_timestamp"].append(micros(ts))
 
     for kg in sorted(found.keys() | old_found.keys()):
         entries, kg_timers = _rebuild(kg, found.get(kg, []), types)
@@ -382,7 +454,7 @@ def _rows(
                     key_cells(key_enc)
                     cols["key_group"].append(kg)
                     cols["domain"].append(domain)
-                    cols["timestamp"].append(_micros(stamp))
+                    cols["timestamp"].append(micros(stamp))
                     cols["timestamp_seconds"].append(stamp)
         else:
             for ident, item in sorted(_flat(entries, only).items()):
@@ -415,12 +487,6 @@ def _convert(kind: str, data: Any, convert: Any) -> Any:
     if kind == "map":
         return [(mk, ts, None if v is None else convert(v)) for mk, ts, v in data]
     return (data[0], convert(data[1]))
-
-
-def _micros(ts: float | None) -> int | None:
-    if ts is None or not math.isfinite(ts):
-        return None
-    return round(ts * 1_000_000)
 
 
 Entries = dict[tuple[str, bytes, bytes], tuple[str, Any]]

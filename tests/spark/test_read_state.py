@@ -160,6 +160,10 @@ def test_state_read_at_every_version_equals_the_model(
         assert set(tr) == want_timers and len(tr) == len(want_timers), version
     for old, new in [(1, 3), (0, 2), (2, 2)]:
         _check_changes(spark, location, files, old, new)
+    marks = read_state(spark, location, uid="track", watermarks=True).collect()  # manifests'
+    assert sorted(m.partition for m in marks) == [0, 1]
+    assert max(m.max_seen.timestamp() for m in marks) == max(e[3] for e in files[-1])
+    assert all(m.current is None or m.current <= m.max_seen for m in marks)
     only = read_state(spark, location, uid="track", state="count").collect()
     assert {r.state for r in only} == {"count"} and len(only) == len(
         _model(files, 3)[0] and [r for r in _model(files, 3)[0] if r[2] == "count"]
