@@ -155,6 +155,23 @@ def test_every_import_goes_to_the_same_floor_or_below() -> None:
     assert offences == [], "imports that run up a floor:\n" + "\n".join(offences)
 
 
+def test_the_spark_layer_imports_the_faces_below_it_not_their_private_modules() -> None:
+    """The Spark API reaches the runtime and the state layer through their faces
+    (``asyncio_ops._runtime``, ``asyncio_ops.state``), never a private module behind
+    them: what it needs of those is exported by the face, so a module can move
+    behind it without the Spark layer noticing."""
+    offences = []
+    for path in sorted((PACKAGE / "spark").rglob("*.py")):
+        for line, imported_name in imported(path):
+            module = _module_of(imported_name)
+            if module is None:
+                continue
+            for face in ("asyncio_ops._runtime.", "asyncio_ops.state."):
+                if module.startswith(face) and module[len(face):].startswith("_"):
+                    offences.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module}")
+    assert offences == [], "the Spark layer behind a face:\n" + "\n".join(offences)
+
+
 def test_every_module_imports_first() -> None:
     """Each module imports in an interpreter that has imported nothing of the package yet
     (a circle the usual import order hides fails here: a Spark worker unpickling a user's

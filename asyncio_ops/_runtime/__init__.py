@@ -18,16 +18,24 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`;
 - ``_keyed_partition``: a ``KeyedProcessFunction`` over a partition (``keyed_process``);
-- ``_seed``: initial state written before a ``keyed_process`` job's first version.
+- ``_seed``: initial state written before a ``keyed_process`` job's first version;
+- ``_state_reader``: what ``read_state`` reads from a checkpoint (rows, no Spark).
 
-The Spark layer imports what this face exports, not the modules behind it.
+The Spark layer imports what this face exports, not the modules behind it, nor
+the state layer's private modules: what it needs of those (the state types a
+manifest records and their check) comes through here too.
 """
 
 from __future__ import annotations
 
-from ._keyed_partition import run_keyed_process
+from ..state._schema import StateTypes, check_restore, types_of_json
+from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
+from ._inflight import ROW
+from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, manifest_watermark, run_keyed_process
+from ._keyed_partition import OPERATOR as KEYED_PROCESS
 from ._metrics import RunMetrics
 from ._partition import run_partition
+from ._replay_log import read_segment, segment_of
 from ._seed import InitialStateFn, clear_seed, write_seed
 from ._spec import (
     DEFAULT_FLUSH_INTERVAL,
@@ -41,27 +49,60 @@ from ._spec import (
     PartitionSpec,
     TaskInfo,
 )
-from ._versions import read_version
+from ._state_reader import (
+    all_chains,
+    micros,
+    named_version,
+    open_run,
+    open_version,
+    recorded_key_schema,
+    state_rows,
+)
+from ._versions import ASYNC_WAIT, Chain, VersionFiles, read_version
 from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
 
 __all__ = [
+    "ASYNC_WAIT",
     "DEFAULT_FLUSH_INTERVAL",
     "DEFAULT_FLUSH_ROWS",
     "ERROR_COLUMN",
     "ERROR_TYPE",
+    "KEYED_PROCESS",
     "KEY_GROUP_COLUMN",
+    "KEY_SCHEMA",
     "LATE_COLUMN",
     "MAX_OPEN_FUNCTIONS",
+    "ROW",
     "STATE_BACKENDS",
+    "STATE_TYPES",
+    "CarriedFormat",
+    "Chain",
     "InitialStateFn",
     "KeyedProcessSpec",
     "PartitionSpec",
     "RunMetrics",
+    "StateTypes",
     "TaskInfo",
+    "VersionFiles",
     "WorkerRuntime",
+    "all_chains",
+    "carried_elements",
+    "carried_format",
+    "check_restore",
     "clear_seed",
+    "manifest_watermark",
+    "micros",
+    "named_version",
+    "open_run",
+    "open_version",
+    "read_segment",
     "read_version",
+    "recorded_key_schema",
     "run_keyed_process",
     "run_partition",
+    "segment_of",
+    "state_rows",
+    "types_of_json",
+    "version_watermarks",
     "write_seed",
 ]

@@ -50,7 +50,6 @@ Contract:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -74,19 +73,23 @@ from pyspark.sql.types import (
 from .._checkpoint import CheckpointStorage, Version
 from .._exceptions import CheckpointError
 from .._keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
-from .._runtime._checkpointing import (
+from .._runtime import (
+    ASYNC_WAIT,
+    KEY_GROUP_COLUMN,
+    KEYED_PROCESS,
+    ROW,
     CarriedFormat,
+    VersionFiles,
     carried_elements,
     carried_format,
+    manifest_watermark,
+    micros,
+    read_segment,
+    segment_of,
     version_watermarks,
 )
-from .._runtime._inflight import ROW
-from .._runtime._keyed_partition import OPERATOR, manifest_watermark
-from .._runtime._replay_log import read_segment, segment_of
-from .._runtime._spec import KEY_GROUP_COLUMN
-from .._runtime._versions import ASYNC_WAIT, VersionFiles
 
-__all__ = ["micros", "parallelism", "read_carried", "read_replay_log", "read_watermarks"]
+__all__ = ["parallelism", "read_carried", "read_replay_log", "read_watermarks"]
 
 _IN_FLIGHT: Final = "in_flight"
 _COMPLETE: Final = "complete"
@@ -105,13 +108,6 @@ def parallelism(spark: SparkSession) -> int:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:
         return int(spark.conf.get("spark.default.parallelism", "2") or 2)
-
-
-def micros(ts: float | None) -> int | None:
-    """Seconds as a Spark timestamp's microseconds; None for none (or not finite)."""
-    if ts is None or not math.isfinite(ts):
-        return None
-    return round(ts * 1_000_000)
 
 
 def _spread(spark: SparkSession, units: list[Any], ddl: str) -> DataFrame:
@@ -205,7 +201,7 @@ def read_watermarks(spark: SparkSession, found: VersionFiles, where: str) -> Dat
     ``keyed_process``)."""
     operator = found.written_by()
     try:
-        found.check_operator(operator if operator in (ASYNC_WAIT, OPERATOR) else ASYNC_WAIT)
+        found.check_operator(operator if operator in (ASYNC_WAIT, KEYED_PROCESS) else ASYNC_WAIT)
         marks = [
             version_watermarks(found, index) if operator == ASYNC_WAIT
             else manifest_watermark(found.manifests[index], found.paths[index])

@@ -40,10 +40,16 @@ from .._exceptions import CheckpointError, IncompatibleStateError
 from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange
-from .._runtime._keyed_partition import KEY_SCHEMA, STATE_TYPES
-from .._runtime._versions import VersionFiles, read_version
+from .._runtime import (
+    KEY_SCHEMA,
+    STATE_TYPES,
+    StateTypes,
+    VersionFiles,
+    check_restore,
+    read_version,
+    types_of_json,
+)
 from ..state import HeapKeyedStateBackend, KeyedProcessFunction
-from ..state._schema import StateTypes, check_restore, types_of_json
 
 __all__ = ["check_state_schema", "declared_states", "newest_complete", "recorded_types"]
 
