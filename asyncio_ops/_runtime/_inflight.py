@@ -175,12 +175,12 @@ def element_schema(
 
 
 class ElementSerializer:
-    """A :class:`StoredElement` as one Arrow record batch of one row, and back.
+    """The Arrow schema of a :class:`StoredElement` (:func:`element_schema`) and the
+    check of one element against it, which names what does not fit.
 
-    A state serializer: the bytes are an Arrow IPC record-batch message of
-    :func:`element_schema`, without the schema (which the manifest stores once:
-    a schema per element would cost more than the element). Reading validates
-    the batch fully and raises :class:`CheckpointError` for anything else.
+    Elements are written many at a time (:class:`ElementBatchSerializer`: one
+    conversion per column); when a batch does not convert, :meth:`check` finds the
+    element and the field at fault for the error.
     """
 
     def __init__(self, kind: str, output_schema: pa.Schema, input_schema: pa.Schema | None) -> None:
@@ -190,18 +190,13 @@ class ElementSerializer:
         self.schema = element_schema(kind, input_schema, output_schema)
         self._struct = pa.struct(list(self.schema))
 
-    def dumps(self, e: StoredElement, /) -> bytes:
-        fields = {
-            "partition": e.partition, "seq": e.seq, "after_watermark": e.after_watermark,
-            "row": e.row, "timestamp": e.timestamp, "late": e.late, "results": e.results,
-            "attempts": e.attempts, "deadline": e.deadline,
-        }  # fmt: skip
-        try:  # one conversion of the whole element: the cheapest way into Arrow
-            batch = pa.RecordBatch.from_struct_array(pa.array([fields], type=self._struct))
+    def check(self, e: StoredElement, /) -> None:
+        """OutputSchemaError naming the first field of ``e`` its type cannot hold."""
+        fields = e._asdict()
+        try:  # one conversion of the whole element
+            pa.array([fields], type=self._struct)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise self._explain(fields) from exc
-        data: bytes = batch.serialize().to_pybytes()
-        return data
 
     def _explain(self, fields: dict[str, Any]) -> Exception:
         """The error naming the first field its type cannot hold."""
@@ -222,22 +217,6 @@ class ElementSerializer:
                     f"{value!r:.300} ({exc})"
                 )
         return OutputSchemaError(f"a carried-over element cannot be written as {self.schema}")
-
-    def loads(self, data: bytes | memoryview, /) -> StoredElement:
-        try:
-            batch = pa.ipc.read_record_batch(pa.py_buffer(data), self.schema)
-            batch.validate(full=True)
-            if batch.num_rows != 1:
-                raise ValueError(f"{batch.num_rows} rows, not 1")
-            (r,) = batch.to_pylist()
-        except (pa.ArrowException, ValueError, OSError) as exc:
-            raise CheckpointError(
-                f"an in-flight element is not a row of {self.schema}: {exc}"
-            ) from exc
-        return StoredElement(
-            r["partition"], r["seq"], r["after_watermark"], r["row"], r["timestamp"],
-            r["late"], r["results"], r["attempts"] or 0, r["deadline"],
-        )  # fmt: skip
 
 
 class ElementBatchSerializer:
@@ -264,7 +243,7 @@ class ElementBatchSerializer:
             arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.schema, strict=True)]
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             for e in elements:  # the first element that fails alone names its field
-                self.one.dumps(e)
+                self.one.check(e)
             raise OutputSchemaError(  # pragma: no cover - one element always fails alone
                 f"carried-over elements cannot be written as {self.schema}: {exc}"
             ) from exc

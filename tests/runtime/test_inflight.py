@@ -17,6 +17,7 @@ from asyncio_ops._runtime._inflight import (
     ROW,
     ROWS,
     CarryOver,
+    ElementBatchSerializer,
     ElementSerializer,
     StoredElement,
     WatermarkState,
@@ -47,28 +48,37 @@ def element(
 
 
 @pytest.mark.parametrize("kind", [ROW, ROWS, ARROW])
-def test_an_element_round_trips_typed(kind: str) -> None:
+def test_elements_round_trip_typed(kind: str) -> None:
+    """Elements of every kind are one typed record batch (an Arrow message without its
+    schema) and come back equal."""
     ser = ElementSerializer(kind, OUT, IN)
-    e = element(3, kind=kind, results=[{"score": 1.5}, {"score": None}], deadline=None)
-    data = ser.dumps(e)
+    batches = ElementBatchSerializer(ser)
+    todo = [element(3, kind=kind, results=[{"score": 1.5}, {"score": None}], deadline=None),
+            element(4, kind=kind, deadline=12.5)]  # fmt: skip
+    data = batches.dumps(batches.to_batch(todo, deadlines=True))
     batch = pa.ipc.read_record_batch(pa.py_buffer(data), ser.schema)  # an Arrow message
-    assert batch.num_rows == 1 and batch.schema.field("row").type == ser.schema.field("row").type
-    assert ElementSerializer(kind, OUT, IN).loads(data) == e
+    assert batch.num_rows == 2 and batch.schema.field("row").type == ser.schema.field("row").type
+    assert batches.elements([batches.loads(data)]) == todo
 
 
-def test_bytes_that_are_not_an_element_are_refused() -> None:
-    ser = ElementSerializer(ROW, OUT, IN)
-    with pytest.raises(CheckpointError, match=r"an in-flight element is not a row of"):
-        ser.loads(b"\x80\x05not arrow at all")
-    other = ElementSerializer(ROWS, OUT, IN).dumps(element(1, kind=ROWS))
-    with pytest.raises(CheckpointError, match=r"an in-flight element is not a row of"):
-        ser.loads(other)
+def test_bytes_that_are_not_elements_are_refused() -> None:
+    batches = ElementBatchSerializer(ElementSerializer(ROW, OUT, IN))
+    with pytest.raises(CheckpointError, match=r"in-flight elements are not a record batch of"):
+        batches.loads(b"\x80\x05not arrow at all")
+    chunks = ElementBatchSerializer(ElementSerializer(ROWS, OUT, IN))
+    other = chunks.dumps(chunks.to_batch([element(1, kind=ROWS)], deadlines=True))
+    with pytest.raises(CheckpointError, match=r"in-flight elements are not a record batch of"):
+        batches.loads(other)
 
 
 def test_an_output_that_the_schema_cannot_hold_names_the_value() -> None:
     ser = ElementSerializer(ROW, OUT, IN)
     with pytest.raises(OutputSchemaError, match=r"carried-over result .*'not a number'"):
-        ser.dumps(element(1, results=[{"score": "not a number"}]))
+        ser.check(element(1, results=[{"score": "not a number"}]))
+    batches = ElementBatchSerializer(ser)
+    with pytest.raises(OutputSchemaError, match=r"carried-over result .*'not a number'"):
+        batches.to_batch([element(0), element(1, results=[{"score": "not a number"}])],
+                         deadlines=True)  # fmt: skip
 
 
 def _split(sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt") -> list[
