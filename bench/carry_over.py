@@ -40,7 +40,8 @@ from asyncio_ops._operator import OutputMode
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from asyncio_ops._runtime._adapters import RowValue
 from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
-from asyncio_ops._runtime._inflight import WatermarkState, to_stored
+from asyncio_ops._runtime._inflight import WatermarkState
+from asyncio_ops._runtime._stored import to_stored
 from asyncio_ops._snapshot import SnapshotEntry
 
 IN = pa.schema([("id", pa.int64()), ("name", pa.string()), (KEY_GROUP_COLUMN, pa.int32())])

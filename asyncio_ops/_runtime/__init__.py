@@ -13,7 +13,8 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_versions``: one streaming version's files (key-group chains, manifests) and retention;
 - ``_replay_log``: the lookups a task attempt completed, for its retry;
 - ``_checkpointing``: what a partition of the async operator writes and restores;
-- ``_inflight``: what a micro-batch carries over, as keyed and operator state;
+- ``_inflight``: what a micro-batch carries over, where, and how it moves on rescale;
+- ``_stored``: a carried-over element as stored (Arrow schema, queue entries <-> elements);
 - ``_warm``: the keyed state a worker keeps between micro-batches;
 - ``_metrics``: counters per partition, merged on the driver;
 - ``_partition``: the glue, :func:`run_partition`;
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
-from ._inflight import ROW
 from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, manifest_watermark, run_keyed_process
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
 from ._metrics import RunMetrics
@@ -58,6 +58,7 @@ from ._state_reader import (
     recorded_key_schema,
     state_rows,
 )
+from ._stored import ROW
 from ._versions import ASYNC_WAIT, Chain, VersionFiles, read_version
 from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
 

@@ -47,21 +47,19 @@ from .._keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from .._snapshot import SnapshotEntry
-from ._inflight import (
+from ._inflight import CarryOver, WatermarkState, restore_operator_state
+from ._replay_log import ReplayLog, read_segment
+from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
+from ._stored import (
     ARROW,
     ROW,
     ROWS,
-    CarryOver,
     ElementSerializer,
     StoredElement,
-    WatermarkState,
     as_kind,
     in_order,
-    restore_operator_state,
     to_stored,
 )
-from ._replay_log import ReplayLog, read_segment
-from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from ._versions import (
     _ELEMENT,
     _INPUT_SCHEMA,

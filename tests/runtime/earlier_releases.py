@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from asyncio_ops._container import Section
-from asyncio_ops._runtime._inflight import CarryOver, StoredElement, make_backend
+from asyncio_ops._runtime._inflight import CarryOver, make_backend
+from asyncio_ops._runtime._stored import StoredElement
 from asyncio_ops.state._keyed_snapshot import key_group_sections
 
 

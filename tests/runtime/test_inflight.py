@@ -12,15 +12,14 @@ import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
 from asyncio_ops._container import DELTA, FULL, SHARED, Section
-from asyncio_ops._runtime._inflight import (
+from asyncio_ops._runtime._inflight import CarryOver, WatermarkState
+from asyncio_ops._runtime._stored import (
     ARROW,
     ROW,
     ROWS,
-    CarryOver,
     ElementBatchSerializer,
     ElementSerializer,
     StoredElement,
-    WatermarkState,
 )
 from asyncio_ops._runtime._versions import split_shared
 from asyncio_ops.state import KeyGroupRange, assign_to_key_group

@@ -213,7 +213,8 @@ def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Pat
     group's elements keyed state, deadlines timers, a KEY_GROUPS file, a manifest
     without ``aops.in_flight``): micro-batch 1 restores it and every row leaves once."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._inflight import ROW, CarryOver, ElementSerializer
+    from asyncio_ops._runtime._inflight import CarryOver
+    from asyncio_ops._runtime._stored import ROW, ElementSerializer
     from asyncio_ops._runtime._versions import (
         _ELEMENT,
         _INPUT_SCHEMA,
