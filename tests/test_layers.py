@@ -194,3 +194,21 @@ def test_every_module_imports_first() -> None:
                          cwd=PACKAGE.parent, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == "", "modules that cannot be imported first:\n" + run.stdout
+
+
+def test_a_module_over_600_lines_says_it_is_one_job() -> None:
+    """No module of the package (connectors included) grows past 600 lines unless it is
+    one class with one job (or one hierarchy of them) and its docstring says so: a long
+    module doing several jobs is split instead."""
+    long = []
+    for root in (PACKAGE, PACKAGE.parent / "connectors"):
+        for path in sorted(root.rglob("*.py")):
+            text = path.read_text()
+            if text.count("\n") <= 600:
+                continue
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "one job" not in doc.lower():
+                long.append(f"{path.relative_to(PACKAGE.parent)}: {text.count(chr(10))} lines")
+    assert long == [], "modules over 600 lines that do not say their one job:\n" + "\n".join(
+        long
+    )

@@ -17,6 +17,10 @@ that raises, an :class:`~asyncio_ops.ArrowResult` error) fails alone:
 :class:`RowErrors` carries the other rows' output, and :meth:`RowFunction.failed`
 gives the element's output with an error row for each failed row
 (``on_error="error_column"``).
+
+One job in one class hierarchy (RowFunction, and ChunkFunction and ArrowChunkFunction
+built on it: the user's function as the operator sees it, per row, per chunk, per
+Arrow batch); the checks that name a row at fault are theirs.
 """
 
 from __future__ import annotations

@@ -56,6 +56,9 @@ old instance. It verifies every blob it takes before applying any, so a
 corrupt blob (:class:`CorruptStateError` naming the key group) leaves the
 backend unchanged. Restored data of a state not yet obtained with
 ``get_state`` is kept as it came and loaded on first ``get_state``.
+
+One class with one job, the :class:`KeyedStateBackend` contract both backends
+implement, with the per-state table and the snapshot helpers they share.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ pure-Python classes below as the fallback, same semantics;
 A Python method call costs about as much as the dict operation it wraps,
 so three of them per record (set the key, read, write) cost three dict
 operations' worth; the C methods cost a third of that.
+
+One class with one job, :class:`HeapKeyedStateBackend` (with the state objects it
+hands out, which are its dicts' views).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ is a sweep that, after every ``query_time_after_num_entries`` writes to a TTL
 state, checks that many more rows from a rotating cursor and deletes the
 expired ones; :meth:`RocksDBKeyedStateBackend.sweep_expired` runs it on demand
 and :meth:`RocksDBKeyedStateBackend.compact` sweeps everything and compacts.
+
+One class with one job, :class:`RocksDBKeyedStateBackend` (with the state objects
+it hands out, which are its rows' views).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ parameters, JSON body; see :mod:`asyncio_ops.connectors.http._template`), sends 
 limited, retried on transient statuses), decodes the JSON answer into rows.
 With :class:`HttpBatch`, the keys of concurrent rows go to a batch endpoint in
 one request and the answer is fanned out by a key field of each item.
+
+One class with one job, :class:`HttpLookup` (with :class:`HttpBatch`, its batch
+endpoint's description, and its session settings).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ result row can be given back to the input rows whose key equals it. Matching is
 by Python equality of the row's key value and the returned column value, so
 both must decode to the same type (cast in SQL, e.g. ``id::text``, if the input
 column is a string).
+
+One class with one job, :class:`PostgresLookup` (with its pool settings and the
+Arrow conversion of its answers).
 """
 
 from __future__ import annotations
