@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +22,34 @@ from tests.cluster.conftest import ROOT, SPARK_HOME, _env
 from tests.conftest import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _write_events(source: Path, keys: list[str], batches: list[tuple[int, int]]) -> list[
+    tuple[str, int]
+]:
+    """One JSON file per micro-batch of ``(start, n)`` events ``{"key", "seq"}`` (keys in
+    turn, seq from ``start``); the events written."""
+    source.mkdir()
+    events: list[tuple[str, int]] = []
+    for batch, (start, n) in enumerate(batches):
+        lines = [(keys[i % len(keys)], start + i) for i in range(n)]
+        events += lines
+        body = "".join(json.dumps({"key": k, "seq": q}) + "\n" for k, q in lines)
+        (source / f"part-{batch}.json").write_text(body)
+    return events
+
+
+def _assert_each_event_once_and_counts_continue(
+    rows: list[dict[str, Any]], events: list[tuple[str, int]], keys: list[str]
+) -> None:
+    assert sorted(r["seq"] for r in rows) == sorted(q for _, q in events)  # each event once
+    per_key: dict[str, list[int]] = {}
+    for r in rows:
+        per_key.setdefault(r["key"], []).append(r["n"])
+    expected = {k: sum(1 for key, _ in events if key == k) for k in keys}
+    assert {k: sorted(ns) for k, ns in per_key.items()} == {
+        k: list(range(1, c + 1)) for k, c in expected.items()
+    }  # counts continue across micro-batches, kills and lost workers
 
 
 def test_a_submitted_job_runs_on_the_executor_with_the_shipped_package(
@@ -57,14 +86,8 @@ def test_a_streaming_job_on_s3_gives_each_event_once_when_an_executor_is_killed(
     and every key's counts are 1..n with nothing lost or repeated."""
     url, work = cluster
     source = tmp_path / "in"
-    source.mkdir()
     keys = [f"k{i}" for i in range(20)]
-    events: list[tuple[str, int]] = []
-    for batch, (start, n) in enumerate([(0, 20), (1_000, 40), (2_000, 40)]):
-        lines = [(keys[i % 20], start + i) for i in range(n)]
-        events += lines
-        body = "".join(json.dumps({"key": k, "seq": q}) + "\n" for k, q in lines)
-        (source / f"part-{batch}.json").write_text(body)
+    events = _write_events(source, keys, [(0, 20), (1_000, 40), (2_000, 40)])
     out = tmp_path / "out.json"
     s3_server.requests.clear()
     run = subprocess.run(
@@ -79,14 +102,7 @@ def test_a_streaming_job_on_s3_gives_each_event_once_when_an_executor_is_killed(
     result = json.loads(out.read_text())
     assert result["killed"]
     rows = result["rows"]
-    assert sorted(r["seq"] for r in rows) == sorted(q for _, q in events)  # each event once
-    per_key: dict[str, list[int]] = {}
-    for r in rows:
-        per_key.setdefault(r["key"], []).append(r["n"])
-    expected = {k: sum(1 for key, _ in events if key == k) for k in keys}
-    assert {k: sorted(ns) for k, ns in per_key.items()} == {
-        k: list(range(1, c + 1)) for k, c in expected.items()
-    }  # counts continue across micro-batches and the killed attempt
+    _assert_each_event_once_and_counts_continue(rows, events, keys)
     assert all(Path(r["executor"]).is_relative_to(work) for r in rows)
     assert any("/cluster-kill/counts/v" in r for r in s3_server.requests)  # state on S3
 
@@ -130,14 +146,8 @@ def test_a_worker_lost_between_micro_batches_leaves_the_counts_exact(
     are 1..n; micro-batch 2's rows all come from the worker left."""
     url, work = cluster
     source = tmp_path / "in"
-    source.mkdir()
     keys = [f"k{i}" for i in range(30)]
-    events: list[tuple[str, int]] = []
-    for batch, (start, n) in enumerate([(0, 60), (1_000, 60), (2_000, 60)]):
-        lines = [(keys[i % 30], start + i) for i in range(n)]
-        events += lines
-        body = "".join(json.dumps({"key": k, "seq": q}) + "\n" for k, q in lines)
-        (source / f"part-{batch}.json").write_text(body)
+    events = _write_events(source, keys, [(0, 60), (1_000, 60), (2_000, 60)])
     job_work, out = tmp_path / "work", tmp_path / "out.json"
     log = (tmp_path / "submit.log").open("w")
     submit = subprocess.Popen(
@@ -165,14 +175,7 @@ def test_a_worker_lost_between_micro_batches_leaves_the_counts_exact(
             submit.kill()
         log.close()
     rows = json.loads(out.read_text())["rows"]
-    assert sorted(r["seq"] for r in rows) == sorted(q for _, q in events)  # each event once
-    per_key: dict[str, list[int]] = {}
-    for r in rows:
-        per_key.setdefault(r["key"], []).append(r["n"])
-    expected = {k: sum(1 for key, _ in events if key == k) for k in keys}
-    assert {k: sorted(ns) for k, ns in per_key.items()} == {
-        k: list(range(1, c + 1)) for k, c in expected.items()
-    }  # counts continue across the lost worker
+    _assert_each_event_once_and_counts_continue(rows, events, keys)
     after = {Path(r["executor"]).relative_to(work).parts[0] for r in rows if r["batch"] == 2}
     assert after and f"w{lost}" not in after, after  # micro-batch 2 ran on the worker left
     assert any("/cluster-lose/counts/v" in r for r in s3_server.requests)  # state on S3
