@@ -482,6 +482,16 @@ class _State:
             f"is unreachable: {exc}"
         )
 
+    def _outage(self, exc: Exception) -> None:
+        """Raise for ``exc`` unless Redis could not be reached and the limit goes on
+        without it (``on_unavailable="local"``: return, the caller falls back): ``exc``
+        itself for anything but an outage, else :meth:`_unreachable`'s error."""
+        error = self._unreachable(exc)
+        if error is exc:
+            raise exc
+        if self.limit.on_unavailable == "fail":
+            raise error from exc
+
     async def _round_trip(
         self, dimension: str, rate: float, burst: float, units: float
     ) -> tuple[float, float]:
@@ -522,11 +532,7 @@ class _State:
                 self.round_trips += 1
                 return int(total) if int(added) else None
             except Exception as exc:
-                error = self._unreachable(exc)
-                if error is exc:
-                    raise
-                if limit.on_unavailable == "fail":
-                    raise error from exc
+                self._outage(exc)
                 self.down_until = self.now() + limit.retry_unavailable
         total = self.totals.get(budget, 0)
         if units > 0 and maximum is not None and total + units > maximum:
@@ -571,11 +577,7 @@ class _State:
                 await client.eval(_PAUSE, 3, key, f"asyncio_ops:rate:{limit.name}:requests",
                                        f"asyncio_ops:rate:{limit.name}:tokens", ms)  # fmt: skip
         except Exception as exc:
-            error = self._unreachable(exc)
-            if error is exc:
-                raise
-            if limit.on_unavailable == "fail":
-                raise error from exc
+            self._outage(exc)
 
     async def _sleep(self, delay: float) -> None:
         clock = self.limit.clock

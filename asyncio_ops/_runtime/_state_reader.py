@@ -77,6 +77,11 @@ def all_chains(found: VersionFiles) -> dict[int, Chain]:
     )
 
 
+def _root(storage: CheckpointStorage) -> str:
+    """The operator's checkpoint root named for errors: location, uid and what is there."""
+    return f"{storage.location} (uid {storage.uid!r}, {storage.describe(storage.root)})"
+
+
 def named_version(storage: CheckpointStorage, version: Version) -> str:
     """A version named for errors: location, uid and version."""
     return f"checkpoint_location {storage.location} (uid {storage.uid!r}, version {version!r})"
@@ -86,7 +91,7 @@ def open_run(storage: CheckpointStorage, version: int | str | None) -> Version:
     """The version or batch run whose replay log ``replay_log=True`` reads: ``version``,
     else the newest run, else the newest version; CheckpointError naming the location
     and uid if there is none, or ``version`` is not there."""
-    where = f"{storage.location} (uid {storage.uid!r}, {storage.describe(storage.root)})"
+    where = _root(storage)
     runs, versions = storage.runs(), storage.versions()
     if version is None:
         if not runs and not versions:
@@ -105,7 +110,7 @@ def open_version(storage: CheckpointStorage, version: int | None) -> VersionFile
     """Version ``version``'s files, or the newest complete version's (None);
     CheckpointError naming the location and uid if there is none, it is not there,
     or it is incomplete."""
-    where = f"{storage.location} (uid {storage.uid!r}, {storage.describe(storage.root)})"
+    where = _root(storage)
     present = storage.versions()
     if not present:
         raise CheckpointError(f"no checkpoint version under {where}: nothing to read")

@@ -456,19 +456,20 @@ def write_version(
     if sections:
         name = f"kg-p{partition:05d}-{writer}.ckpt"
         groups = sorted(sections)
-        distinct: dict[int, int] = {}  # id(section) -> its place in the file
         for kg in groups:
             section = sections[kg]
             if section.tag not in (kg, SHARED):
                 raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
             if section.part == DELTA and kg not in new:
                 raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
-            distinct.setdefault(id(section), len(distinct))
-        written = list({id(sections[kg]): sections[kg] for kg in groups}.values())
-        extents = storage.write_sections(version, name, kind, written)
+        written = {id(sections[kg]): sections[kg] for kg in groups}  # a shared one once
+        extents = dict(
+            zip(written, storage.write_sections(version, name, kind, list(written.values())),
+                strict=True)
+        )  # fmt: skip
         for kg in groups:
             section = sections[kg]
-            offset, length, size = extents[distinct[id(section)]]
+            offset, length, size = extents[id(section)]
             link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
     named: dict[bytes, bytes] = {}
