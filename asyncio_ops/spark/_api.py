@@ -47,6 +47,7 @@ from .._runtime import (
     PartitionSpec,
     run_partition,
 )
+from . import _errors
 from ._checkpoint_location import (
     DESCRIBED,
     checkpoint_storage,
@@ -97,6 +98,7 @@ def _wait(
     themselves when they were built), then the runtime's spec built from them."""
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
+    _errors.install()
     if options.metrics is not None and not isinstance(options.metrics, AsyncMetrics):
         raise ConfigurationError(
             f"metrics must be an asyncio_ops.spark.AsyncMetrics, got {options.metrics!r}"

@@ -6,16 +6,23 @@ When a task fails on an executor, Spark's action (``collect``, ``count``,
 ``Py4JJavaError`` for RDD actions), whose text holds the worker's Python
 traceback and, last in it, the exception that failed the task
 (``asyncio_ops.AsyncOperatorError: async lookup failed for input {...}``).
-Those actions are Spark's: asyncio_ops cannot change what they raise without
-patching Spark, and does not. Instead:
+The library raises its own exception in place of that one:
 
-- :func:`library_errors`, a context manager (and decorator) around the
-  actions, raises the library's exception in place of Spark's when the task
-  failed with one: the same class under its public name
-  (``asyncio_ops.AsyncOperatorError``,
+- :func:`install` (called by ``ordered_wait``, ``unordered_wait``,
+  ``keyed_process``, ``read_state`` and ``session()`` on the driver) hooks the
+  translation into py4j's return-value handler, where PySpark converts the
+  JVM's exceptions into its own: wrapping PySpark's converter, never replacing
+  it. From then on every action of a classic (py4j) session raises, when the
+  task failed with an asyncio_ops exception, that exception: the same class
+  under its public name (``asyncio_ops.AsyncOperatorError``,
   ``asyncio_ops.connectors.LookupQueryError``, ...), with the worker's message,
   and Spark's exception, with its trace, as ``__cause__``. Anything else
   (a failure that is not asyncio_ops', a driver-side error) passes unchanged.
+  A later ``SparkSession`` re-installs PySpark's converter alone; the next call
+  of the library's API installs the translation again.
+- :func:`library_errors`, a context manager (and decorator) around actions,
+  does the same for what the hook cannot reach: a Spark Connect client (no
+  py4j), or an action run before any call of the library's API.
 - :func:`library_error` is the translation itself, for an ``except`` clause of
   one's own: the library's exception for Spark's, or None.
 
@@ -31,15 +38,17 @@ are printed as before.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from .._exceptions import AsyncOpsError
 
-__all__ = ["library_error", "library_errors"]
+__all__ = ["install", "library_error", "library_errors"]
 
 _TRACEBACK: Final = "Traceback (most recent call last):"
 _FINAL: Final = re.compile(r"^(asyncio_ops(?:\.[A-Za-z_]\w*)*)\.([A-Za-z_]\w*)(?:: (.*))?$")
@@ -115,3 +124,41 @@ def library_errors() -> Iterator[None]:
         if error is None:
             raise
         raise error from exc
+
+
+_HOOKED: Final = "__asyncio_ops_library_errors__"
+_translating = threading.local()
+
+
+def install() -> None:
+    """Hook :func:`library_error` into py4j's return-value handler (the one PySpark
+    wraps with its own converter), once: idempotent, a no-op without py4j. Runs on
+    the driver only; the hook calls the handler it found and translates only what
+    that raises."""
+    try:
+        import py4j.java_gateway as gateway  # type: ignore[import-untyped]
+    except ImportError:  # a Spark Connect client without py4j
+        return
+    handler: Callable[..., Any] = gateway.get_return_value
+    if getattr(handler, _HOOKED, False):
+        return
+
+    @functools.wraps(handler)
+    def get_return_value(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except Exception as exc:
+            # rendering a py4j error calls the JVM through this same handler
+            if getattr(_translating, "active", False):
+                raise
+            _translating.active = True
+            try:
+                error = library_error(exc)
+            finally:
+                _translating.active = False
+            if error is None:
+                raise
+            raise error from exc
+
+    setattr(get_return_value, _HOOKED, True)
+    gateway.get_return_value = get_return_value

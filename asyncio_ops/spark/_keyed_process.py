@@ -41,6 +41,7 @@ from .._runtime import (
     write_seed,
 )
 from ..state import KeyedProcessFunction
+from . import _errors
 from ._checkpoint_location import DESCRIBED, checkpoint_storage, plan_tag
 from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
 from ._keyed import partition_by_key_group
@@ -99,6 +100,7 @@ def keyed_process(
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
+    _errors.install()
     if not isinstance(fn, KeyedProcessFunction):
         raise ConfigurationError(
             f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"

@@ -98,6 +98,7 @@ from .._runtime import (
     state_rows,
 )
 from ..options import path_segment
+from . import _errors
 from ._read_async_state import parallelism, read_carried, read_replay_log, read_watermarks
 from ._state_check import recorded_types
 
@@ -150,6 +151,7 @@ def read_state(
     ``_read_async_state``."""
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
+    _errors.install()
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise ConfigurationError(
             f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"

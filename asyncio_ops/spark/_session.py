@@ -8,6 +8,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from . import _errors
+
 DEFAULT_MASTER = "local[*]"
 
 
@@ -48,7 +50,9 @@ def session(
     one spark-submit, an active session or the environment chose, else
     ``local[*]`` (:func:`resolve_master`). Shuffle partitions are few on a
     local master, as suits a laptop; everything else is Spark's default, the
-    UI included (progress, stages and task times at port 4040 and on).
+    UI included (progress, stages and task times at port 4040 and on). A job
+    failed by an asyncio_ops exception raises that exception, Spark's as its
+    cause (docs/spark.md, "When a job fails").
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -65,4 +69,6 @@ def session(
         builder = builder.config("spark.sql.shuffle.partitions", "4")
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    _errors.install()  # after the session's own converter (its __init__ installs one)
+    return spark

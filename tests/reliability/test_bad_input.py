@@ -12,7 +12,7 @@ from pyspark.errors import PythonException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from asyncio_ops import AsyncWaitOperator, ConfigurationError
+from asyncio_ops import AsyncOperatorError, AsyncWaitOperator, ConfigurationError
 from asyncio_ops.spark import ordered_wait, unordered_wait
 
 pytestmark = pytest.mark.spark
@@ -56,8 +56,9 @@ def test_rows_without_the_field_the_function_expects(spark: SparkSession) -> Non
     ).collect()
     assert [r.id for r in rows] == list(range(5))
     assert all(r._error.exception == "KeyError" and "email" in r._error.message for r in rows)
-    with pytest.raises(PythonException, match=r"KeyError.*email"):
+    with pytest.raises(AsyncOperatorError, match=r"KeyError: 'email'") as info:
         ordered_wait(df, needs_email, timeout=5, output_schema="seen string").collect()
+    assert isinstance(info.value.__cause__, PythonException)  # Spark's, with the trace
 
 
 @pytest.mark.parametrize(

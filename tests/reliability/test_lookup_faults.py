@@ -197,10 +197,13 @@ def test_without_retry_the_job_fails_with_the_original_error_and_row(
             return [{"v": row["id"]}]
 
     started = time.monotonic()
-    with pytest.raises(PythonException) as info:
+    with pytest.raises(AsyncOperatorError) as info:
         unordered_wait(
             spark.range(0, 100, numPartitions=1), Once(), timeout=5, output_schema="v long"
         ).collect()
-    text = str(info.value)
-    assert "TransientError" in text and "'id': 42" in text
+    assert str(info.value) == (
+        "async lookup failed for input {'id': 42} after 1 operator attempt(s): "
+        "TransientError: connection reset while looking up 42"
+    )
+    assert isinstance(info.value.__cause__, PythonException)
     assert time.monotonic() - started < 60

@@ -13,7 +13,13 @@ from pyspark.errors import PythonException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
+from asyncio_ops import (
+    AsyncFunction,
+    AsyncOperatorError,
+    AsyncRetryStrategy,
+    ConfigurationError,
+    OutputSchemaError,
+)
 from asyncio_ops.async_retry_predicates import exception_type_predicate
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
 
@@ -137,10 +143,11 @@ def test_result_with_an_undeclared_column_names_it_and_the_row(spark: SparkSessi
         return [{"name": "x", "surprise": 1}]
 
     out = ordered_wait(spark.range(3, numPartitions=1), f, timeout=5, output_schema="name string")
-    with pytest.raises(PythonException) as info:
+    with pytest.raises(OutputSchemaError) as info:
         out.collect()
     text = str(info.value)
-    assert "surprise" in text and "'id': 0" in text and "OutputSchemaError" in text
+    assert "surprise" in text and "'id': 0" in text
+    assert isinstance(info.value.__cause__, PythonException)
 
 
 def test_value_that_does_not_fit_names_column_value_and_row(spark: SparkSession) -> None:
@@ -148,7 +155,7 @@ def test_value_that_does_not_fit_names_column_value_and_row(spark: SparkSession)
         return [{"tier": "gold" if row["id"] == 7 else 1}]
 
     out = ordered_wait(spark.range(10), f, timeout=5, output_schema="tier int")
-    with pytest.raises(PythonException) as info:
+    with pytest.raises(OutputSchemaError) as info:
         out.collect()
     text = str(info.value)
     assert "'tier'" in text and "'gold'" in text and "'id': 7" in text
@@ -187,10 +194,10 @@ def test_failure_fails_the_job_with_the_input_named(spark: SparkSession) -> None
         return [{"name": "ok"}]
 
     out = ordered_wait(spark.range(10), f, timeout=5, output_schema="name string")
-    with pytest.raises(PythonException) as info:
+    with pytest.raises(AsyncOperatorError) as info:
         out.collect()
     text = str(info.value)
-    assert "'id': 5" in text and "lookup service down" in text
+    assert "'id': 5" in text and "ConnectionRefusedError: lookup service down" in text
 
 
 def test_retry_recovers_transient_errors(spark: SparkSession) -> None:
