@@ -2,7 +2,8 @@
 
 Run: ``python -m bench.object_storage`` (``--keys 10000 100000 --touch 100
 --batches 4 --partitions 2``, ``--show-requests`` to print the last
-micro-batch's requests; needs the dev extra, which brings moto's S3 server).
+micro-batch's requests, ``--latency-ms 30`` to put the S3 server a round
+trip of 30 ms away; needs the dev extra, which brings moto's S3 server).
 
 The job: ``keyed_process`` keeping a running count per key (a ValueState), one
 output row per event, into Spark's ``noop`` sink. A first micro-batch creates
@@ -18,18 +19,23 @@ partition of any small micro-batch), bytes written to
 the version the micro-batch wrote, and Spark's ``durationMs.triggerExecution``.
 
 A local S3 emulator answers in well under a millisecond; a real store takes
-20-50 ms per request, so the request count is the figure that carries over.
+20-50 ms per request, so the request count is the figure that carries over,
+and with ``--latency-ms`` a TCP proxy in front of the server holds each
+request that long before passing it on (the first bytes a client sends after
+an answer), which the seconds then include.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import random
 import re
 import socket
 import statistics
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +80,57 @@ class _Requests(logging.Handler):
             self.lines.append(line.split('"')[1])
 
 
-def _s3(requests: _Requests) -> tuple[Any, str]:
+class _Latency:
+    """A TCP proxy on 127.0.0.1 in front of ``port`` that holds each request ``seconds``:
+    the first chunk a client sends after the server last answered it waits, then passes
+    on. Runs its own event loop on a daemon thread."""
+
+    def __init__(self, port: int, seconds: float) -> None:
+        self.target, self.seconds = port, seconds
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.port = 0
+
+        async def serve() -> None:
+            server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            ready.set()
+            async with server:
+                await server.serve_forever()
+
+        threading.Thread(target=self.loop.run_until_complete, args=(serve(),),
+                         daemon=True).start()  # fmt: skip
+        if not ready.wait(30):
+            raise RuntimeError("the latency proxy did not start")
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        answered = [True]  # a new connection's first bytes are a request
+
+        async def requests() -> None:
+            while data := await reader.read(1 << 16):
+                if answered[0]:
+                    answered[0] = False
+                    await asyncio.sleep(self.seconds)
+                up_writer.write(data)
+                await up_writer.drain()
+            up_writer.close()
+
+        async def answers() -> None:
+            while data := await up_reader.read(1 << 16):
+                answered[0] = True
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        try:
+            await asyncio.gather(requests(), answers())
+        except (ConnectionError, OSError):
+            writer.close()
+            up_writer.close()
+
+
+def _s3(requests: _Requests, latency: float = 0.0) -> tuple[Any, str]:
     from moto.server import ThreadedMotoServer
 
     log = logging.getLogger("werkzeug")
@@ -86,6 +142,8 @@ def _s3(requests: _Requests) -> tuple[Any, str]:
         port = probe.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    if latency > 0:
+        port = _Latency(port, latency).port
     options = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
     fs, _ = pafs.FileSystem.from_uri(
         f"s3://bench:bench@aops-bench/x?{options}&allow_bucket_creation=true"
@@ -160,14 +218,18 @@ def main() -> None:
         "--show-requests", action="store_true",
         help="print the S3 requests of the last micro-batch (method and path)",
     )  # fmt: skip
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0,
+        help="hold each S3 request this long (a store a round trip away)",
+    )  # fmt: skip
     args = parser.parse_args()
     spark = session(master="local[2]", app_name="bench-object-storage")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     requests = _Requests()
-    server, s3_template = _s3(requests)
+    server, s3_template = _s3(requests, args.latency_ms / 1000)
     print(
         f"keyed_process running count, {args.partitions} partitions, small micro-batches of "
-        f"{args.touch} touched keys; median of {args.batches}"
+        f"{args.touch} touched keys; median of {args.batches}; S3 {args.latency_ms:g} ms away"
     )
     print(f"{'keys':>9} {'storage':>8} {'requests':>9} {'per part.':>9} {'max/part.':>9} "
           f"{'bytes':>11} {'seconds':>8}")  # fmt: skip

@@ -180,7 +180,10 @@ class PartitionCheckpoint:
         """The previous micro-batch's version (read once per partition)."""
         if self._previous_read is None:
             previous = self._previous()
-            found = None if previous is None else read_previous(self.storage, previous)
+            found = (
+                None if previous is None
+                else read_previous(self.storage, previous, guess=self.task.num_partitions or 1)
+            )  # fmt: skip
             self._previous_read = (found,)
         return self._previous_read[0]
 

@@ -225,7 +225,7 @@ def _previous(
     if task.batch_id <= 0:
         return None
     owners = (key_groups, spec.max_parallelism) if spec.event_time is None else None
-    found = read_previous(spec.checkpoint, task.batch_id - 1, owners)
+    found = read_previous(spec.checkpoint, task.batch_id - 1, owners, task.num_partitions or 1)
     if found is not None:
         found.check_operator(OPERATOR)
     return found

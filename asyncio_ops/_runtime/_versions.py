@@ -46,14 +46,22 @@ section, its full state instead, so a micro-batch writes what it touched plus
 reading one costs at most about twice its full section. Retention (partition
 0, after its write) keeps the newest ``retain_versions`` versions and every
 older version directory their chains name.
+
+Reads: a restore's reads are independent (the manifests of a version after
+partition 0's, the files of a chain), and on an object store each waits a
+round trip or two (20-50 ms). They run up to ``READ_CONCURRENCY`` at once,
+on threads (pyarrow's I/O releases the GIL); results keep their order and
+the first failure, in that order, is raised (the reads not yet started are
+cancelled).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,6 +71,9 @@ from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Kind, Section
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state._payloads import read, table
+
+READ_CONCURRENCY: Final = 8
+"""Reads of one restore in flight at once (module docstring, "Reads")."""
 
 _KIND: Final = b"aops.kind"
 _KEYED: Final = b"aops.keyed"
@@ -85,6 +96,21 @@ _OPS: Final = b"aops.ops"
 IN_FLIGHT: Final = b"aops.in_flight"
 _KEY_GROUP: Final = "key_group"
 _CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _concurrently(read: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[read(item) for item in items]``, up to ``READ_CONCURRENCY`` at once."""
+    if len(items) <= 1:
+        return [read(item) for item in items]
+    pool = ThreadPoolExecutor(min(len(items), READ_CONCURRENCY), thread_name_prefix="aops-read")
+    try:
+        return list(pool.map(read, items))
+    finally:  # on a failure the reads not started are dropped; those running finish
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _list(name: str, item: pa.DataType) -> pa.Field:
@@ -245,7 +271,7 @@ def read_chains(
     for chain in chains.values():
         for version, file, offset, length, _ in chain:
             wanted.setdefault((version, file), set()).add((offset, length))
-    found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
+    reads: list[tuple[int, str, list[tuple[int, int]]]] = []
     for (version, file), extents in wanted.items():
         runs: list[list[int]] = []
         for offset, length in sorted(extents):
@@ -253,8 +279,11 @@ def read_chains(
                 runs[-1][1] += length
             else:
                 runs.append([offset, length])
-        ranges = [(o, n) for o, n in runs]
-        for got in storage.read_sections(version, file, kind, ranges):
+        reads.append((version, file, [(o, n) for o, n in runs]))
+    sections = _concurrently(lambda r: storage.read_sections(r[0], r[1], kind, r[2]), reads)
+    found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
+    for (version, file, _), got_all in zip(reads, sections, strict=True):
+        for got in got_all:
             if got.tag == SHARED:
                 for one in split_shared(got, storage.path(version, file)):
                     found[(version, file, one.tag)] = one
@@ -331,6 +360,7 @@ def read_version(
     storage: CheckpointStorage,
     version: Version,
     key_groups: tuple[KeyGroupRange, int] | None = None,
+    guess: int | None = None,
 ) -> VersionFiles | None:
     """The manifests of ``version`` (None if it holds none); CheckpointError naming the
     missing ones if some partitions did not finish writing it.
@@ -343,10 +373,18 @@ def read_version(
     ``(range, max_parallelism)``: read only the manifests of the partitions that owned
     key groups of ``range`` besides (one more at the same number of partitions, a few
     after a rescale), not every partition's: a reader's requests then do not grow with
-    the number of partitions.
+    the number of partitions. ``guess``: how many partitions the reader expects wrote
+    the version (its own number): the manifests it would then need are read together
+    with partition 0's, and used only if partition 0's says the guess was right (else
+    dropped, and the right ones read).
     """
+    guessed = _needed(guess, key_groups)[1:] if guess is not None and guess > 1 else []
+    early = _concurrently(
+        lambda i: storage.read_if_present(version, f"subtask-{i:05d}.ckpt", Kind.MANIFEST),
+        [0, *guessed],
+    )
     expected = ["subtask-00000.ckpt"]
-    first = storage.read_if_present(version, expected[0], Kind.MANIFEST)
+    first = early[0]
     if first is None:
         names = storage.list_files(version, "subtask-")
         if not names:
@@ -358,24 +396,22 @@ def read_version(
     first_path = storage.path(version, expected[0])
     old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
     expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
-    partitions = list(range(old_parallelism))
-    if key_groups is not None:
-        wanted, max_parallelism = key_groups
-        if old_parallelism > max_parallelism:
-            raise CheckpointError(
-                f"checkpoint file {first_path}: written by {old_parallelism} partitions, more "
-                f"than max_parallelism={max_parallelism}: was the version written with "
-                "another max_parallelism?"
-            )
-        partitions = [0] + [
-            i for i in range(1, old_parallelism)
-            if compute_key_group_range_for_operator_index(
-                max_parallelism, old_parallelism, i
-            ).intersection(wanted)
-        ]  # fmt: skip
+    if key_groups is not None and old_parallelism > key_groups[1]:
+        raise CheckpointError(
+            f"checkpoint file {first_path}: written by {old_parallelism} partitions, more "
+            f"than max_parallelism={key_groups[1]}: was the version written with "
+            "another max_parallelism?"
+        )
+    partitions = _needed(old_parallelism, key_groups)
     manifests = [first]
-    for i in partitions[1:]:
-        manifest = storage.read_if_present(version, expected[i], Kind.MANIFEST)
+    if old_parallelism == guess:
+        others = early[1:]
+    else:
+        others = _concurrently(
+            lambda i: storage.read_if_present(version, expected[i], Kind.MANIFEST),
+            partitions[1:],
+        )
+    for i, manifest in zip(partitions[1:], others, strict=True):
         if manifest is None:
             raise CheckpointError(
                 f"checkpoint version {version} of {storage.describe(storage.root)} "
@@ -386,11 +422,27 @@ def read_version(
     return VersionFiles(storage, version, manifests, paths, partitions, old_parallelism)
 
 
+def _needed(partitions: int, key_groups: tuple[KeyGroupRange, int] | None) -> list[int]:
+    """The partitions of a version written by ``partitions`` whose manifests a reader of
+    ``key_groups`` needs: 0 and the owners of any of them (all, for None)."""
+    if key_groups is None:
+        return list(range(partitions))
+    wanted, max_parallelism = key_groups
+    return [0] + [
+        i for i in range(1, partitions)
+        if compute_key_group_range_for_operator_index(max_parallelism, partitions, i)
+        .intersection(wanted)
+    ]  # fmt: skip
+
+
 def read_previous(
-    storage: CheckpointStorage, version: int, key_groups: tuple[KeyGroupRange, int] | None = None
+    storage: CheckpointStorage,
+    version: int,
+    key_groups: tuple[KeyGroupRange, int] | None = None,
+    guess: int | None = None,
 ) -> VersionFiles | None:
     """The version a streaming micro-batch ``version + 1`` restores: ``version``'s files
-    (the manifests ``read_version`` reads for ``key_groups``).
+    (the manifests ``read_version`` reads for ``key_groups``, ``guess`` as there).
 
     None only when the operator has no version yet (its first micro-batch, or an
     operator new to a running query). A ``version`` that holds files but no manifest
@@ -399,7 +451,7 @@ def read_previous(
     cannot see it) is a CheckpointError naming it: restoring an earlier one, or
     nothing, would drop the changes of the micro-batches after it without a word.
     """
-    found = read_version(storage, version, key_groups)
+    found = read_version(storage, version, key_groups, guess)
     if found is not None:
         return found
     held = storage.list_files(version)

@@ -8,6 +8,7 @@ cold, every output row must be what a plain-Python model says.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from asyncio_ops._keygroups import (
 )
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
+from asyncio_ops._runtime._versions import _concurrently
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -241,6 +243,68 @@ def test_a_missing_delta_is_an_error_naming_it(
         workers.close()
 
 
+def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 1 of 2, on a worker that never held it, restoring chains that span three
+    versions' files: it reads partition 0's manifest and its own together, then the
+    chains' files together (each read here waits until another is in flight, which a
+    reader going one file at a time never lets happen); its state is the model's."""
+    spec = spec_for(tmp_path, "heap", interval=8)
+    workers = Workers(monkeypatch)
+    model = Model()
+    mine = compute_key_group_range_for_operator_index(MAXP, 2, 1)
+    keys = [k for k in range(60) if assign_to_key_group(k, MAXP) in mine]
+    try:
+        for batch_id, events in enumerate(
+            [[(k, 1) for k in range(60)], [(keys[0], 2)], [(keys[1], 0)]]
+        ):
+            for p in range(2):
+                run_partition(spec, batch_id, p, 2, events)
+            for k, v in events:
+                model.apply(k, v)
+        workers.use(2)
+        in_flight, lock = [0], threading.Lock()
+        overlapped = {"subtask": threading.Event(), "kg": threading.Event()}
+        read_sections = CheckpointStorage.read_sections
+        files: list[str] = []
+
+        def overlapping(self: CheckpointStorage, version: Any, name: str, *a: Any) -> Any:
+            kind = name.split("-")[0]
+            with lock:
+                files.append(name)
+                in_flight[0] += 1
+                if in_flight[0] >= 2:
+                    overlapped[kind].set()
+            try:
+                if not overlapped[kind].wait(60):
+                    raise AssertionError(f"the {kind} files were read one at a time: {files}")
+                return read_sections(self, version, name, *a)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+
+        monkeypatch.setattr(CheckpointStorage, "read_sections", overlapping)
+        events = [(k, 1) for k in keys[:3]]
+        rows = run_partition(spec, 3, 1, 2, events)
+        assert sorted(f.split("-")[0] for f in files) == ["kg"] * 3 + ["subtask"] * 2
+        assert rows == [model.apply(k, v) for k, v in events]
+    finally:
+        workers.close()
+
+
+def test_concurrent_reads_keep_their_order_and_raise_the_first_failure() -> None:
+    def read(i: int) -> int:
+        if i in (3, 5):
+            raise ValueError(f"file {i}")
+        return i * i
+
+    assert _concurrently(read, list(range(3))) == [0, 1, 4]
+    assert _concurrently(read, []) == [] and _concurrently(read, [2]) == [4]
+    with pytest.raises(ValueError, match="file 3"):
+        _concurrently(read, list(range(20)))
+
+
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 def test_a_worker_catches_up_from_an_older_version_with_the_deltas_since(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
@@ -307,10 +371,11 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
     s3_server: Any,
 ) -> None:
     """State on S3, 4 partitions: a partition restoring a version reads partition 0's
-    manifest (how many partitions wrote it) and its own, not the other two; after a
-    rescale to 2, partition 1 reads those of old partitions 2 and 3 besides partition
-    0's. Requests per partition do not grow with the number of partitions (counted from
-    the server's own log)."""
+    manifest (how many partitions wrote it) and its own, at once, not the other two;
+    after a rescale to 2, partition 1 reads those of old partitions 2 and 3 besides
+    partition 0's (and old partition 1's, read with partition 0's on the guess that the
+    number of partitions had not changed, then dropped). Requests per partition do not
+    grow with the number of partitions (counted from the server's own log)."""
     import uuid
 
     location = s3_server(f"owners-{uuid.uuid4().hex[:8]}")
@@ -345,7 +410,7 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
                                       + (["LIST"] if p == 0 else [])), made  # fmt: skip
     assert manifests_read(2, 0, 2) == {"subtask-00000.ckpt", "subtask-00001.ckpt"}
     assert manifests_read(2, 1, 2) == {
-        "subtask-00000.ckpt", "subtask-00002.ckpt", "subtask-00003.ckpt"
+        "subtask-00000.ckpt", "subtask-00001.ckpt", "subtask-00002.ckpt", "subtask-00003.ckpt"
     }  # fmt: skip
     # the state went along: every key counted three times, once per micro-batch
     rows = run_partition(spec, 3, 0, 1, events)
