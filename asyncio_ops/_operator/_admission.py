@@ -191,6 +191,16 @@ class _Admission(_OperatorCore):
             raise
 
     async def _work_loop(self) -> None:
+        """The worker's loop, in two steps per element: take the next (a retry or a
+        restored element due, else input while there is room, its first attempt
+        stepped once), then run its attempts until it completes, fails or waits for
+        a retry; with nothing to take, wait idle.
+
+        One function on purpose, both measured: the attempts as a coroutine of their
+        own cost one coroutine per element that suspends (5 to 7% fewer elements per
+        second with lookups that yield once), the first step as a method of its own
+        a call per element (7 to 10% fewer with lookups that complete at once).
+        """
         task = asyncio.current_task()
         assert task is not None
         loop = task.get_loop()
