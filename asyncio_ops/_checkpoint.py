@@ -117,6 +117,8 @@ class CheckpointStorage:
         self.root = f"{root.rstrip('/')}/{uid}"
         # objects appear whole once uploaded: no temporary name, no directories
         self._object_store = fs.type_name in _OBJECT_STORES
+        # every request waits on a network: independent reads are worth making at once
+        self.remote = fs.type_name != "local"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "uid": self.uid}

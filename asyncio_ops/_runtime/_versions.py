@@ -49,10 +49,11 @@ older version directory their chains name.
 
 Reads: a restore's reads are independent (the manifests of a version after
 partition 0's, the files of a chain), and on an object store each waits a
-round trip or two (20-50 ms). They run up to ``READ_CONCURRENCY`` at once,
-on threads (pyarrow's I/O releases the GIL); results keep their order and
-the first failure, in that order, is raised (the reads not yet started are
-cancelled).
+round trip or two (20-50 ms). On a remote filesystem (anything but local
+disk) they run up to ``READ_CONCURRENCY`` at once, on threads (pyarrow's I/O
+releases the GIL); on local disk one after the other (threads would cost
+more than they save). Results keep their order and the first failure, in
+that order, is raised (the reads not yet started are cancelled).
 """
 
 from __future__ import annotations
@@ -102,9 +103,12 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def _concurrently(read: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """``[read(item) for item in items]``, up to ``READ_CONCURRENCY`` at once."""
-    if len(items) <= 1:
+def _concurrently(
+    storage: CheckpointStorage, read: Callable[[_T], _R], items: Sequence[_T]
+) -> list[_R]:
+    """``[read(item) for item in items]``, up to ``READ_CONCURRENCY`` at once when
+    ``storage`` is remote (module docstring, "Reads")."""
+    if len(items) <= 1 or not storage.remote:
         return [read(item) for item in items]
     pool = ThreadPoolExecutor(min(len(items), READ_CONCURRENCY), thread_name_prefix="aops-read")
     try:
@@ -280,7 +284,9 @@ def read_chains(
             else:
                 runs.append([offset, length])
         reads.append((version, file, [(o, n) for o, n in runs]))
-    sections = _concurrently(lambda r: storage.read_sections(r[0], r[1], kind, r[2]), reads)
+    sections = _concurrently(
+        storage, lambda r: storage.read_sections(r[0], r[1], kind, r[2]), reads
+    )
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
     for (version, file, _), got_all in zip(reads, sections, strict=True):
         for got in got_all:
@@ -380,6 +386,7 @@ def read_version(
     """
     guessed = _needed(guess, key_groups)[1:] if guess is not None and guess > 1 else []
     early = _concurrently(
+        storage,
         lambda i: storage.read_if_present(version, f"subtask-{i:05d}.ckpt", Kind.MANIFEST),
         [0, *guessed],
     )
@@ -408,6 +415,7 @@ def read_version(
         others = early[1:]
     else:
         others = _concurrently(
+            storage,
             lambda i: storage.read_if_present(version, expected[i], Kind.MANIFEST),
             partitions[1:],
         )

@@ -244,13 +244,20 @@ def test_a_missing_delta_is_an_error_naming_it(
 
 
 def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Partition 1 of 2, on a worker that never held it, restoring chains that span three
-    versions' files: it reads partition 0's manifest and its own together, then the
-    chains' files together (each read here waits until another is in flight, which a
-    reader going one file at a time never lets happen); its state is the model's."""
-    spec = spec_for(tmp_path, "heap", interval=8)
+    """State on S3. Partition 1 of 2, on a worker that never held it, restoring chains
+    that span three versions' files: it reads partition 0's manifest and its own
+    together, then the chains' files together (each read here waits until another is in
+    flight, which a reader going one file at a time never lets happen); its state is the
+    model's."""
+    import uuid
+
+    spec = KeyedProcessSpec(
+        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+        checkpoint=CheckpointStorage(s3_server(f"at-once-{uuid.uuid4().hex[:8]}"), "agg"),
+        state_backend="heap", retain_versions=3, full_snapshot_interval=8,
+    )  # fmt: skip
     workers = Workers(monkeypatch)
     model = Model()
     mine = compute_key_group_range_for_operator_index(MAXP, 2, 1)
@@ -293,16 +300,25 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
         workers.close()
 
 
-def test_concurrent_reads_keep_their_order_and_raise_the_first_failure() -> None:
+@pytest.mark.parametrize("remote", [True, False])
+def test_concurrent_reads_keep_their_order_and_raise_the_first_failure(
+    tmp_path: Path, remote: bool
+) -> None:
+    storage = CheckpointStorage(str(tmp_path), "agg")
+    storage.remote = remote  # on local disk the reads run one after the other
+    threads: set[str] = set()
+
     def read(i: int) -> int:
+        threads.add(threading.current_thread().name)
         if i in (3, 5):
             raise ValueError(f"file {i}")
         return i * i
 
-    assert _concurrently(read, list(range(3))) == [0, 1, 4]
-    assert _concurrently(read, []) == [] and _concurrently(read, [2]) == [4]
+    assert _concurrently(storage, read, list(range(3))) == [0, 1, 4]
+    assert _concurrently(storage, read, []) == [] and _concurrently(storage, read, [2]) == [4]
     with pytest.raises(ValueError, match="file 3"):
-        _concurrently(read, list(range(20)))
+        _concurrently(storage, read, list(range(20)))
+    assert any(t.startswith("aops-read") for t in threads) is remote
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
