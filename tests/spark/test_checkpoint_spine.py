@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from asyncio_ops import AsyncFunction, ConfigurationError
+from asyncio_ops import AsyncFunction, CheckpointError, ConfigurationError
 from asyncio_ops._container import MAGIC
 from asyncio_ops.spark import ordered_wait, unordered_wait
 from tests.cross_process import log_request, requests
@@ -265,7 +265,8 @@ def test_a_crafted_checkpoint_file_fails_the_batch_and_never_runs(
         .option("path", str(sink)).option("checkpointLocation", str(work / "spark"))
         .trigger(availableNow=True).start()
     )  # fmt: skip
-    with pytest.raises(Exception, match=r"subtask-00000\.ckpt"):
+    # the streaming query's failure, raised as the library's exception (Spark's its cause)
+    with pytest.raises(CheckpointError, match=r"subtask-00000\.ckpt"):
         query.awaitTermination(120)
     assert not marker.exists()
 
