@@ -7,8 +7,9 @@ porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessOperator``), and ``read_state`` reads its checkpoint's state as
 a DataFrame; ``session()`` builds a SparkSession whose Python
 workers run this interpreter; ``AsyncMetrics`` collects operator metrics across
-tasks; ``library_errors()`` raises a job's failure as the library's exception
-instead of Spark's (the function's preflight runs before any job).
+tasks. A job failed by an asyncio_ops exception raises that exception, Spark's
+as its cause (``library_errors()`` where that cannot reach: a Spark Connect
+client); the function's preflight runs before any job.
 """
 
 from __future__ import annotations
