@@ -45,6 +45,7 @@ process umask.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -56,6 +57,7 @@ import pyarrow.fs as pafs
 
 from ._container import Kind, Section, decode, encode
 from ._exceptions import CheckpointError, CorruptCheckpointError
+from ._local_copies import LocalCopies, directory
 
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
 _RUN_DIR: Final = "run-"
@@ -65,6 +67,8 @@ _RUN_SEQUENCE = re.compile(r"^(\d{13})-[es](\d{10})-")
 _OBJECT_STORES: Final = frozenset({"s3", "gcs"})  # pyarrow FileSystem.type_name
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
+
+log = logging.getLogger("asyncio_ops.runtime")
 
 Version = int | str
 """A streaming version (the micro-batch id, or a pinned int) or a batch job's run id."""
@@ -119,6 +123,9 @@ class CheckpointStorage:
         self._object_store = fs.type_name in _OBJECT_STORES
         # every request waits on a network: independent reads are worth making at once
         self.remote = fs.type_name != "local"
+        # the key-group files this machine wrote, kept on its disk (asyncio_ops._local_copies)
+        base = directory() if self.remote else None
+        self.local = LocalCopies(base, f"{shown_location(location)}|{uid}") if base else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "uid": self.uid}
@@ -164,11 +171,17 @@ class CheckpointStorage:
         self.write_sections(version, name, kind, [Section(0, table)])
 
     def write_sections(
-        self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
+        self,
+        version: Version,
+        name: str,
+        kind: Kind,
+        sections: Sequence[Section],
+        local: bool = False,
     ) -> list[tuple[int, int, int]]:
         """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
         ``kind``; returns each section's ``(offset, length)`` in the file (of its frame)
-        and its own size (``asyncio_ops._container.encode``).
+        and its own size (``asyncio_ops._container.encode``). ``local``: keep a local
+        copy too (an attempt-unique name; ``asyncio_ops._local_copies``).
 
         On an object store (S3, GCS) the object is uploaded under its final name: it
         appears whole when its upload completes or not at all, and the store has no
@@ -181,15 +194,26 @@ class CheckpointStorage:
             if self._object_store:
                 with self.fs.open_output_stream(final) as out:
                     out.write(data)
-                return extents
-            tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-            self.fs.create_dir(self.version_dir(version), recursive=True)
-            with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
-            self.fs.move(tmp, final)
+            else:
+                tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+                self.fs.create_dir(self.version_dir(version), recursive=True)
+                with self.fs.open_output_stream(tmp) as out:
+                    out.write(data)
+                self.fs.move(tmp, final)
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(f"cannot write checkpoint file {final}: {exc}") from exc
+        if local and self.local is not None:
+            self.local.put(self._relative(version, name), data)
         return extents
+
+    def _relative(self, version: Version, name: str) -> str:
+        return f"{self.version_dir(version).rsplit('/', 1)[1]}/{name}"
+
+    def keep_local_copies(self, prefix: str, named: Iterable[tuple[Version, str]]) -> None:
+        """Delete the local copies of files starting with ``prefix`` other than the
+        ``(version, name)`` in ``named`` (a partition's, after its manifest)."""
+        if self.local is not None:
+            self.local.keep_only(prefix, {self._relative(v, n) for v, n in named})
 
     # -- reading ---------------------------------------------------------------------
     def exists(self, version: Version, name: str) -> bool:
@@ -221,13 +245,19 @@ class CheckpointStorage:
         name: str,
         kind: Kind,
         ranges: Sequence[tuple[int, int]] | None = None,
+        local: bool = False,
     ) -> list[Section]:
         """The sections of ``<version dir>/<name>`` (a container of ``kind``), verified:
         all of them, or those in the byte ``ranges`` (``(offset, length)``, each covering
-        whole sections: one ranged read each)."""
+        whole sections: one ranged read each). ``local``: from its local copy if there
+        is one that verifies (an attempt-unique name; ``asyncio_ops._local_copies``)."""
         path = self.path(version, name)
         where = f"checkpoint file {path}"
         identity = self.identity(version, name)
+        if local and self.local is not None:
+            copied = self._read_local_copy(version, name, kind, ranges, where, identity)
+            if copied is not None:
+                return copied
         try:
             if ranges is None:
                 with self.fs.open_input_stream(path) as f:
@@ -247,6 +277,35 @@ class CheckpointStorage:
             raise CheckpointError(f"checkpoint file {path} is missing") from exc
         except (OSError, pa.ArrowException) as exc:
             raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from exc
+
+    def _read_local_copy(
+        self,
+        version: Version,
+        name: str,
+        kind: Kind,
+        ranges: Sequence[tuple[int, int]] | None,
+        where: str,
+        identity: str,
+    ) -> list[Section] | None:
+        """:meth:`read_sections` from the local copy; None if there is none, or if it
+        fails verification (then it is deleted)."""
+        assert self.local is not None
+        relative = self._relative(version, name)
+        got = self.local.read(relative, ranges)
+        if got is None:
+            return None
+        try:
+            if ranges is None:
+                return decode(got[0], kind, where, identity, CorruptCheckpointError)
+            out: list[Section] = []
+            for data in got:
+                out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+            return out
+        except CorruptCheckpointError as exc:
+            log.warning("asyncio_ops: the local copy of %s failed verification (%s); reading "
+                        "the checkpoint's", where, exc)
+            self.local.drop(relative)
+            return None
 
     def identity(self, version: Version, name: str) -> str:
         """What a signed file is signed as: ``<uid>/<version or run dir>/<name>``, so that

@@ -10,9 +10,14 @@ output row per event, into Spark's ``noop`` sink. A first micro-batch creates
 ``--keys`` keys; then ``--batches`` small micro-batches each touch ``--touch``
 random keys (one Parquet file and one ``availableNow`` run per micro-batch, so
 that each count holds exactly one micro-batch). The state lives under
-``checkpoint_location``, once on local disk and once on an S3-compatible server
-started here on 127.0.0.1 (moto's ThreadedMotoServer), at ``--partitions``
-partitions. Printed per small
+``checkpoint_location``, once on local disk and twice on an S3-compatible
+server started here on 127.0.0.1 (moto's ThreadedMotoServer), at
+``--partitions`` partitions: ``s3``, with the local copies of the key-group
+files a worker writes (the default: a partition restored on the machine that
+wrote its versions reads its chains from them), and ``s3 elsewhere``, with
+local copies off (``ASYNCIO_OPS_LOCAL_COPIES=0``: every partition as if on
+another machine). Every micro-batch is a new query, so each partition starts
+cold (not kept warm by its Python worker). Printed per small
 micro-batch (median over the small batches): S3 requests, counted from the
 server's own log (all partitions together, per partition, and the most per
 partition of any small micro-batch), bytes written to
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
 import re
 import socket
@@ -45,6 +51,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._local_copies import LOCAL_COPIES_ENV
 from asyncio_ops.spark import keyed_process, session
 from asyncio_ops.state import (
     Collector,
@@ -164,7 +171,7 @@ def _inputs(keys: int, touch: int, batches: int) -> list[pa.Table]:
 
 def _run(
     spark: SparkSession, inputs: list[pa.Table], location: str, work: Path, partitions: int,
-    requests: _Requests, show: bool = False,
+    requests: _Requests, show: bool = False, local_copies: bool = True,
 ) -> list[tuple[int, int, float]]:  # fmt: skip
     """(S3 requests, bytes written, seconds) of each small micro-batch.
 
@@ -176,6 +183,10 @@ def _run(
     source.mkdir(parents=True)
     storage = CheckpointStorage(location, "counts")
     seen: list[tuple[int, int, float]] = []
+    # the workers' environment (Spark starts workers for it apart from the others)
+    spark.sparkContext.environment[LOCAL_COPIES_ENV] = (
+        os.environ.get(LOCAL_COPIES_ENV, "") if local_copies else "0"
+    )
     for batch, table in enumerate(inputs):
         pq.write_table(table, source / f"{batch:04d}.parquet")
         stream = spark.readStream.schema("key long").parquet(str(source))
@@ -231,7 +242,7 @@ def main() -> None:
         f"keyed_process running count, {args.partitions} partitions, small micro-batches of "
         f"{args.touch} touched keys; median of {args.batches}; S3 {args.latency_ms:g} ms away"
     )
-    print(f"{'keys':>9} {'storage':>8} {'requests':>9} {'per part.':>9} {'max/part.':>9} "
+    print(f"{'keys':>9} {'storage':>12} {'requests':>9} {'per part.':>9} {'max/part.':>9} "
           f"{'bytes':>11} {'seconds':>8}")  # fmt: skip
     try:
         for keys in args.keys:
@@ -240,15 +251,18 @@ def main() -> None:
                 for name, location in (
                     ("local", str(Path(tmp) / "state")),
                     ("s3", s3_template.format(path=f"k{keys}")),
+                    ("s3 elsewhere", s3_template.format(path=f"k{keys}-elsewhere")),
                 ):
-                    small = _run(spark, inputs, location, Path(tmp) / name,
-                                 args.partitions, requests, args.show_requests)  # fmt: skip
-                    reqs = statistics.median(r for r, _, _ in small) if name == "s3" else 0
-                    most = max(r for r, _, _ in small) if name == "s3" else 0
+                    small = _run(spark, inputs, location, Path(tmp) / name.replace(" ", "-"),
+                                 args.partitions, requests, args.show_requests,
+                                 local_copies=name != "s3 elsewhere")  # fmt: skip
+                    remote = name.startswith("s3")
+                    reqs = statistics.median(r for r, _, _ in small) if remote else 0
+                    most = max(r for r, _, _ in small) if remote else 0
                     size = statistics.median(b for _, b, _ in small)
                     secs = statistics.median(t for _, _, t in small) / 1000
                     per, top = reqs / args.partitions, most / args.partitions
-                    print(f"{keys:>9,} {name:>8} {reqs:>9.0f} {per:>9.1f} {top:>9.1f} "
+                    print(f"{keys:>9,} {name:>12} {reqs:>9.0f} {per:>9.1f} {top:>9.1f} "
                           f"{size:>11,.0f} {secs:>8.2f}")  # fmt: skip
     finally:
         server.stop()

@@ -4,8 +4,12 @@ S3-compatible server for the tests of object storage."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -13,6 +17,13 @@ import pytest
 import uvloop
 
 T = TypeVar("T")
+
+# Local copies of checkpoint files (asyncio_ops._local_copies) go to this session's own
+# directory, removed at exit, not the machine's temporary directory. Set before any
+# SparkSession starts, so Spark's Python workers inherit it.
+_LOCAL_COPIES = tempfile.mkdtemp(prefix="aops-test-local-copies-")
+os.environ.setdefault("ASYNCIO_OPS_LOCAL_COPIES", _LOCAL_COPIES)
+atexit.register(shutil.rmtree, _LOCAL_COPIES, True)
 
 Runner = Callable[[Coroutine[Any, Any, T]], T]
 

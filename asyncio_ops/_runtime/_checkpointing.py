@@ -289,7 +289,7 @@ class PartitionCheckpoint:
             kind=Kind.IN_FLIGHT,
         )  # fmt: skip
         if self.partition == 0 and isinstance(self.version, int):
-            prune_versions(self.storage, self.version, self.spec.retain_versions)
+            prune_versions(self.storage, self.version, self.spec.retain_versions, chained=False)
 
     def _prune_runs(self) -> None:
         if self.partition != 0 or not isinstance(self.version, str):

@@ -80,11 +80,13 @@ from ._seed import seed_chains
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
 from ._versions import (
+    KEPT_FROM,
     Chain,
     VersionFiles,
     apply_chains,
-    prune_versions,
+    delete_before,
     read_previous,
+    retained_from,
     write_version,
     writer_of,
 )
@@ -176,7 +178,7 @@ def run_keyed_process(
                 watermarks.max_seen if watermarks is not None else -math.inf,
                 watermarks.current if watermarks is not None else restored.current,
             )
-            writer, chains = _snapshot(spec, task, op, state, chains)
+            writer, chains = _snapshot(spec, task, op, state, chains, previous)
             _warn_unclaimed(spec, task, backend)
             assert warm_key is not None and task.batch_id is not None
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
@@ -346,9 +348,12 @@ def _snapshot(
     op: KeyedProcessOperator,
     watermarks: WatermarkState,
     chains: dict[int, Chain],
+    previous: VersionFiles | None,
 ) -> tuple[str, dict[int, Chain]]:
     """Write version ``N``: deltas, and the full state of the key groups whose turn it is
-    (or that have no chain); returns the attempt's token and the chains written."""
+    (or that have no chain); returns the attempt's token and the chains written.
+    Partition 0 then deletes what retention no longer keeps (``previous``: the version
+    restored, whose partition 0 manifest says what was deleted before)."""
     assert spec.checkpoint is not None and task.batch_id is not None
     version = task.batch_id
     interval = spec.full_snapshot_interval
@@ -366,10 +371,24 @@ def _snapshot(
     if spec.key_schema:
         meta[KEY_SCHEMA] = spec.key_schema.encode()
     meta[STATE_TYPES] = types_json(op.backend.state_types()).encode()
+    if task.partition_id == 0:  # retention: what to keep, said in the manifest
+        keep_from = retained_from(spec.checkpoint, version, spec.retain_versions)
+        meta[KEPT_FROM] = str(keep_from).encode()
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes, None,
         meta, operator=OPERATOR, chains=kept, writer=writer,
     )  # fmt: skip
     if task.partition_id == 0:
-        prune_versions(spec.checkpoint, version, spec.retain_versions)
+        delete_before(spec.checkpoint, keep_from, _kept_from(previous))
     return writer, written
+
+
+def _kept_from(previous: VersionFiles | None) -> int | None:
+    """The version before which partition 0's manifest of the version restored says every
+    version was deleted (None if it does not say: listed instead)."""
+    manifest = previous.manifest_of(0) if previous is not None else None
+    raw = (manifest.schema.metadata or {}).get(KEPT_FROM) if manifest is not None else None
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None

@@ -58,6 +58,7 @@ that order, is raised (the reads not yet started are cancelled).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,8 @@ OUTPUT_SCHEMA: Final = b"aops.output_schema"
 _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
 _WRITER: Final = b"aops.writer"
+# keyed_process, partition 0's manifest: every version before it was deleted (retention)
+KEPT_FROM: Final = b"aops.kept_from"
 # the partition's operator state file, attempt-unique as its key-group file (earlier
 # manifests lack it: ops-<i>.ckpt)
 _OPS: Final = b"aops.ops"
@@ -284,8 +287,9 @@ def read_chains(
             else:
                 runs.append([offset, length])
         reads.append((version, file, [(o, n) for o, n in runs]))
+    local = kind == Kind.KEY_GROUPS  # keyed_process's chains: a local copy may hold them
     sections = _concurrently(
-        storage, lambda r: storage.read_sections(r[0], r[1], kind, r[2]), reads
+        storage, lambda r: storage.read_sections(r[0], r[1], kind, r[2], local), reads
     )
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
     for (version, file, _), got_all in zip(reads, sections, strict=True):
@@ -513,18 +517,24 @@ def write_version(
     """
     writer = writer or uuid.uuid4().hex[:12]
     new: dict[int, Chain] = dict(chains or {})
-    if sections:
-        name = f"kg-p{partition:05d}-{writer}.ckpt"
-        groups = sorted(sections)
-        for kg in groups:
-            section = sections[kg]
-            if section.tag not in (kg, SHARED):
-                raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
-            if section.part == DELTA and kg not in new:
-                raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
+    groups = sorted(sections)
+    for kg in groups:
+        section = sections[kg]
+        if section.tag not in (kg, SHARED):
+            raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
+        if section.part == DELTA and kg not in new:
+            raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
+    # keyed_process writes its key-group file even when nothing changed: its name carries
+    # the oldest version the manifest's chains name, which retention lists (prune_versions)
+    if sections or kind == Kind.KEY_GROUPS:
+        starts = [version if sections[kg].part == FULL else new[kg][0][0] for kg in groups]
+        starts += [chain[0][0] for kg, chain in new.items() if kg not in sections]
+        floor = min(starts, default=version)
+        name = f"kg-p{partition:05d}-{writer}-from{floor:010d}.ckpt"
         written = {id(sections[kg]): sections[kg] for kg in groups}  # a shared one once
         extents = dict(
-            zip(written, storage.write_sections(version, name, kind, list(written.values())),
+            zip(written, storage.write_sections(version, name, kind, list(written.values()),
+                                                local=kind == Kind.KEY_GROUPS and bool(groups)),
                 strict=True)
         )  # fmt: skip
         for kg in groups:
@@ -560,6 +570,9 @@ def write_version(
         }
     )
     storage.write(version, f"subtask-{partition:05d}.ckpt", Kind.MANIFEST, manifest)
+    if kind == Kind.KEY_GROUPS:  # this partition's local copies: what its chains name
+        in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
+        storage.keep_local_copies(f"kg-p{partition:05d}-", in_chains)
     return new
 
 
@@ -569,16 +582,62 @@ def writer_of(manifest: pa.Table) -> str:
     return raw.decode(errors="replace")
 
 
-def prune_versions(storage: CheckpointStorage, version: int, retain: int) -> None:
+def prune_versions(
+    storage: CheckpointStorage, version: int, retain: int, chained: bool = True
+) -> None:
     """Delete the versions older than the newest ``retain`` that no retained version's
-    chains name (partition 0 does it, after writing ``version``)."""
+    chains name (partition 0 does it, after writing ``version``). ``chained``: the
+    operator's chains may name earlier versions (``keyed_process``); the async
+    operator's never do (each version holds its elements whole)."""
+    keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
+    delete_before(storage, keep_from)
+
+
+def retained_from(storage: CheckpointStorage, version: int, retain: int) -> int:
+    """The oldest version to keep once ``version`` is written: of the newest ``retain``,
+    the oldest, or the oldest its chains name (0 while there are no more)."""
     oldest = version - retain + 1
-    keep_from = oldest
-    found = read_version(storage, oldest) if oldest >= 0 else None
-    if found is not None:
-        for manifest in found.manifests:
-            if "versions" in manifest.column_names:
-                for vs in manifest.column("versions").to_pylist():
-                    if vs:
-                        keep_from = min(keep_from, min(vs))
-    storage.delete_versions([v for v in storage.versions() if v < keep_from])
+    return _oldest_named(storage, oldest) if oldest > 0 else 0
+
+
+def delete_before(
+    storage: CheckpointStorage, keep_from: int, deleted_before: int | None = None
+) -> None:
+    """Delete the versions older than ``keep_from``: those listed, or, when the versions
+    before ``deleted_before`` are known gone (partition 0's manifest before says so,
+    ``KEPT_FROM``), those from it on, without listing."""
+    if keep_from <= 0:
+        return
+    if deleted_before is None:
+        storage.delete_versions([v for v in storage.versions() if v < keep_from])
+    else:
+        storage.delete_versions(range(deleted_before, keep_from))
+
+
+_FLOOR_NAME: Final = re.compile(r"^kg-p(\d+)-.+-from(\d+)\.ckpt$")
+_MANIFEST_NAME: Final = re.compile(r"^subtask-(\d+)\.ckpt$")
+
+
+def _oldest_named(storage: CheckpointStorage, version: int) -> int:
+    """The oldest version the chains of ``version``'s manifests name (``version`` if
+    none), and so of every later version's (a chain only moves forward): from one
+    listing of the version, whose key-group files name it (``kg-p<i>-<token>-from<v>``,
+    written by every attempt before its manifest, so the least of them is at most the
+    manifest in force's); a partition's manifest is read only if no file of it says
+    (earlier releases)."""
+    floors: dict[int, int] = {}
+    partitions = []
+    for name in storage.list_files(version):
+        if m := _FLOOR_NAME.match(name):
+            floors[int(m[1])] = min(floors.get(int(m[1]), version), int(m[2]))
+        elif m := _MANIFEST_NAME.match(name):
+            partitions.append(int(m[1]))
+    oldest = min(floors.values(), default=version)
+    unsaid = [p for p in partitions if p not in floors]
+    read = lambda p: storage.read_if_present(version, f"subtask-{p:05d}.ckpt", Kind.MANIFEST)  # noqa: E731
+    for manifest in _concurrently(storage, read, unsaid):
+        if manifest is not None and "versions" in manifest.column_names:
+            for vs in manifest.column("versions").to_pylist():
+                if vs:
+                    oldest = min(oldest, min(vs))
+    return oldest

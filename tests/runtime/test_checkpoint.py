@@ -9,6 +9,7 @@ import struct
 import threading
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -246,10 +247,14 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_thei
     s = CheckpointStorage(str(tmp_path), "op")
     chains = write_version(s, 4, 0, 2, True, {3: _kg(3, "three"), 70: _kg(70, "seventy")},
                            [], {}, writer="w0")  # fmt: skip
-    write_version(s, 4, 1, 2, True, {}, [], {})
-    assert s.list_files(4, "kg-") == ["kg-p00000-w0.ckpt"]
+    write_version(s, 4, 1, 2, True, {}, [], {}, writer="w1")
+    # partition 1 changed nothing: its file holds no section, its name the oldest version
+    # its chains name (retention lists it), here its own
+    assert s.list_files(4, "kg-") == ["kg-p00000-w0-from0000000004.ckpt",
+                                      "kg-p00001-w1-from0000000004.ckpt"]  # fmt: skip
+    assert s.read_sections(4, "kg-p00001-w1-from0000000004.ckpt", Kind.KEY_GROUPS) == []
     (_, name, offset, _, _) = chains[70][0]
-    assert (name, offset) == ("kg-p00000-w0.ckpt", HEADER_SIZE)  # small: one frame
+    assert (name, offset) == ("kg-p00000-w0-from0000000004.ckpt", HEADER_SIZE)  # one frame
     found = read_version(s, 4)
     assert found is not None
     got = found.key_group_sections(KeyGroupRange(64, 127), 128)
@@ -258,7 +263,7 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_thei
     write_version(s, 5, 0, 1, True, {}, [], {}, chains=stray)
     later = read_version(s, 5)
     assert later is not None
-    with pytest.raises(CheckpointError, match=r"kg-p00000-w0\.ckpt lacks key group 9 where"):
+    with pytest.raises(CheckpointError, match=r"kg-p00000-w0-from0+4\.ckpt lacks key group 9 "):
         later.key_group_sections(KeyGroupRange(0, 63), 128)
 
 
@@ -317,7 +322,7 @@ def test_a_partition_reads_only_the_frames_of_its_key_groups(
     path.write_bytes(bytes(data))
     got = found.key_group_sections(KeyGroupRange(64, 127), 128)
     assert [(sec.tag, sec.table.column("v").to_pylist()) for _, sec in got] == [(70, ["seventy"])]
-    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-w0\.ckpt fails its checksum"):
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-w0-from0+4\.ckpt fails its check"):
         found.key_group_sections(KeyGroupRange(0, 63), 128)
 
 
@@ -342,9 +347,11 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
                            writer="b")  # fmt: skip
     chains = write_version(s, 2, 0, 1, True, {2: _kg(2, "g2")}, [], {}, chains=chains,
                            writer="c")  # fmt: skip
-    assert [(v, f) for v, f, *_ in chains[1]] == [(0, "kg-p00000-a.ckpt"),
-                                                    (1, "kg-p00000-b.ckpt")]  # fmt: skip
-    assert [(v, f) for v, f, *_ in chains[2]] == [(2, "kg-p00000-c.ckpt")]
+    # a file's name says the oldest version its partition's chains then name
+    assert [(v, f) for v, f, *_ in chains[1]] == [
+        (0, "kg-p00000-a-from0000000000.ckpt"), (1, "kg-p00000-b-from0000000000.ckpt")
+    ]  # fmt: skip
+    assert [(v, f) for v, f, *_ in chains[2]] == [(2, "kg-p00000-c-from0000000000.ckpt")]
     found = read_version(s, 2)
     assert found is not None
     read = found.chains(KeyGroupRange(0, 3), 128)
@@ -368,6 +375,54 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
     write_version(s, 5, 0, 1, True, {}, [], {}, chains={1: ((4, "x", 0, 1, 1),), 2: chains[2]})
     prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
     assert s.versions() == [2, 3, 4, 5]
+
+
+def test_retention_finds_the_oldest_version_chains_name_in_file_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning lists the oldest retained version once and reads no manifest whose
+    partition's key-group file names the oldest version its chains name; of two attempts
+    it keeps what the older-reaching one names (one may have failed after its data file,
+    the manifest in force being the other's); a manifest without such a file (earlier
+    releases) is read."""
+    from asyncio_ops._runtime._versions import prune_versions, write_version
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    reads: list[str] = []
+    read = CheckpointStorage.read
+
+    def counted(self: CheckpointStorage, version: Any, name: str, kind: Kind) -> Any:
+        reads.append(name)
+        return read(self, version, name, kind)
+
+    monkeypatch.setattr(CheckpointStorage, "read", counted)
+    kept = write_version(s, 0, 0, 2, True, {1: _kg(1, "f1")}, [], {}, writer="a")
+    write_version(s, 0, 1, 2, True, {2: _kg(2, "f2")}, [], {}, writer="a")
+    for v in (1, 2):  # partition 0 keeps key group 1's chain from 0, partition 1 moves on
+        write_version(s, v, 0, 2, True, {}, [], {}, chains=kept, writer="b")
+        write_version(s, v, 1, 2, True, {2: _kg(2, f"g{v}")}, [], {}, writer="b")
+    prune_versions(s, 2, 2)  # retains 1 and 2: 1's chains name version 0
+    assert s.versions() == [0, 1, 2] and reads == []
+    # version 3: partition 0's attempt "late" wrote a full section (its chains from 3)
+    # and failed; attempt "c", whose manifest is in force, named version 0 still
+    write_version(s, 3, 0, 2, True, {1: _kg(1, "h1")}, [], {}, writer="late")
+    write_version(s, 3, 0, 2, True, {}, [], {}, chains=kept, writer="c")
+    write_version(s, 3, 1, 2, True, {2: _kg(2, "g3")}, [], {}, writer="c")
+    for v in (4, 5):
+        write_version(s, v, 0, 2, True, {1: _kg(1, f"i{v}")}, [], {}, writer="d")
+        write_version(s, v, 1, 2, True, {2: _kg(2, f"j{v}")}, [], {}, writer="d")
+    prune_versions(s, 4, 2)  # retains 3 and 4: 3's chains name version 0
+    assert s.versions() == [0, 1, 2, 3, 4, 5] and reads == []
+    prune_versions(s, 5, 2)  # retains 4 and 5, whose chains start at 4 and 5
+    assert s.versions() == [4, 5] and reads == []
+    # partition 1's file of version 4 as an earlier release named it: its manifest is read
+    (old,) = s.list_files(4, "kg-p00001-")
+    version_dir = tmp_path / "op" / "v0000000004"
+    (version_dir / old).rename(version_dir / "kg-p00001-d.ckpt")
+    write_version(s, 6, 0, 2, True, {1: _kg(1, "k6")}, [], {}, writer="e")
+    write_version(s, 6, 1, 2, True, {2: _kg(2, "l6")}, [], {}, writer="e")
+    prune_versions(s, 6, 3)
+    assert reads == ["subtask-00001.ckpt"] and s.versions() == [4, 5, 6]
 
 
 # -- signed files (a key in ASYNCIO_OPS_STATE_SIGNING_KEY) -----------------------------------

@@ -26,6 +26,7 @@ from asyncio_ops._keygroups import (
     canonical_bytes,
     compute_key_group_range_for_operator_index,
 )
+from asyncio_ops._local_copies import LocalCopies
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops._runtime._versions import _concurrently
@@ -151,6 +152,7 @@ micro_batches = st.lists(
 )
 
 
+@pytest.mark.parametrize("copies", [False, True], ids=["", "local-copies"])
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -158,9 +160,14 @@ micro_batches = st.lists(
 @given(batches=micro_batches, interval=st.integers(1, 4))
 def test_warm_caught_up_or_cold_every_row_matches_the_model(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, backend: str,
-    batches: list[tuple[int, list[tuple[int, int]], list[int]]], interval: int,
+    copies: bool, batches: list[tuple[int, list[tuple[int, int]], list[int]]], interval: int,
 ) -> None:  # fmt: skip
+    """``copies``: local copies of the key-group files (as on a remote location), which a
+    cold worker reads its chains from."""
     spec = spec_for(tmp_path_factory.mktemp("ckpt"), backend, interval)
+    if copies:
+        assert spec.checkpoint is not None
+        spec.checkpoint.local = LocalCopies(tmp_path_factory.mktemp("copies"), "agg")
     workers = Workers(monkeypatch)
     model = Model()
     try:
@@ -246,11 +253,11 @@ def test_a_missing_delta_is_an_error_naming_it(
 def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_once(
     s3_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """State on S3. Partition 1 of 2, on a worker that never held it, restoring chains
-    that span three versions' files: it reads partition 0's manifest and its own
-    together, then the chains' files together (each read here waits until another is in
-    flight, which a reader going one file at a time never lets happen); its state is the
-    model's."""
+    """State on S3. Partition 1 of 2, on a worker of another machine (which never held it
+    and has no local copies), restoring chains that span three versions' files: it reads
+    partition 0's manifest and its own together, then the chains' files together (each
+    read here waits until another is in flight, which a reader going one file at a time
+    never lets happen); its state is the model's."""
     import uuid
 
     spec = KeyedProcessSpec(
@@ -271,6 +278,8 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
             for k, v in events:
                 model.apply(k, v)
         workers.use(2)
+        assert spec.checkpoint is not None
+        spec.checkpoint.local = None  # a worker on another machine: no local copies
         in_flight, lock = [0], threading.Lock()
         overlapped = {"subtask": threading.Event(), "kg": threading.Event()}
         read_sections = CheckpointStorage.read_sections
@@ -415,15 +424,15 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
     for p in range(4):
         assert manifests_read(1, p, 4) == {"subtask-00000.ckpt", f"subtask-{p:05d}.ckpt"}
         # this process ran the partition's version 0 (warm): no key-group file read, and in
-        # all 6 requests (partition 0: 5, and one list of the versions for retention)
+        # all 6 requests (partition 0: 4; it lists no version for retention while the query
+        # has no more than retain_versions)
         made = [
             "LIST" if "list-type=2" in r
             else r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
             for r in s3_server.requests
         ]  # fmt: skip
         reads = ["HEAD subtask", "GET subtask"] * (1 if p == 0 else 2)
-        assert sorted(made) == sorted(reads + ["PUT kg", "PUT subtask"]
-                                      + (["LIST"] if p == 0 else [])), made  # fmt: skip
+        assert sorted(made) == sorted(reads + ["PUT kg", "PUT subtask"]), made
     assert manifests_read(2, 0, 2) == {"subtask-00000.ckpt", "subtask-00001.ckpt"}
     assert manifests_read(2, 1, 2) == {
         "subtask-00000.ckpt", "subtask-00001.ckpt", "subtask-00002.ckpt", "subtask-00003.ckpt"
@@ -432,3 +441,193 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
     rows = run_partition(spec, 3, 0, 1, events)
     assert sorted(r["k"] for r in rows) == list(range(200))
     assert {r["total"] for r in rows} == {4}
+
+
+def _s3_spec(s3_server: Any, name: str, interval: int = 8) -> KeyedProcessSpec:
+    import uuid
+
+    return KeyedProcessSpec(
+        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+        checkpoint=CheckpointStorage(s3_server(f"{name}-{uuid.uuid4().hex[:8]}"), "agg"),
+        state_backend="heap", retain_versions=3, full_snapshot_interval=interval,
+    )  # fmt: skip
+
+
+def _requests(s3_server: Any) -> list[str]:
+    """The server's requests since cleared, as ``METHOD kind`` (the file name's first
+    part: kg, subtask) or LIST."""
+    return sorted(
+        "LIST" if "list-type=2" in r else r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
+        for r in s3_server.requests
+    )  # fmt: skip
+
+
+def _chain_files(manifest: pa.Table) -> set[tuple[int, str]]:
+    """``(version, file)`` of every link of a manifest's chains."""
+    columns = (manifest.column(c).to_pylist() for c in ("versions", "files"))
+    return {link for vs, fs in zip(*columns, strict=True) for link in zip(vs, fs, strict=True)}
+
+
+def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_that_wrote_them(
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State on S3, 2 partitions, chains over four versions' files. Partition 1 restored
+    on a new worker of the machine that wrote them reads its manifests from S3 and its
+    chains from the local copies: 6 requests in all (2 manifests read, HEAD and GET each,
+    its two writes); on another machine (no copies) 2 more per file its chains name. Both
+    restore the model's state."""
+    spec = _s3_spec(s3_server, "copies")
+    storage = spec.checkpoint
+    assert storage is not None and storage.local is not None
+    workers = Workers(monkeypatch)
+    model = Model()
+    mine = compute_key_group_range_for_operator_index(MAXP, 2, 1)
+    keys = [k for k in range(60) if assign_to_key_group(k, MAXP) in mine]
+    history = [[(k, 1) for k in range(60)], [(keys[0], 2)], [(keys[1], 0)], [(keys[2], 4)]]
+    try:
+        for batch_id, events in enumerate(history):
+            for p in range(2):
+                run_partition(spec, batch_id, p, 2, events)
+            for k, v in events:
+                model.apply(k, v)
+        manifest = storage.read(3, "subtask-00001.ckpt", Kind.MANIFEST)
+        files = _chain_files(manifest)
+        assert len(files) == 4  # version 0's full snapshots and three deltas
+        for batch_id, machine in ((4, "same"), (5, "other")):
+            events = [(k, 1) for k in keys[:3]]  # partition 1's keys
+            run_partition(spec, batch_id, 0, 2, events)
+            workers.use(2)
+            if machine == "other":
+                monkeypatch.setattr(storage, "local", None)
+            s3_server.requests.clear()
+            rows = run_partition(spec, batch_id, 1, 2, events)
+            assert rows == [model.apply(k, v) for k, v in events]
+            chain_reads = (["GET kg", "HEAD kg"] * (len(files) + 1)) if machine == "other" else []
+            assert _requests(s3_server) == sorted(
+                ["HEAD subtask", "GET subtask"] * 2 + ["PUT kg", "PUT subtask"] + chain_reads
+            ), machine
+    finally:
+        workers.close()
+
+
+def test_a_local_copy_that_fails_verification_is_dropped_and_the_checkpoint_read(
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = _s3_spec(s3_server, "bad-copy")
+    storage = spec.checkpoint
+    assert storage is not None and storage.local is not None
+    workers = Workers(monkeypatch)
+    try:
+        run_partition(spec, 0, 0, 1, [(k, 1) for k in range(40)])
+        (name,) = storage.list_files(0, "kg-")
+        copy = storage.local.root / "v0000000000" / name
+        data = bytearray(copy.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        copy.write_bytes(bytes(data))
+        workers.use(2)
+        s3_server.requests.clear()
+        with caplog.at_level("WARNING", logger="asyncio_ops.runtime"):
+            rows = run_partition(spec, 1, 0, 1, [(3, 1)])
+        assert rows[0]["total"] == 2
+        assert "GET kg" in _requests(s3_server)
+        assert f"the local copy of {storage.describe(storage.path(0, name))}" in caplog.text or (
+            f"the local copy of checkpoint file {storage.path(0, name)} failed" in caplog.text
+        )
+        assert not copy.exists()
+    finally:
+        workers.close()
+
+
+def test_a_partition_keeps_only_the_local_copies_its_chains_name(
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Full snapshots every 2 versions: after each version, the partition's local copies
+    are exactly the files its manifest's chains name, and those of another partition are
+    left alone."""
+    spec = _s3_spec(s3_server, "prune", interval=2)
+    storage = spec.checkpoint
+    assert storage is not None and storage.local is not None
+    storage.local.put("v0000000000/kg-p00007-otherpartition.ckpt", b"x")
+    for batch_id in range(6):
+        run_partition(spec, batch_id, 0, 1, [(k, batch_id + 1) for k in range(30)])
+        manifest = storage.read(batch_id, "subtask-00000.ckpt", Kind.MANIFEST)
+        named = {f"v{v:010d}/{f}" for v, f in _chain_files(manifest)}
+        held = {str(p.relative_to(storage.local.root)) for p in storage.local.root.rglob("kg-*")}
+        assert held == named | {"v0000000000/kg-p00007-otherpartition.ckpt"}
+        assert len(named) <= 2
+
+
+def test_local_copies_go_where_the_environment_says_and_only_for_a_remote_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any
+) -> None:
+    from asyncio_ops import _local_copies
+
+    monkeypatch.delenv(_local_copies.LOCAL_COPIES_ENV, raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/a,{tmp_path}/b")
+    assert _local_copies.directory() == tmp_path / "a" / "asyncio_ops-local-copies"
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    assert _local_copies.directory() is not None
+    for off in ("0", "off", "OFF", "false"):
+        monkeypatch.setenv(_local_copies.LOCAL_COPIES_ENV, off)
+        assert _local_copies.directory() is None
+        assert CheckpointStorage(s3_server("off"), "agg").local is None
+    monkeypatch.setenv(_local_copies.LOCAL_COPIES_ENV, str(tmp_path / "mine"))
+    assert _local_copies.directory() == tmp_path / "mine"
+    assert CheckpointStorage(str(tmp_path / "ckpt"), "agg").local is None  # local disk
+    one, two = CheckpointStorage(s3_server("x"), "agg"), CheckpointStorage(s3_server("y"), "agg")
+    assert one.local is not None and two.local is not None
+    assert one.local.root.parent == tmp_path / "mine" and one.local.root != two.local.root
+
+
+def test_a_local_copy_that_cannot_be_written_is_logged_and_the_version_committed(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    spec = _s3_spec(s3_server, "no-room")
+    storage = spec.checkpoint
+    assert storage is not None
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    storage.local = LocalCopies(blocker, "agg")  # its directory cannot be created
+    with caplog.at_level("WARNING", logger="asyncio_ops.runtime"):
+        run_partition(spec, 0, 0, 1, [(k, 1) for k in range(10)])
+        run_partition(spec, 1, 0, 1, [(k, 1) for k in range(10)])
+    assert caplog.text.count("cannot keep a local copy") == 1
+    assert storage.read(1, "subtask-00000.ckpt", Kind.MANIFEST).num_rows > 0
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_manifest(
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch, parts: int
+) -> None:
+    """Past ``retain_versions`` versions, partition 0 deletes after each write what no
+    retained version's chains name: it lists the oldest retained version (whose
+    key-group files' names say the oldest version their chains name), reads no other
+    partition's manifest at any number of partitions, and deletes from where its
+    manifest before says the deleted versions end. Counted from the server's log,
+    partition 0 kept warm: at most 10 requests."""
+    spec = _s3_spec(s3_server, f"retain-{parts}", interval=2)
+    storage = spec.checkpoint
+    assert storage is not None
+    events = [(k, 1) for k in range(40)]
+    workers = Workers(monkeypatch)
+    try:
+        for batch_id in range(8):
+            for p in range(parts):
+                workers.use(p % 2)
+                if p == 0:
+                    s3_server.requests.clear()
+                run_partition(spec, batch_id, p, parts, events)
+                if p == 0:
+                    made, raw = _requests(s3_server), list(s3_server.requests)
+        # retained: 5, 6, 7; and 4, where chains of 5 start (a full every 2 versions)
+        assert storage.versions() == [4, 5, 6, 7]
+        # its manifest of 6 (HEAD, GET), its two PUTs, one listing of version 5; pyarrow's
+        # deletion of version 3 (HEAD, LIST, POST of the objects, DELETE and PUT of
+        # directory markers): 10. The versions are not listed: partition 0's manifest of 6
+        # says every version before 3 is gone.
+        lists = [r.split("prefix=")[1].split(" ")[0] for r in raw if "list-type=2" in r]
+        assert sorted(lists) == [f"{storage.root.split('/', 1)[1]}/v{v:010d}/" for v in (3, 5)]
+        assert len(made) <= 10 and made.count("GET subtask") == 1, made  # its own manifest
+    finally:
+        workers.close()

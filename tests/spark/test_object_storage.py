@@ -479,20 +479,21 @@ def test_a_small_keyed_micro_batch_on_warm_workers_makes_a_bounded_number_of_s3_
                 [tmp_path, *worker_dirs])  # fmt: skip
 
     warm = logs[batch]
-    # Measured 13 requests (pyarrow 26, moto): per partition, the manifests of both
+    # Measured 12 requests (pyarrow 26, moto): per partition, the manifests of both
     # partitions of N - 1 (HEAD + GET each: 4; with event_time a partition reads every
     # partition's, for the highest watermark; without, partition 0's and its own), 1 PUT
-    # of its key-group file and 1 of its manifest (allow_delayed_open): 6; and 1 LIST of
-    # the operator's versions (retention, partition 0) per micro-batch. (Once a query has
-    # more than retain_versions versions, partition 0 also reads the oldest retained
-    # version's manifests and deletes what no chain names: not measured here. A
-    # partition on another worker than the micro-batch before reads its key groups'
-    # chains, 2 requests per file.) Bound: 15, room for a client retry; what proves the
-    # state was warm is the assertion after it.
+    # of its key-group file and 1 of its manifest (allow_delayed_open): 6. (Once a query
+    # has more than retain_versions versions, partition 0 also lists the versions and
+    # the oldest retained one, and deletes what no chain names: counted by
+    # tests/runtime/test_incremental_state.py. A partition on another machine than the
+    # micro-batch before reads its key groups' chains, 2 requests per file.) Bound: 15,
+    # room for a client retry; what proves the state was warm is the assertion after it.
     assert len(warm) <= 15, warm
     assert all("warm/counts/" in r for r in warm), warm  # nothing but this operator's
     assert not [r for r in warm if "/kg-" in r and not r.startswith("PUT ")], warm
     puts = [r.split(" ")[1] for r in warm if r.startswith("PUT ")]
     assert all(f"/warm/counts/v{batch:010d}/" in p for p in puts), puts
-    names = sorted(re.sub(r"-[0-9a-f]{12}\.ckpt$", "", p.rsplit("/", 1)[1]) for p in puts)
+    names = sorted(
+        re.sub(r"-[0-9a-f]{12}-from\d{10}\.ckpt$", "", p.rsplit("/", 1)[1]) for p in puts
+    )
     assert names == ["kg-p00000", "kg-p00001", "subtask-00000.ckpt", "subtask-00001.ckpt"]

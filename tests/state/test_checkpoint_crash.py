@@ -193,11 +193,12 @@ class FaultyStorage(CheckpointStorage):
         self.held: list[tuple[Version, str, Kind, list[Section]]] = []
 
     def write_sections(
-        self, version: Version, name: str, kind: Kind, sections: Sequence[Section]
-    ) -> list[tuple[int, int, int]]:
+        self, version: Version, name: str, kind: Kind, sections: Sequence[Section],
+        local: bool = False,
+    ) -> list[tuple[int, int, int]]:  # fmt: skip
         f = self.failure
         if f is None:
-            return super().write_sections(version, name, kind, sections)
+            return super().write_sections(version, name, kind, sections, local)
         _, extents = encode(kind, sections, self.identity(version, name))
         if f.from_end:
             self.held.append((version, name, kind, list(sections)))

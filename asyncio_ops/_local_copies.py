@@ -1,0 +1,136 @@
+"""Local copies of the key-group files a worker wrote: Flink's task-local recovery.
+
+Contract. With checkpoints on a remote filesystem (S3, GCS, HDFS: anything
+but local disk), the key-group file a partition writes (``kg-p<i>-<token>``,
+its keyed state: full sections and deltas) is also written to the worker
+machine's local disk, byte for byte. A restore that reads a chain's file
+reads the local copy when there is one, and the checkpoint otherwise: a
+partition restored cold on the machine that wrote its versions (a new query,
+another Python worker of the same executor, a task retried there) reads its
+chains without a request to the store. The checkpoint stays the only
+source of truth:
+
+- only files named by a manifest read from the checkpoint are looked up, and
+  their names are attempt-unique (never rewritten), so a copy holds exactly
+  the file the manifest names or is not there;
+- a copy is verified as the checkpoint's file is (each section's CRC, its
+  signature with a signing key); one that fails is deleted and the file is
+  read from the checkpoint;
+- a copy that cannot be written (a full disk) is skipped and logged, never
+  an error: the version was committed to the checkpoint.
+
+Space: after writing version ``N``, a partition deletes its own copies
+(``kg-p<i>-*``) that its manifest of ``N`` does not name, so the copies of a
+partition are at most the files of its chains (about one full copy of its
+state, compressed). Copies live under ``<dir>/<hash of location and uid>/``
+where ``<dir>`` is ``ASYNCIO_OPS_LOCAL_COPIES`` if set (``0`` or ``off``
+turns local copies off), else the first of Spark's local directories
+(``SPARK_LOCAL_DIRS``, which Spark gives its Python workers and deletes with
+the executor), else the system's temporary directory. A partition that moves
+to another machine reads its chains from the checkpoint there, as without
+local copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Final
+
+LOCAL_COPIES_ENV: Final = "ASYNCIO_OPS_LOCAL_COPIES"
+_OFF: Final = frozenset({"0", "off", "false", "no"})
+_SUBDIR: Final = "asyncio_ops-local-copies"
+
+log = logging.getLogger("asyncio_ops.runtime")
+
+
+def directory() -> Path | None:
+    """Where local copies go in this process (module docstring), or None if off."""
+    raw = os.environ.get(LOCAL_COPIES_ENV, "").strip()
+    if raw.lower() in _OFF:
+        return None
+    if raw:
+        return Path(raw)
+    spark = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
+    return Path(spark or tempfile.gettempdir()) / _SUBDIR
+
+
+class LocalCopies:
+    """The local copies of one operator's checkpoint files (``where``: the location,
+    without credentials, and the uid; hashed into a directory name)."""
+
+    def __init__(self, base: Path, where: str) -> None:
+        self.root = base / hashlib.sha256(where.encode()).hexdigest()[:20]
+        self._warned = False
+
+    def _file(self, relative: str) -> Path:
+        return self.root / relative
+
+    def put(self, relative: str, data: bytes | memoryview) -> None:
+        """Keep ``data`` as the copy of ``relative`` (``<version dir>/<name>``): written to
+        a temporary name and moved into place; on failure logged, not raised."""
+        target = self._file(relative)
+        tmp = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if not self._warned:  # once per process and operator: a full disk says it often
+                self._warned = True
+                log.warning("asyncio_ops: cannot keep a local copy of %s in %s (%s); "
+                            "restores read it from the checkpoint", relative, self.root, exc)
+
+    def read(
+        self, relative: str, ranges: Sequence[tuple[int, int]] | None
+    ) -> list[bytes] | None:
+        """The copy's bytes (whole, or each ``(offset, length)`` range), or None if there
+        is no copy or it is shorter than a range asks."""
+        try:
+            with open(self._file(relative), "rb") as f:
+                if ranges is None:
+                    return [f.read()]
+                out = []
+                for offset, length in ranges:
+                    f.seek(offset)
+                    data = f.read(length)
+                    if len(data) != length:
+                        return None
+                    out.append(data)
+                return out
+        except OSError:  # none (or deleted while we looked): read the checkpoint's
+            return None
+
+    def drop(self, relative: str) -> None:
+        """Delete the copy of ``relative`` (it failed verification)."""
+        with contextlib.suppress(OSError):
+            self._file(relative).unlink()
+
+    def keep_only(self, prefix: str, named: Collection[str]) -> None:
+        """Delete the copies whose name starts with ``prefix`` (a partition's files)
+        other than those in ``named`` (``<version dir>/<name>``), and version
+        directories left empty."""
+        try:
+            version_dirs = list(os.scandir(self.root))
+        except OSError:
+            return
+        for entry in version_dirs:
+            if not entry.is_dir():
+                continue
+            with contextlib.suppress(OSError):
+                for file in os.scandir(entry.path):
+                    if file.name.startswith(prefix) and (
+                        f"{entry.name}/{file.name}" not in named
+                    ):
+                        with contextlib.suppress(OSError):
+                            os.unlink(file.path)
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry.path)  # only if empty
