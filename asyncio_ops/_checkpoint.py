@@ -8,7 +8,7 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
     <uid>/v<version>/ops-p<i>-<attempt>.ckpt
                                         operator state of partition i (the async operator):
                                         watermark state, its in-flight elements (unkeyed)
-    <uid>/v<version>/kg-p<i>-<attempt>.ckpt
+    <uid>/v<version>/kg-p<i>-<attempt>[-from<v>].ckpt
                                         partition i's key groups that changed, a section
                                         each: full, or a delta of some keys (keyed state
                                         and timers; see asyncio_ops._runtime._versions)
@@ -36,6 +36,10 @@ torn, truncated, bit-flipped, too-new, other-kind or not-Arrow file raises
 :class:`CorruptCheckpointError` naming it, never a silent loss. Files of
 earlier formats (1: pickle payloads; 2 and 3: blobs inside files) are
 refused by name.
+
+On a remote filesystem, the key-group files a worker writes are also kept on
+its local disk, and reads of them prefer those copies when they verify
+(``asyncio_ops._local_copies``).
 
 Files hold the payloads of in-flight rows (whatever columns the input had):
 protect the location as you would the input data. They are written with the

@@ -2,9 +2,12 @@
 
 Per version directory (every file one container, ``asyncio_ops._container``):
 
-- ``kg-p<i>-<token>`` (keyed): partition i's key groups that changed in this
-  version, one section each (tag: the key group). ``keyed_process`` (kind
-  ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
+- ``kg-p<i>-<token>-from<v>`` (keyed): partition i's key groups that changed
+  in this version, one section each (tag: the key group); ``<v>``: the oldest
+  version the partition's chains name once this version is written, which
+  retention reads from a listing (``keyed_process`` writes the file, with no
+  section, even when nothing changed; earlier releases: ``kg-p<i>-<token>``).
+  ``keyed_process`` (kind ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
   a delta (part ``DELTA``: the keys it replaces whole, with their state and
   timers, ``asyncio_ops.state._keyed_snapshot``). The async operator (kind
   ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
@@ -45,7 +48,17 @@ section, its full state instead, so a micro-batch writes what it touched plus
 ``1/interval`` of the state, a chain holds at most ``interval`` sections, and
 reading one costs at most about twice its full section. Retention (partition
 0, after its write) keeps the newest ``retain_versions`` versions and every
-older version directory their chains name.
+older version directory their chains name: it lists the oldest retained
+version, whose key-group files' names say the oldest version their chains
+name (chains only move forward, so later versions name nothing older; of two
+attempts the least is kept, so a failed attempt that restarted a chain never
+hides what the manifest in force names; a manifest whose partition's files
+do not say, from earlier releases, is read), records in its manifest the
+version before which all are deleted (``aops.kept_from``), and deletes from
+the one its previous manifest records (the versions are listed only when it
+records none). Key-group files a worker writes to a remote location are also
+kept on its local disk (``asyncio_ops._local_copies``), and a restore's reads
+of chains prefer those copies.
 
 Reads: a restore's reads are independent (the manifests of a version after
 partition 0's, the files of a chain), and on an object store each waits a

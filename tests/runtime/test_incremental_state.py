@@ -432,7 +432,7 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
             for r in s3_server.requests
         ]  # fmt: skip
         reads = ["HEAD subtask", "GET subtask"] * (1 if p == 0 else 2)
-        assert sorted(made) == sorted(reads + ["PUT kg", "PUT subtask"]), made
+        assert sorted(made) == sorted([*reads, "PUT kg", "PUT subtask"]), made
     assert manifests_read(2, 0, 2) == {"subtask-00000.ckpt", "subtask-00001.ckpt"}
     assert manifests_read(2, 1, 2) == {
         "subtask-00000.ckpt", "subtask-00001.ckpt", "subtask-00002.ckpt", "subtask-00003.ckpt"
