@@ -38,11 +38,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _start(args: list[str], log: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+def _start(
+    args: list[str], log: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-            stderr=subprocess.STDOUT, env={**_env(), "SPARK_LOCAL_IP": host},
+            stderr=subprocess.STDOUT, env={**_env(), "SPARK_LOCAL_IP": host, **(env or {})},
             start_new_session=True,
         )  # fmt: skip
 
@@ -80,7 +82,10 @@ class _Cluster:
         args = ["org.apache.spark.deploy.worker.Worker", self.url, "--host", host,
                 "--cores", "1", "--memory", "1g", "--webui-port", "0",
                 "--work-dir", str(self.work / f"w{i}")]  # fmt: skip
-        return _start(args, self.tmp / f"worker{i}.log", host)
+        # and a local disk each: the local copies of checkpoint files its executors write
+        # (asyncio_ops._local_copies) are not the other host's
+        copies = {"ASYNCIO_OPS_LOCAL_COPIES": str(self.tmp / f"local-copies-w{i}")}
+        return _start(args, self.tmp / f"worker{i}.log", host, copies)
 
     def wait_for_workers(self) -> None:
         deadline = time.monotonic() + 120

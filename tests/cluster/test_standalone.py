@@ -179,3 +179,7 @@ def test_a_worker_lost_between_micro_batches_leaves_the_counts_exact(
     after = {Path(r["executor"]).relative_to(work).parts[0] for r in rows if r["batch"] == 2}
     assert after and f"w{lost}" not in after, after  # micro-batch 2 ran on the worker left
     assert any("/cluster-lose/counts/v" in r for r in s3_server.requests)  # state on S3
+    # the worker left read the lost partition's chains from S3: the local copies of its
+    # key-group files were on the lost host's disk
+    assert any(r.startswith("GET ") and "/cluster-lose/counts/v" in r and "/kg-p" in r
+               for r in s3_server.requests), s3_server.requests  # fmt: skip
