@@ -26,7 +26,9 @@ state, compressed). Copies live under ``<dir>/<hash of location and uid>/``
 where ``<dir>`` is ``ASYNCIO_OPS_LOCAL_COPIES`` if set (``0`` or ``off``
 turns local copies off), else the first of Spark's local directories
 (``SPARK_LOCAL_DIRS``, which Spark gives its Python workers and deletes with
-the executor), else the system's temporary directory. A partition that moves
+the executor), else ``asyncio_ops-local-copies-<uid>`` in the system's
+temporary directory, created readable by this user only (and not used if
+another user owns it or may write to it). A partition that moves
 to another machine reads its chains from the checkpoint there, as without
 local copies.
 """
@@ -58,7 +60,28 @@ def directory() -> Path | None:
     if raw:
         return Path(raw)
     spark = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
-    return Path(spark or tempfile.gettempdir()) / _SUBDIR
+    if spark:  # the executor's own directory
+        return Path(spark) / _SUBDIR
+    return _private(Path(tempfile.gettempdir()) / f"{_SUBDIR}-{os.getuid()}")
+
+
+def _private(path: Path) -> Path | None:
+    """``path``, created readable by this user only, if it is (or can be made) a
+    directory this user owns that no one else may write; else None (logged): a
+    shared temporary directory is no place for files a restore reads."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = path.lstat()
+    except OSError as exc:
+        log.warning("asyncio_ops: no local copies: cannot create %s (%s)", path, exc)
+        return None
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid() or (
+        info.st_mode & 0o022
+    ):
+        log.warning("asyncio_ops: no local copies: %s is not a private directory of this "
+                    "user; set %s", path, LOCAL_COPIES_ENV)
+        return None
+    return path
 
 
 class LocalCopies:

@@ -8,6 +8,7 @@ cold, every output row must be what a plain-Python model says.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -566,7 +567,16 @@ def test_local_copies_go_where_the_environment_says_and_only_for_a_remote_locati
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/a,{tmp_path}/b")
     assert _local_copies.directory() == tmp_path / "a" / "asyncio_ops-local-copies"
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
-    assert _local_copies.directory() is not None
+    monkeypatch.setattr(_local_copies.tempfile, "gettempdir", lambda: str(tmp_path))
+    private = tmp_path / f"asyncio_ops-local-copies-{os.getuid()}"
+    assert _local_copies.directory() == private  # created, this user's only
+    assert private.stat().st_mode & 0o777 == 0o700
+    private.chmod(0o777)  # writable by others: not used
+    assert _local_copies.directory() is None
+    private.rmdir()
+    private.symlink_to(tmp_path)  # a link someone planted: not followed
+    assert _local_copies.directory() is None
+    private.unlink()
     for off in ("0", "off", "OFF", "false"):
         monkeypatch.setenv(_local_copies.LOCAL_COPIES_ENV, off)
         assert _local_copies.directory() is None
