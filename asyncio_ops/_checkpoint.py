@@ -71,6 +71,9 @@ _RUN_SEQUENCE = re.compile(r"^(\d{13})-[es](\d{10})-")
 _OBJECT_STORES: Final = frozenset({"s3", "gcs"})  # pyarrow FileSystem.type_name
 # A listing that races a directory being created is retried (see CheckpointStorage._entries).
 _LIST_ATTEMPTS: Final = 5
+# a file read from a remote store to be kept as a local copy is read whole up to this size,
+# or if the ranges wanted are at least half of it (else only the ranges, and no copy)
+_KEEP_WHOLE: Final = 8 << 20
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -250,11 +253,14 @@ class CheckpointStorage:
         kind: Kind,
         ranges: Sequence[tuple[int, int]] | None = None,
         local: bool = False,
+        keep: bool = False,
     ) -> list[Section]:
         """The sections of ``<version dir>/<name>`` (a container of ``kind``), verified:
         all of them, or those in the byte ``ranges`` (``(offset, length)``, each covering
         whole sections: one ranged read each). ``local``: from its local copy if there
-        is one that verifies (an attempt-unique name; ``asyncio_ops._local_copies``)."""
+        is one that verifies (an attempt-unique name; ``asyncio_ops._local_copies``);
+        ``keep``: else read the file whole (unless it is much larger than the ranges)
+        and keep it as the local copy."""
         path = self.path(version, name)
         where = f"checkpoint file {path}"
         identity = self.identity(version, name)
@@ -269,13 +275,23 @@ class CheckpointStorage:
                 return decode(data, kind, where, identity, CorruptCheckpointError)
             out: list[Section] = []
             with self.fs.open_input_file(path) as f:
+                whole = None
+                if keep and self.local is not None:
+                    size = f.size()  # known: the file was opened with a HEAD
+                    if size <= max(_KEEP_WHOLE, 2 * sum(n for _, n in ranges)):
+                        whole = f.read_at(size, 0)
                 for offset, length in ranges:
-                    data = f.read_at(length, offset)
+                    data = (
+                        f.read_at(length, offset) if whole is None
+                        else whole[offset : offset + length]
+                    )  # fmt: skip
                     if len(data) != length:
                         raise CorruptCheckpointError(
                             f"{where} is truncated: {len(data)} of {length} bytes at {offset}"
                         )
                     out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+            if whole is not None and self.local is not None:  # its ranges verified
+                self.local.put(self._relative(version, name), whole)
             return out
         except FileNotFoundError as exc:
             raise CheckpointError(f"checkpoint file {path} is missing") from exc

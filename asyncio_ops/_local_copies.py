@@ -7,8 +7,11 @@ machine's local disk, byte for byte. A restore that reads a chain's file
 reads the local copy when there is one, and the checkpoint otherwise: a
 partition restored cold on the machine that wrote its versions (a new query,
 another Python worker of the same executor, a task retried there) reads its
-chains without a request to the store. The checkpoint stays the only
-source of truth:
+chains without a request to the store. A partition that reads its own
+files (``kg-p<i>`` of its index) from the store, having moved to this
+machine, reads them whole and keeps them too (a file over 8 MiB only if it
+needs half of it), so it pays the store's requests once. The checkpoint stays
+the only source of truth:
 
 - only files named by a manifest read from the checkpoint are looked up, and
   their names are attempt-unique (never rewritten), so a copy holds exactly

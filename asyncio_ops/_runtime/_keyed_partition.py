@@ -142,7 +142,7 @@ def run_keyed_process(
         if streaming:
             if held is not None:
                 op.take_timers(held.operator)
-            chains = _sync(spec, op, previous, held.chains if held is not None else {})
+            chains = _sync(spec, task, op, previous, held.chains if held is not None else {})
             held = None
             if previous is None and spec.seeded and task.batch_id == 0:
                 assert spec.checkpoint is not None
@@ -280,13 +280,16 @@ def _proven(
 
 def _sync(
     spec: KeyedProcessSpec,
+    task: TaskInfo,
     op: KeyedProcessOperator,
     previous: VersionFiles | None,
     held: dict[int, Chain],
 ) -> dict[int, Chain]:
     """Bring ``op``'s key groups (holding the ``held`` chains) to ``previous``'s chains:
     per key group only the chain's part after what is held, or, when its chain was
-    restarted, all of it; returns the chains now held."""
+    restarted, all of it; returns the chains now held. Files this partition's index
+    wrote that are read from a remote store are kept as local copies (a partition
+    that moved here reads them locally next time)."""
     assert spec.checkpoint is not None
     kgr: KeyGroupRange = op.backend.key_group_range
     target = previous.chains(kgr, spec.max_parallelism) if previous is not None else {}
@@ -302,7 +305,8 @@ def _sync(
         elif len(want) > len(have):
             rests[kg] = want[len(have) :]  # the deltas written since
             tails.add(kg)
-    apply_chains(spec.checkpoint, rests, op.apply_change, tails)
+    mine = f"kg-p{task.partition_id:05d}-"
+    apply_chains(spec.checkpoint, rests, op.apply_change, tails, keep=mine)
     return target
 
 

@@ -280,9 +280,12 @@ def read_chains(
     chains: dict[int, Chain],
     tails: Collection[int] = (),
     kind: Kind = Kind.KEY_GROUPS,
+    keep: str = "",
 ) -> dict[int, list[tuple[str, Section]]]:
     """``(path, section)`` of every link of ``chains``, in chain order, each verified
-    (containers of ``kind``); per file one read of each run of adjacent sections.
+    (containers of ``kind``); per file one read of each run of adjacent sections, or
+    its local copy. ``keep``: files whose names start with it that are read from a
+    remote store are read whole and kept as local copies (a partition's own files).
     ``tails``: the key groups whose given chain is the part after a full section
     (deltas only). CheckpointError naming the file for one that is missing or damaged,
     or whose section is not the chain's: another key group, or a delta where the chain
@@ -302,7 +305,11 @@ def read_chains(
         reads.append((version, file, [(o, n) for o, n in runs]))
     local = kind == Kind.KEY_GROUPS  # keyed_process's chains: a local copy may hold them
     sections = _concurrently(
-        storage, lambda r: storage.read_sections(r[0], r[1], kind, r[2], local), reads
+        storage,
+        lambda r: storage.read_sections(
+            r[0], r[1], kind, r[2], local, keep=local and bool(keep) and r[1].startswith(keep)
+        ),
+        reads,
     )
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
     for (version, file, _), got_all in zip(reads, sections, strict=True):
@@ -366,11 +373,12 @@ def apply_chains(
     chains: dict[int, Chain],
     apply: Callable[[Section, str], None],
     tails: Collection[int] = (),
+    keep: str = "",
 ) -> None:
-    """Read ``chains`` (:func:`read_chains`) and hand every link to ``apply(section,
-    where)`` in key-group and chain order; a ValueError or TypeError it raises becomes
-    a CheckpointError naming the file."""
-    found = read_chains(storage, chains, tails)
+    """Read ``chains`` (:func:`read_chains`, ``keep`` as there) and hand every link to
+    ``apply(section, where)`` in key-group and chain order; a ValueError or TypeError
+    it raises becomes a CheckpointError naming the file."""
+    found = read_chains(storage, chains, tails, keep=keep)
     for kg in sorted(found):
         for path, section in found[kg]:
             try:

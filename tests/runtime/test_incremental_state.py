@@ -286,7 +286,9 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
         read_sections = CheckpointStorage.read_sections
         files: list[str] = []
 
-        def overlapping(self: CheckpointStorage, version: Any, name: str, *a: Any) -> Any:
+        def overlapping(
+            self: CheckpointStorage, version: Any, name: str, *a: Any, **kw: Any
+        ) -> Any:
             kind = name.split("-")[0]
             with lock:
                 files.append(name)
@@ -296,7 +298,7 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
             try:
                 if not overlapped[kind].wait(60):
                     raise AssertionError(f"the {kind} files were read one at a time: {files}")
-                return read_sections(self, version, name, *a)
+                return read_sections(self, version, name, *a, **kw)
             finally:
                 with lock:
                     in_flight[0] -= 1
@@ -470,13 +472,14 @@ def _chain_files(manifest: pa.Table) -> set[tuple[int, str]]:
 
 
 def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_that_wrote_them(
-    s3_server: Any, monkeypatch: pytest.MonkeyPatch
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """State on S3, 2 partitions, chains over four versions' files. Partition 1 restored
     on a new worker of the machine that wrote them reads its manifests from S3 and its
     chains from the local copies: 6 requests in all (2 manifests read, HEAD and GET each,
-    its two writes); on another machine (no copies) 2 more per file its chains name. Both
-    restore the model's state."""
+    its two writes); on another machine 2 more per file its chains name, which it keeps
+    as local copies there: restored again on that machine (another new worker), it
+    reads no key-group file. Every time the state is the model's."""
     spec = _s3_spec(s3_server, "copies")
     storage = spec.checkpoint
     assert storage is not None and storage.local is not None
@@ -494,12 +497,13 @@ def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_
         manifest = storage.read(3, "subtask-00001.ckpt", Kind.MANIFEST)
         files = _chain_files(manifest)
         assert len(files) == 4  # version 0's full snapshots and three deltas
-        for batch_id, machine in ((4, "same"), (5, "other")):
+        home, other = storage.local, LocalCopies(tmp_path / "another-machine", "agg")
+        for batch_id, machine in ((4, "same"), (5, "other"), (6, "other again")):
             events = [(k, 1) for k in keys[:3]]  # partition 1's keys
             run_partition(spec, batch_id, 0, 2, events)
             workers.use(2)
-            if machine == "other":
-                monkeypatch.setattr(storage, "local", None)
+            if machine != "same":
+                monkeypatch.setattr(storage, "local", other)
             s3_server.requests.clear()
             rows = run_partition(spec, batch_id, 1, 2, events)
             assert rows == [model.apply(k, v) for k, v in events]
@@ -507,6 +511,7 @@ def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_
             assert _requests(s3_server) == sorted(
                 ["HEAD subtask", "GET subtask"] * 2 + ["PUT kg", "PUT subtask"] + chain_reads
             ), machine
+            monkeypatch.setattr(storage, "local", home)  # partition 0's machine
     finally:
         workers.close()
 
@@ -534,7 +539,9 @@ def test_a_local_copy_that_fails_verification_is_dropped_and_the_checkpoint_read
         assert f"the local copy of {storage.describe(storage.path(0, name))}" in caplog.text or (
             f"the local copy of checkpoint file {storage.path(0, name)} failed" in caplog.text
         )
-        assert not copy.exists()
+        # replaced by the store's file, read whole (the partition's own)
+        with storage.fs.open_input_stream(storage.path(0, name)) as f:
+            assert copy.read_bytes() == f.read()
     finally:
         workers.close()
 
