@@ -49,6 +49,7 @@ from .._keygroups import (
 from .._snapshot import SnapshotEntry
 from ._inflight import CarryOver, WatermarkState, restore_operator_state
 from ._replay_log import ReplayLog, read_segment
+from ._retention import prune_versions
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from ._stored import (
     ARROW,
@@ -69,7 +70,6 @@ from ._versions import (
     IN_FLIGHT,
     OUTPUT_SCHEMA,
     VersionFiles,
-    prune_versions,
     read_previous,
     write_version,
 )
@@ -176,14 +176,26 @@ class PartitionCheckpoint:
             state_backend=spec.state_backend,
         )
 
+    def _narrow(self) -> bool:
+        """Keyed, without event time: of the previous version a partition needs the
+        manifests of partition 0 and of its key groups' old owners (its own, at the same
+        number of partitions), not every partition's, and no operator state file (which
+        then holds only watermarks no one reads): its requests do not grow with the
+        number of partitions."""
+        return bool(self.spec.key_columns) and self.spec.event_time is None
+
     def _previous_files(self) -> VersionFiles | None:
         """The previous micro-batch's version (read once per partition)."""
         if self._previous_read is None:
             previous = self._previous()
-            found = (
-                None if previous is None
-                else read_previous(self.storage, previous, guess=self.task.num_partitions or 1)
-            )  # fmt: skip
+            found = None
+            if previous is not None:
+                p, maxp = self.task.num_partitions or 1, self.spec.max_parallelism
+                mine = (
+                    (compute_key_group_range_for_operator_index(maxp, p, self.partition), maxp)
+                    if self._narrow() else None
+                )  # fmt: skip
+                found = read_previous(self.storage, previous, mine, p)
             self._previous_read = (found,)
         return self._previous_read[0]
 
@@ -200,8 +212,9 @@ class PartitionCheckpoint:
         ]  # fmt: skip
         if not limits:
             return None
-        if len(found.manifests) == (self.task.num_partitions or 1):
-            own = (found.manifests[self.partition].schema.metadata or {}).get(_LIMIT)
+        mine = found.manifest_of(self.partition)
+        if found.num_partitions == (self.task.num_partitions or 1) and mine is not None:
+            own = (mine.schema.metadata or {}).get(_LIMIT)
             if own is not None:
                 return int(own)
         return sorted(limits)[len(limits) // 2]
@@ -219,9 +232,10 @@ class PartitionCheckpoint:
         input_schema, kind = written.input_schema, written.kind
         carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
-        watermarks, stored = carry.restore_operator(
-            self.partition, p_new, found.operator_states(), where
-        )
+        watermarks, stored = (
+            (WatermarkState(), []) if self._narrow()
+            else carry.restore_operator(self.partition, p_new, found.operator_states(), where)
+        )  # fmt: skip
         if keyed:
             stored = self._restore_keyed(found, carry)
         if kind != self.kind:  # rows carried into chunks, or chunks into rows

@@ -76,17 +76,15 @@ from ._inflight import (
     WatermarkState,
     make_backend,
 )
+from ._retention import KEPT_FROM, delete_before, retained_from
 from ._seed import seed_chains
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
 from ._versions import (
-    KEPT_FROM,
     Chain,
     VersionFiles,
     apply_chains,
-    delete_before,
     read_previous,
-    retained_from,
     write_version,
     writer_of,
 )

@@ -46,19 +46,11 @@ the keys its micro-batch made current (a delta) and, once every
 no chain yet, or when its chain's deltas hold as many bytes as its full
 section, its full state instead, so a micro-batch writes what it touched plus
 ``1/interval`` of the state, a chain holds at most ``interval`` sections, and
-reading one costs at most about twice its full section. Retention (partition
-0, after its write) keeps the newest ``retain_versions`` versions and every
-older version directory their chains name: it lists the oldest retained
-version, whose key-group files' names say the oldest version their chains
-name (chains only move forward, so later versions name nothing older; of two
-attempts the least is kept, so a failed attempt that restarted a chain never
-hides what the manifest in force names; a manifest whose partition's files
-do not say, from earlier releases, is read), records in its manifest the
-version before which all are deleted (``aops.kept_from``), and deletes from
-the one its previous manifest records (the versions are listed only when it
-records none). Key-group files a worker writes to a remote location are also
-kept on its local disk (``asyncio_ops._local_copies``), and a restore's reads
-of chains prefer those copies.
+reading one costs at most about twice its full section. Retention (which
+versions partition 0 deletes): ``asyncio_ops._runtime._retention``. Key-group
+files a worker writes to a remote location are also kept on its local disk
+(``asyncio_ops._local_copies``), and a restore's reads of chains prefer those
+copies.
 
 Reads: a restore's reads are independent (the manifests of a version after
 partition 0's, the files of a chain), and on an object store each waits a
@@ -71,7 +63,6 @@ that order, is raised (the reads not yet started are cancelled).
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,8 +94,6 @@ OUTPUT_SCHEMA: Final = b"aops.output_schema"
 _LIMIT: Final = b"aops.limit"
 # the attempt that wrote a manifest (a warm worker proves with it what it holds)
 _WRITER: Final = b"aops.writer"
-# keyed_process, partition 0's manifest: every version before it was deleted (retention)
-KEPT_FROM: Final = b"aops.kept_from"
 # the partition's operator state file, attempt-unique as its key-group file (earlier
 # manifests lack it: ops-<i>.ckpt)
 _OPS: Final = b"aops.ops"
@@ -119,7 +108,7 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def _concurrently(
+def concurrently(
     storage: CheckpointStorage, read: Callable[[_T], _R], items: Sequence[_T]
 ) -> list[_R]:
     """``[read(item) for item in items]``, up to ``READ_CONCURRENCY`` at once when
@@ -304,7 +293,7 @@ def read_chains(
                 runs.append([offset, length])
         reads.append((version, file, [(o, n) for o, n in runs]))
     local = kind == Kind.KEY_GROUPS  # keyed_process's chains: a local copy may hold them
-    sections = _concurrently(
+    sections = concurrently(
         storage,
         lambda r: storage.read_sections(
             r[0], r[1], kind, r[2], local, keep=local and bool(keep) and r[1].startswith(keep)
@@ -410,7 +399,7 @@ def read_version(
     dropped, and the right ones read).
     """
     guessed = _needed(guess, key_groups)[1:] if guess is not None and guess > 1 else []
-    early = _concurrently(
+    early = concurrently(
         storage,
         lambda i: storage.read_if_present(version, f"subtask-{i:05d}.ckpt", Kind.MANIFEST),
         [0, *guessed],
@@ -439,7 +428,7 @@ def read_version(
     if old_parallelism == guess:
         others = early[1:]
     else:
-        others = _concurrently(
+        others = concurrently(
             storage,
             lambda i: storage.read_if_present(version, expected[i], Kind.MANIFEST),
             partitions[1:],
@@ -546,7 +535,7 @@ def write_version(
         if section.part == DELTA and kg not in new:
             raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
     # keyed_process writes its key-group file even when nothing changed: its name carries
-    # the oldest version the manifest's chains name, which retention lists (prune_versions)
+    # the oldest version the manifest's chains name, which retention lists (_retention)
     if sections or kind == Kind.KEY_GROUPS:
         starts = [version if sections[kg].part == FULL else new[kg][0][0] for kg in groups]
         starts += [chain[0][0] for kg, chain in new.items() if kg not in sections]
@@ -601,64 +590,3 @@ def writer_of(manifest: pa.Table) -> str:
     """The token of the attempt that wrote ``manifest`` ("" for earlier releases)."""
     raw: bytes = (manifest.schema.metadata or {}).get(_WRITER, b"")
     return raw.decode(errors="replace")
-
-
-def prune_versions(
-    storage: CheckpointStorage, version: int, retain: int, chained: bool = True
-) -> None:
-    """Delete the versions older than the newest ``retain`` that no retained version's
-    chains name (partition 0 does it, after writing ``version``). ``chained``: the
-    operator's chains may name earlier versions (``keyed_process``); the async
-    operator's never do (each version holds its elements whole)."""
-    keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
-    delete_before(storage, keep_from)
-
-
-def retained_from(storage: CheckpointStorage, version: int, retain: int) -> int:
-    """The oldest version to keep once ``version`` is written: of the newest ``retain``,
-    the oldest, or the oldest its chains name (0 while there are no more)."""
-    oldest = version - retain + 1
-    return _oldest_named(storage, oldest) if oldest > 0 else 0
-
-
-def delete_before(
-    storage: CheckpointStorage, keep_from: int, deleted_before: int | None = None
-) -> None:
-    """Delete the versions older than ``keep_from``: those listed, or, when the versions
-    before ``deleted_before`` are known gone (partition 0's manifest before says so,
-    ``KEPT_FROM``), those from it on, without listing."""
-    if keep_from <= 0:
-        return
-    if deleted_before is None:
-        storage.delete_versions([v for v in storage.versions() if v < keep_from])
-    else:
-        storage.delete_versions(range(deleted_before, keep_from))
-
-
-_FLOOR_NAME: Final = re.compile(r"^kg-p(\d+)-.+-from(\d+)\.ckpt$")
-_MANIFEST_NAME: Final = re.compile(r"^subtask-(\d+)\.ckpt$")
-
-
-def _oldest_named(storage: CheckpointStorage, version: int) -> int:
-    """The oldest version the chains of ``version``'s manifests name (``version`` if
-    none), and so of every later version's (a chain only moves forward): from one
-    listing of the version, whose key-group files name it (``kg-p<i>-<token>-from<v>``,
-    written by every attempt before its manifest, so the least of them is at most the
-    manifest in force's); a partition's manifest is read only if no file of it says
-    (earlier releases)."""
-    floors: dict[int, int] = {}
-    partitions = []
-    for name in storage.list_files(version):
-        if m := _FLOOR_NAME.match(name):
-            floors[int(m[1])] = min(floors.get(int(m[1]), version), int(m[2]))
-        elif m := _MANIFEST_NAME.match(name):
-            partitions.append(int(m[1]))
-    oldest = min(floors.values(), default=version)
-    unsaid = [p for p in partitions if p not in floors]
-    read = lambda p: storage.read_if_present(version, f"subtask-{p:05d}.ckpt", Kind.MANIFEST)  # noqa: E731
-    for manifest in _concurrently(storage, read, unsaid):
-        if manifest is not None and "versions" in manifest.column_names:
-            for vs in manifest.column("versions").to_pylist():
-                if vs:
-                    oldest = min(oldest, min(vs))
-    return oldest

@@ -333,12 +333,8 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
     key group keeps it; adjacent sections of one file are one ranged read; pruning keeps
     every version the oldest retained version's chains name, and deletes the rest."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._versions import (
-        prune_versions,
-        read_chains,
-        read_version,
-        write_version,
-    )
+    from asyncio_ops._runtime._retention import prune_versions
+    from asyncio_ops._runtime._versions import read_chains, read_version, write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
     chains = write_version(s, 0, 0, 1, True, {1: _kg(1, "f1"), 2: _kg(2, "f2")}, [], {},
@@ -385,7 +381,8 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     it keeps what the older-reaching one names (one may have failed after its data file,
     the manifest in force being the other's); a manifest without such a file (earlier
     releases) is read."""
-    from asyncio_ops._runtime._versions import prune_versions, write_version
+    from asyncio_ops._runtime._retention import prune_versions
+    from asyncio_ops._runtime._versions import write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
     reads: list[str] = []

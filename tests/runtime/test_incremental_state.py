@@ -30,7 +30,7 @@ from asyncio_ops._keygroups import (
 from asyncio_ops._local_copies import LocalCopies
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
-from asyncio_ops._runtime._versions import _concurrently
+from asyncio_ops._runtime._versions import concurrently
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -326,10 +326,10 @@ def test_concurrent_reads_keep_their_order_and_raise_the_first_failure(
             raise ValueError(f"file {i}")
         return i * i
 
-    assert _concurrently(storage, read, list(range(3))) == [0, 1, 4]
-    assert _concurrently(storage, read, []) == [] and _concurrently(storage, read, [2]) == [4]
+    assert concurrently(storage, read, list(range(3))) == [0, 1, 4]
+    assert concurrently(storage, read, []) == [] and concurrently(storage, read, [2]) == [4]
     with pytest.raises(ValueError, match="file 3"):
-        _concurrently(storage, read, list(range(20)))
+        concurrently(storage, read, list(range(20)))
     assert any(t.startswith("aops-read") for t in threads) is remote
 
 

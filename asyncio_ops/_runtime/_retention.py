@@ -1,0 +1,91 @@
+"""Retention: which versions of a streaming operator's state to delete, and deleting them.
+
+Contract. Partition 0, after writing version ``N``, keeps the newest
+``retain_versions`` versions and every older version directory their chains
+name (``asyncio_ops._runtime._versions``), and deletes the rest. It finds the
+oldest version to keep without reading manifests: it lists the oldest
+retained version, whose key-group files' names say the oldest version their
+partition's chains name (``kg-p<i>-<token>-from<v>``; chains only move
+forward, so later versions name nothing older; of two attempts the least is
+kept, so a failed attempt that restarted a chain never hides what the
+manifest in force names; a partition whose files do not say, from earlier
+releases, has its manifest read). ``keyed_process`` records in partition 0's
+manifest the version before which every version is deleted (``KEPT_FROM``),
+and deletes from the one its previous manifest records, so the versions are
+listed only when no manifest says (the first time). The async operator's
+versions hold their elements whole: it keeps exactly the newest
+``retain_versions``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .._checkpoint import CheckpointStorage
+from .._container import Kind
+from ._versions import concurrently
+
+# keyed_process, partition 0's manifest: every version before it was deleted
+KEPT_FROM: Final = b"aops.kept_from"
+
+
+def prune_versions(
+    storage: CheckpointStorage, version: int, retain: int, chained: bool = True
+) -> None:
+    """Delete the versions older than the newest ``retain`` that no retained version's
+    chains name (partition 0 does it, after writing ``version``). ``chained``: the
+    operator's chains may name earlier versions (``keyed_process``); the async
+    operator's never do (each version holds its elements whole)."""
+    keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
+    delete_before(storage, keep_from)
+
+
+def retained_from(storage: CheckpointStorage, version: int, retain: int) -> int:
+    """The oldest version to keep once ``version`` is written: of the newest ``retain``,
+    the oldest, or the oldest its chains name (0 while there are no more)."""
+    oldest = version - retain + 1
+    return _oldest_named(storage, oldest) if oldest > 0 else 0
+
+
+def delete_before(
+    storage: CheckpointStorage, keep_from: int, deleted_before: int | None = None
+) -> None:
+    """Delete the versions older than ``keep_from``: those listed, or, when the versions
+    before ``deleted_before`` are known gone (partition 0's manifest before says so,
+    ``KEPT_FROM``), those from it on, without listing."""
+    if keep_from <= 0:
+        return
+    if deleted_before is None:
+        storage.delete_versions([v for v in storage.versions() if v < keep_from])
+    else:
+        storage.delete_versions(range(deleted_before, keep_from))
+
+
+_FLOOR_NAME: Final = re.compile(r"^kg-p(\d+)-.+-from(\d+)\.ckpt$")
+_MANIFEST_NAME: Final = re.compile(r"^subtask-(\d+)\.ckpt$")
+
+
+def _oldest_named(storage: CheckpointStorage, version: int) -> int:
+    """The oldest version the chains of ``version``'s manifests name (``version`` if
+    none), and so of every later version's (a chain only moves forward): from one
+    listing of the version, whose key-group files name it (``kg-p<i>-<token>-from<v>``,
+    written by every attempt before its manifest, so the least of them is at most the
+    manifest in force's); a partition's manifest is read only if no file of it says
+    (earlier releases)."""
+    floors: dict[int, int] = {}
+    partitions = []
+    for name in storage.list_files(version):
+        if m := _FLOOR_NAME.match(name):
+            floors[int(m[1])] = min(floors.get(int(m[1]), version), int(m[2]))
+        elif m := _MANIFEST_NAME.match(name):
+            partitions.append(int(m[1]))
+    oldest = min(floors.values(), default=version)
+    unsaid = [p for p in partitions if p not in floors]
+    read = lambda p: storage.read_if_present(version, f"subtask-{p:05d}.ckpt", Kind.MANIFEST)  # noqa: E731
+    for manifest in concurrently(storage, read, unsaid):
+        if manifest is not None and "versions" in manifest.column_names:
+            for vs in manifest.column("versions").to_pylist():
+                if vs:
+                    oldest = min(oldest, min(vs))
+    return oldest

@@ -1,0 +1,94 @@
+"""The async operator's streaming checkpoint on an S3-compatible server: what a partition
+reads of the previous version, counted from the server's own log.
+
+Keyed and without event time, a partition reads partition 0's manifest and those of its
+key groups' old owners (its own, at the same number of partitions) and no operator state
+file (which then holds only watermarks): its requests do not grow with the number of
+partitions. Unkeyed, or with event time, it reads every partition's manifest and
+operator state (the watermarks' union, and the even split of unkeyed elements).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._elements import Record
+from asyncio_ops._functions import as_async_function
+from asyncio_ops._operator import OutputMode
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
+from asyncio_ops._runtime._adapters import RowValue
+from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
+from asyncio_ops._runtime._inflight import WatermarkState
+from asyncio_ops._snapshot import SnapshotEntry
+
+IN = pa.schema([("id", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
+OUT = pa.schema([("score", pa.float64())])
+RESULTS = pa.list_(pa.struct(list(OUT)))
+
+
+async def echo(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row]
+
+
+def _spec(location: str, keyed: bool, event_time: str | None = None) -> PartitionSpec:
+    return PartitionSpec(
+        function=as_async_function(echo), function_token="t", mode=OutputMode.UNORDERED,
+        timeout=60.0, capacity=100, retry=None, output_schema=OUT, added_columns=("score",),
+        key_columns=("id",) if keyed else (), checkpoint=CheckpointStorage(location, "op"),
+        num_partitions=4, event_time=event_time,
+    )  # fmt: skip
+
+
+def _in_flight(ids: range, keyed: bool) -> list[SnapshotEntry]:
+    """Elements still in flight at the end of a micro-batch (key group = id % 128)."""
+    deadline = time.time() + 60
+    out = []
+    for i in ids:
+        row = {"id": i, KEY_GROUP_COLUMN: i % 128 if keyed else None}
+        record = Record(RowValue(row, None, i))
+        out.append(SnapshotEntry(record, None, i if keyed else None, 1, deadline))
+    return out
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "unkeyed"])
+def test_a_keyed_partition_reads_two_manifests_and_no_operator_state_at_any_parallelism(
+    s3_server: Any, keyed: bool
+) -> None:
+    spec = _spec(s3_server(f"carry-{uuid.uuid4().hex[:8]}"), keyed)
+    parts = 4
+    for p in range(parts):  # micro-batch 1 ends with elements of every partition in flight
+        PartitionCheckpoint(spec, TaskInfo(p, parts, batch_id=1), RESULTS).finish(
+            _in_flight(range(p * 32, p * 32 + 32), keyed), WatermarkState(), IN
+        )
+    s3_server.requests.clear()
+    restored = PartitionCheckpoint(spec, TaskInfo(1, parts, batch_id=2), RESULTS).restore()
+    assert restored is not None
+    # partition 1 of 4 owns key groups 32..63: ids 32..63 (partition 1's own elements);
+    # unkeyed, at the same parallelism, also its own
+    assert sorted(e.element.value.row["id"] for e in restored.entries) == list(range(32, 64))
+    read = sorted(r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
+                  for r in s3_server.requests)  # fmt: skip
+    if keyed:  # partition 0's manifest and its own, then its key-group file
+        assert read == sorted(["HEAD subtask", "GET subtask"] * 2 + ["HEAD kg", "GET kg"])
+    else:  # every partition's manifest and operator state
+        assert read == sorted(["HEAD subtask", "GET subtask", "HEAD ops", "GET ops"] * parts)
+
+
+def test_with_event_time_a_keyed_partition_reads_every_watermark(s3_server: Any) -> None:
+    spec = _spec(s3_server(f"carry-et-{uuid.uuid4().hex[:8]}"), True, event_time="ts")
+    parts = 4
+    for p in range(parts):
+        PartitionCheckpoint(spec, TaskInfo(p, parts, batch_id=1), RESULTS).finish(
+            [], WatermarkState(100.0 + p, 90.0 + p), IN
+        )
+    s3_server.requests.clear()
+    restored = PartitionCheckpoint(spec, TaskInfo(1, parts, batch_id=2), RESULTS).restore()
+    assert restored is not None
+    assert (restored.watermarks.max_seen, restored.watermarks.current) == (103.0, 93.0)
+    assert sum("/ops-p" in r for r in s3_server.requests) == 2 * parts
