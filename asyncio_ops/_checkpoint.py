@@ -131,8 +131,11 @@ class CheckpointStorage:
         # every request waits on a network: independent reads are worth making at once
         self.remote = fs.type_name != "local"
         # the key-group files this machine wrote, kept on its disk (asyncio_ops._local_copies)
-        base = directory() if self.remote else None
-        self.local = LocalCopies(base, f"{shown_location(location)}|{uid}") if base else None
+        found = directory() if self.remote else None
+        self.local = (
+            LocalCopies(found[0], f"{shown_location(location)}|{uid}", private=found[1])
+            if found else None
+        )  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "uid": self.uid}

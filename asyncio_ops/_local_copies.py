@@ -55,45 +55,56 @@ _SUBDIR: Final = "asyncio_ops-local-copies"
 log = logging.getLogger("asyncio_ops.runtime")
 
 
-def directory() -> Path | None:
-    """Where local copies go in this process (module docstring), or None if off."""
+def directory() -> tuple[Path, bool] | None:
+    """Where local copies go in this process (module docstring), and whether it is the
+    shared temporary directory's (checked private before first use); None if off."""
     raw = os.environ.get(LOCAL_COPIES_ENV, "").strip()
     if raw.lower() in _OFF:
         return None
     if raw:
-        return Path(raw)
+        return Path(raw), False
     spark = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
     if spark:  # the executor's own directory
-        return Path(spark) / _SUBDIR
-    return _private(Path(tempfile.gettempdir()) / f"{_SUBDIR}-{os.getuid()}")
+        return Path(spark) / _SUBDIR, False
+    return Path(tempfile.gettempdir()) / f"{_SUBDIR}-{os.getuid()}", True
 
 
-def _private(path: Path) -> Path | None:
-    """``path``, created readable by this user only, if it is (or can be made) a
-    directory this user owns that no one else may write; else None (logged): a
-    shared temporary directory is no place for files a restore reads."""
+def _private(path: Path) -> bool:
+    """Whether ``path`` is (or, created readable by this user only, becomes) a directory
+    this user owns that no one else may write (logged if not): a shared temporary
+    directory is no place for files a restore reads."""
     try:
         path.mkdir(mode=0o700, exist_ok=True)
         info = path.lstat()
     except OSError as exc:
         log.warning("asyncio_ops: no local copies: cannot create %s (%s)", path, exc)
-        return None
+        return False
     if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid() or (
         info.st_mode & 0o022
     ):
         log.warning("asyncio_ops: no local copies: %s is not a private directory of this "
                     "user; set %s", path, LOCAL_COPIES_ENV)
-        return None
-    return path
+        return False
+    return True
 
 
 class LocalCopies:
     """The local copies of one operator's checkpoint files (``where``: the location,
-    without credentials, and the uid; hashed into a directory name)."""
+    without credentials, and the uid; hashed into a directory name). ``private``:
+    ``base`` must prove a private directory of this user before the first copy is
+    written or read (nothing is created before)."""
 
-    def __init__(self, base: Path, where: str) -> None:
+    def __init__(self, base: Path, where: str, private: bool = False) -> None:
         self.root = base / hashlib.sha256(where.encode()).hexdigest()[:20]
         self._warned = False
+        self._base, self._unchecked = base, private
+        self._usable = True
+
+    def _ready(self) -> bool:
+        if self._unchecked:
+            self._unchecked = False
+            self._usable = _private(self._base)
+        return self._usable
 
     def _file(self, relative: str) -> Path:
         return self.root / relative
@@ -101,6 +112,8 @@ class LocalCopies:
     def put(self, relative: str, data: bytes | memoryview) -> None:
         """Keep ``data`` as the copy of ``relative`` (``<version dir>/<name>``): written to
         a temporary name and moved into place; on failure logged, not raised."""
+        if not self._ready():
+            return
         target = self._file(relative)
         tmp = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
@@ -120,6 +133,8 @@ class LocalCopies:
     ) -> list[bytes] | None:
         """The copy's bytes (whole, or each ``(offset, length)`` range), or None if there
         is no copy or it is shorter than a range asks."""
+        if not self._ready():
+            return None
         try:
             with open(self._file(relative), "rb") as f:
                 if ranges is None:
@@ -144,6 +159,8 @@ class LocalCopies:
         """Delete the copies whose name starts with ``prefix`` (a partition's files)
         other than those in ``named`` (``<version dir>/<name>``), and version
         directories left empty."""
+        if not self._ready():
+            return
         try:
             version_dirs = list(os.scandir(self.root))
         except OSError:

@@ -9,6 +9,7 @@ cold, every output row must be what a plain-Python model says.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -572,24 +573,33 @@ def test_local_copies_go_where_the_environment_says_and_only_for_a_remote_locati
 
     monkeypatch.delenv(_local_copies.LOCAL_COPIES_ENV, raising=False)
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/a,{tmp_path}/b")
-    assert _local_copies.directory() == tmp_path / "a" / "asyncio_ops-local-copies"
+    assert _local_copies.directory() == (tmp_path / "a" / "asyncio_ops-local-copies", False)
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
     monkeypatch.setattr(_local_copies.tempfile, "gettempdir", lambda: str(tmp_path))
     private = tmp_path / f"asyncio_ops-local-copies-{os.getuid()}"
-    assert _local_copies.directory() == private  # created, this user's only
+    assert _local_copies.directory() == (private, True)
+    # nothing is created before a copy is written or read; then this user's only
+    storage = CheckpointStorage(s3_server("tmp"), "agg")
+    assert storage.local is not None and not private.exists()
+    storage.local.put("v0000000000/kg-p00000-x.ckpt", b"x")
     assert private.stat().st_mode & 0o777 == 0o700
+    assert storage.local.read("v0000000000/kg-p00000-x.ckpt", None) == [b"x"]
     private.chmod(0o777)  # writable by others: not used
-    assert _local_copies.directory() is None
-    private.rmdir()
+    late = CheckpointStorage(s3_server("tmp"), "agg").local
+    assert late is not None and late.read("v0000000000/kg-p00000-x.ckpt", None) is None
+    shutil.rmtree(private)
     private.symlink_to(tmp_path)  # a link someone planted: not followed
-    assert _local_copies.directory() is None
+    late = CheckpointStorage(s3_server("tmp"), "agg").local
+    assert late is not None and late.read("v0000000000/kg-p00000-x.ckpt", None) is None
+    late.put("v0000000000/kg-p00000-y.ckpt", b"y")
+    assert not (tmp_path / late.root.name).exists()
     private.unlink()
     for off in ("0", "off", "OFF", "false"):
         monkeypatch.setenv(_local_copies.LOCAL_COPIES_ENV, off)
         assert _local_copies.directory() is None
         assert CheckpointStorage(s3_server("off"), "agg").local is None
     monkeypatch.setenv(_local_copies.LOCAL_COPIES_ENV, str(tmp_path / "mine"))
-    assert _local_copies.directory() == tmp_path / "mine"
+    assert _local_copies.directory() == (tmp_path / "mine", False)
     assert CheckpointStorage(str(tmp_path / "ckpt"), "agg").local is None  # local disk
     one, two = CheckpointStorage(s3_server("x"), "agg"), CheckpointStorage(s3_server("y"), "agg")
     assert one.local is not None and two.local is not None
