@@ -114,6 +114,27 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+def _decoded(
+    got: Sequence[bytes],
+    ranges: Sequence[tuple[int, int]] | None,
+    kind: Kind,
+    where: str,
+    identity: str,
+) -> list[Section]:
+    """The verified sections of what a read got: a whole container (``ranges`` None), or
+    one byte string per ``(offset, length)`` range, each whole sections."""
+    if ranges is None:
+        return decode(got[0], kind, where, identity, CorruptCheckpointError)
+    out: list[Section] = []
+    for data, (offset, length) in zip(got, ranges, strict=True):
+        if len(data) != length:
+            raise CorruptCheckpointError(
+                f"{where} is truncated: {len(data)} of {length} bytes at {offset}"
+            )
+        out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+    return out
+
+
 class CheckpointStorage:
     """Files of one operator (``uid``) under ``location``; see the module docstring."""
 
@@ -274,25 +295,17 @@ class CheckpointStorage:
         try:
             if ranges is None:
                 with self.fs.open_input_stream(path) as f:
-                    data = f.read()
-                return decode(data, kind, where, identity, CorruptCheckpointError)
-            out: list[Section] = []
+                    return _decoded([f.read()], None, kind, where, identity)
             with self.fs.open_input_file(path) as f:
                 whole = None
                 if keep and self.local is not None:
                     size = f.size()  # known: the file was opened with a HEAD
                     if size <= max(_KEEP_WHOLE, 2 * sum(n for _, n in ranges)):
                         whole = f.read_at(size, 0)
-                for offset, length in ranges:
-                    data = (
-                        f.read_at(length, offset) if whole is None
-                        else whole[offset : offset + length]
-                    )  # fmt: skip
-                    if len(data) != length:
-                        raise CorruptCheckpointError(
-                            f"{where} is truncated: {len(data)} of {length} bytes at {offset}"
-                        )
-                    out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+                got = [
+                    f.read_at(n, o) if whole is None else whole[o : o + n] for o, n in ranges
+                ]
+            out = _decoded(got, ranges, kind, where, identity)
             if whole is not None and self.local is not None:  # its ranges verified
                 self.local.put(self._relative(version, name), whole)
             return out
@@ -318,12 +331,7 @@ class CheckpointStorage:
         if got is None:
             return None
         try:
-            if ranges is None:
-                return decode(got[0], kind, where, identity, CorruptCheckpointError)
-            out: list[Section] = []
-            for data in got:
-                out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
-            return out
+            return _decoded(got, ranges, kind, where, identity)
         except CorruptCheckpointError as exc:
             log.warning("asyncio_ops: the local copy of %s failed verification (%s); reading "
                         "the checkpoint's", where, exc)

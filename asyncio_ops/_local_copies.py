@@ -97,12 +97,11 @@ class LocalCopies:
     def __init__(self, base: Path, where: str, private: bool = False) -> None:
         self.root = base / hashlib.sha256(where.encode()).hexdigest()[:20]
         self._warned = False
-        self._base, self._unchecked = base, private
-        self._usable = True
+        self._base = base
+        self._usable: bool | None = None if private else True  # None: not checked yet
 
     def _ready(self) -> bool:
-        if self._unchecked:
-            self._unchecked = False
+        if self._usable is None:
             self._usable = _private(self._base)
         return self._usable
 

@@ -170,10 +170,14 @@ class PartitionCheckpoint:
         return CarryOver(
             ElementSerializer(kind or self.kind, spec.output_schema, input_schema),
             max_parallelism=spec.max_parallelism,
-            key_groups=compute_key_group_range_for_operator_index(
-                spec.max_parallelism, num_partitions, self.partition
-            ),
+            key_groups=self._key_groups(num_partitions),
             state_backend=spec.state_backend,
+        )
+
+    def _key_groups(self, num_partitions: int) -> KeyGroupRange:
+        """The key groups this partition owns at ``num_partitions`` partitions."""
+        return compute_key_group_range_for_operator_index(
+            self.spec.max_parallelism, num_partitions, self.partition
         )
 
     def _narrow(self) -> bool:
@@ -190,11 +194,8 @@ class PartitionCheckpoint:
             previous = self._previous()
             found = None
             if previous is not None:
-                p, maxp = self.task.num_partitions or 1, self.spec.max_parallelism
-                mine = (
-                    (compute_key_group_range_for_operator_index(maxp, p, self.partition), maxp)
-                    if self._narrow() else None
-                )  # fmt: skip
+                p = self.task.num_partitions or 1
+                mine = (self._key_groups(p), self.spec.max_parallelism) if self._narrow() else None
                 found = read_previous(self.storage, previous, mine, p)
             self._previous_read = (found,)
         return self._previous_read[0]

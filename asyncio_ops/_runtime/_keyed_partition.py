@@ -84,6 +84,7 @@ from ._versions import (
     Chain,
     VersionFiles,
     apply_chains,
+    key_group_prefix,
     read_previous,
     write_version,
     writer_of,
@@ -303,7 +304,7 @@ def _sync(
         elif len(want) > len(have):
             rests[kg] = want[len(have) :]  # the deltas written since
             tails.add(kg)
-    mine = f"kg-p{task.partition_id:05d}-"
+    mine = key_group_prefix(task.partition_id)
     apply_chains(spec.checkpoint, rests, op.apply_change, tails, keep=mine)
     return target
 

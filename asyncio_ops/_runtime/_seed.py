@@ -40,7 +40,7 @@ from ..state import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
-from ._versions import Chain, apply_chains
+from ._versions import Chain, apply_chains, key_group_prefix
 
 SEED: Final = "initial-state"
 _MANIFEST_PREFIX: Final = "seed-manifest-"
@@ -102,7 +102,7 @@ def write_seed(
         sections = key_group_sections(backend, op.timer_service)
         writer = uuid.uuid4().hex[:12]
         groups = sorted(sections)
-        name = f"kg-p{task.partition_id:05d}-{writer}.ckpt"
+        name = f"{key_group_prefix(task.partition_id)}{writer}.ckpt"
         extents = (
             storage.write_sections(SEED, name, Kind.KEY_GROUPS, [sections[kg] for kg in groups])
             if groups

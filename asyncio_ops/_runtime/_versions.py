@@ -122,6 +122,11 @@ def concurrently(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def key_group_prefix(partition: int) -> str:
+    """How the names of partition ``partition``'s key-group files start (``kg-p<i>-``)."""
+    return f"kg-p{partition:05d}-"
+
+
 def _list(name: str, item: pa.DataType) -> pa.Field:
     return pa.field(name, pa.list_(pa.field("item", item, nullable=False)), nullable=False)
 
@@ -534,17 +539,19 @@ def write_version(
             raise CheckpointError(f"key group {kg}: a section tagged {section.tag}")
         if section.part == DELTA and kg not in new:
             raise CheckpointError(f"key group {kg}: a delta without a full snapshot before it")
-    # keyed_process writes its key-group file even when nothing changed: its name carries
-    # the oldest version the manifest's chains name, which retention lists (_retention)
-    if sections or kind == Kind.KEY_GROUPS:
+    # keyed_process's chains span versions: its key-group file is written even when
+    # nothing changed (its name carries the oldest version the manifest's chains name,
+    # which retention lists, _retention), and kept as a local copy (_local_copies)
+    chained = kind == Kind.KEY_GROUPS
+    if sections or chained:
         starts = [version if sections[kg].part == FULL else new[kg][0][0] for kg in groups]
         starts += [chain[0][0] for kg, chain in new.items() if kg not in sections]
         floor = min(starts, default=version)
-        name = f"kg-p{partition:05d}-{writer}-from{floor:010d}.ckpt"
+        name = f"{key_group_prefix(partition)}{writer}-from{floor:010d}.ckpt"
         written = {id(sections[kg]): sections[kg] for kg in groups}  # a shared one once
         extents = dict(
             zip(written, storage.write_sections(version, name, kind, list(written.values()),
-                                                local=kind == Kind.KEY_GROUPS and bool(groups)),
+                                                local=chained and bool(groups)),
                 strict=True)
         )  # fmt: skip
         for kg in groups:
@@ -580,9 +587,9 @@ def write_version(
         }
     )
     storage.write(version, f"subtask-{partition:05d}.ckpt", Kind.MANIFEST, manifest)
-    if kind == Kind.KEY_GROUPS:  # this partition's local copies: what its chains name
+    if chained:  # this partition's local copies: what its chains name
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
-        storage.keep_local_copies(f"kg-p{partition:05d}-", in_chains)
+        storage.keep_local_copies(key_group_prefix(partition), in_chains)
     return new
 
 
