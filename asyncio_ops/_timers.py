@@ -22,7 +22,9 @@ Contract (Flink's InternalTimerService):
   that final firing never fires (it is dropped when it comes due in it), so a
   timer that re-registers itself ends with the input instead of firing forever.
 - Before a timer's callback runs, its key becomes the current key of the
-  ``key_context`` (the keyed state backend), if one is given.
+  ``key_context`` (the keyed state backend), if one is given; a context that
+  takes every key's group from the engine (``requires_assigned_groups``) is
+  first told the group the timer is filed under.
 - :meth:`InternalTimerService.snapshot` returns the live timers grouped by key
   group, and :meth:`InternalTimerService.restore` takes back the groups inside
   the service's key-group range, so timers move with their keys on rescale. A
@@ -100,6 +102,9 @@ class KeyContext(Protocol):
 
     def assign_key_group(self, key: Any, key_group: int) -> None: ...
 
+    @property
+    def requires_assigned_groups(self) -> bool: ...
+
 
 class TimerHeap:
     """A min-heap of timers with de-duplication and O(1) (lazy) delete.
@@ -164,8 +169,11 @@ class TimerHeap:
         """A registration mark: every timer added after this call has a sequence ``>=`` it."""
         return next(self._seq)
 
-    def poll_due(self, up_to: float, added_before: int | None = None) -> Timer | None:
-        """Remove and return the earliest timer with ``timestamp <= up_to``, if any.
+    def poll_due(
+        self, up_to: float, added_before: int | None = None
+    ) -> tuple[Timer, int] | None:
+        """Remove and return the earliest timer with ``timestamp <= up_to`` and its
+        group, if any.
 
         With ``added_before`` (a :meth:`mark`), a due timer added after the mark
         is removed without being returned.
@@ -185,7 +193,7 @@ class TimerHeap:
             self._unindex(entry, timer.key, timer.namespace, timer.timestamp)
             if added_before is not None and entry[1] >= added_before:
                 continue
-            return timer  # type: ignore[no-any-return]
+            return timer, entry[3]
         return None
 
     def of_keys(self, group: int, keys: Iterable[Any]) -> list[Timer]:
@@ -362,13 +370,17 @@ class InternalTimerService:
         fired = 0
         heap = self._processing
         ctx = self._key_context
+        name_group = ctx is not None and ctx.requires_assigned_groups
         trigger = self._triggerable.on_processing_time
         mark = heap.mark() if final else None
         while not self._closed:
-            timer = heap.poll_due(now, mark)
-            if timer is None:
+            due = heap.poll_due(now, mark)
+            if due is None:
                 break
+            timer, group = due
             if ctx is not None:
+                if name_group:
+                    ctx.assign_key_group(timer.key, group)
                 ctx.set_current_key(timer.key)
             trigger(timer)
             fired += 1
@@ -386,13 +398,17 @@ class InternalTimerService:
             self._watermark = watermark
         fired = 0
         ctx = self._key_context
+        name_group = ctx is not None and ctx.requires_assigned_groups
         trigger = self._triggerable.on_event_time
         mark = self._event.mark() if watermark == math.inf else None
         while not self._closed:
-            timer = self._event.poll_due(watermark, mark)
-            if timer is None:
+            due = self._event.poll_due(watermark, mark)
+            if due is None:
                 break
+            timer, group = due
             if ctx is not None:
+                if name_group:
+                    ctx.assign_key_group(timer.key, group)
                 ctx.set_current_key(timer.key)
             trigger(timer)
             fired += 1

@@ -44,6 +44,8 @@ class Recorder:
     def assign_key_group(self, key: Any, key_group: int) -> None:
         self.pinned[key] = key_group
 
+    requires_assigned_groups = False
+
 
 def make(clock: ManualClock | None = None, **kw: Any) -> tuple[InternalTimerService, Recorder]:
     rec = Recorder(kw.get("max_parallelism", 128))
@@ -64,7 +66,7 @@ def test_heap_dedups_deletes_and_orders() -> None:
     assert [(t.key, t.timestamp) for t in h] == [("k", 5), ("j", 5)]  # ties: registration order
     assert h.poll_due(4) is None
     first = h.poll_due(5)
-    assert first == Timer("k", "ns", 5)
+    assert first == (Timer("k", "ns", 5), 0)  # with its group (0: none given)
     assert len(h) == 1
 
 

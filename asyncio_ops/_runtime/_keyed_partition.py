@@ -115,11 +115,13 @@ def run_keyed_process(
     previous = _previous(spec, task, key_groups) if streaming else None
     warm_key = _warm_key(spec, task) if streaming else None
     held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
-    backend = (
-        held.operator.backend
-        if held is not None
-        else make_backend(spec.state_backend, spec.max_parallelism, key_groups)
-    )
+    if held is not None:
+        backend = held.operator.backend
+    else:
+        backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+        # Spark names every key's group (rows: __aops_key_group; timers: where they are
+        # filed): the backend remembers groups per task, not per key stored
+        backend.require_assigned_groups()
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
     key_of = key_selector(spec.key_columns)
     op = KeyedProcessOperator(

@@ -50,6 +50,15 @@ group over with the key, and it is never recomputed in Python. A pinned key
 keeps its group for the backend's life (state, snapshots, timers); restoring a
 snapshot pins every key to the group it was filed under.
 
+An engine that names the group of *every* key it makes current calls
+:meth:`KeyedStateBackend.require_assigned_groups` once: then the backend
+remembers a key's group only from one :meth:`~KeyedStateBackend.track_changes`
+to the next (the keys of one task, not of the whole state: a restore pins
+nothing, and memory does not grow with the keys stored), the timer service
+names a timer's group as it fires it, and a key made current with no group
+named is a :class:`KeyGroupError`, never the core hash's group (which would
+read another group's state).
+
 ``restore(blobs)`` takes the blobs of the key groups inside this backend's
 range and ignores the others, so it can be given the whole snapshot of every
 old instance. It verifies every blob it takes before applying any, so a
@@ -251,8 +260,10 @@ class KeyedStateBackend(ABC):
         self._key: Any = NO_KEY
         self._kprefix: bytes | None = None
         self._key_cache: dict[Any, tuple[int, bytes]] = {}
-        # Keys filed under a key group other than the core hash's (assign_key_group).
+        # Keys filed under a key group other than the core hash's (assign_key_group); with
+        # require_assigned_groups, every key named since the last track_changes().
         self._assigned: dict[Any, int] = {}
+        self._require_assigned = False
         self._watermark = _NEG_INF
         self._first_watermark = _NEG_INF
         self._tables: dict[str, TableBase] = {}
@@ -292,6 +303,11 @@ class KeyedStateBackend(ABC):
         enc = canonical_bytes(key)
         kg = self._assigned.get(key)
         if kg is None:
+            if self._require_assigned:
+                raise KeyGroupError(
+                    f"key {key!r}: no key group was assigned to it (this backend takes every "
+                    "key's group from the engine: assign_key_group before making it current)"
+                )
             kg = encoded_key_group(enc, self.max_parallelism)
         if kg not in self.key_group_range:
             r = self.key_group_range
@@ -313,16 +329,31 @@ class KeyedStateBackend(ABC):
 
         Call before the key's first use. :class:`KeyGroupError` if ``key_group`` is
         outside this backend's range, or if ``key`` is already pinned to another
-        group; :class:`UnsupportedKeyError` for a key with no canonical encoding.
+        group; :class:`UnsupportedKeyError` for a key with no canonical encoding
+        (with :meth:`require_assigned_groups`: when it is made current).
         """
-        enc = canonical_bytes(key)
         if type(key_group) is not int or key_group not in self.key_group_range:
+            canonical_bytes(key)  # an unsupported key is named first
             r = self.key_group_range
             raise KeyGroupError(
                 f"key {key!r}: key group {key_group!r} is outside this backend's key-group "
                 f"range {r.start}..{r.end} (max_parallelism {self.max_parallelism})"
             )
-        pinned = self._assigned.get(key)
+        if self._require_assigned:  # per row: no encoding, no hash (set_current_key checks)
+            try:
+                pinned = self._assigned.get(key)
+            except TypeError:  # unhashable: canonical_bytes names the type
+                canonical_bytes(key)
+                raise UnsupportedKeyError(f"key {key!r} is not hashable") from None
+            if pinned is None:
+                cached = self._key_cache.get(key)
+                if cached is None or cached[0] + self._kg_start == key_group:
+                    self._assigned[key] = key_group
+                    return
+                pinned = cached[0] + self._kg_start
+        else:
+            enc = canonical_bytes(key)
+            pinned = self._assigned.get(key)
         if pinned == key_group:
             return
         if pinned is not None:
@@ -567,7 +598,7 @@ class KeyedStateBackend(ABC):
             if isinstance(kg, int) and kg in self.key_group_range
         ]  # fmt: skip
         maxp = self.max_parallelism
-        for kg, dumps in decoded:
+        for kg, dumps in decoded if not self._require_assigned else ():
             for dump in dumps:  # every key keeps the group it was filed under
                 for entry in dump[3] if isinstance(dump, tuple) and len(dump) == 5 else ():
                     if encoded_key_group(entry[0], maxp) != kg:
@@ -612,9 +643,23 @@ class KeyedStateBackend(ABC):
         return len(decoded)
 
     # -- incremental snapshots (module docstring) --------------------------------------
+    def require_assigned_groups(self) -> None:
+        """From now on the engine names the group of every key it makes current (see the
+        module docstring): a restore pins no key, :meth:`track_changes` forgets the
+        groups named before it, and a key with no group named is a KeyGroupError."""
+        self._require_assigned = True
+
+    @property
+    def requires_assigned_groups(self) -> bool:
+        """Whether :meth:`require_assigned_groups` was called."""
+        return self._require_assigned
+
     def track_changes(self) -> None:
-        """Record every key made current from now on (see :meth:`take_touched`)."""
+        """Record every key made current from now on (see :meth:`take_touched`); with
+        :meth:`require_assigned_groups`, forget the groups named so far."""
         self._touched = set()
+        if self._require_assigned:
+            self._assigned.clear()
 
     def take_touched(self) -> set[Any]:
         """The keys made current since tracking began or since the last call."""

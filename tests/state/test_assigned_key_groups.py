@@ -14,6 +14,7 @@ from asyncio_ops.state import (
     KeyGroupError,
     KeyGroupRange,
     ListStateDescriptor,
+    UnsupportedKeyError,
     ValueStateDescriptor,
     assign_to_key_group,
     restore_key_groups,
@@ -122,3 +123,73 @@ def test_state_and_timers_move_together_under_the_assigned_group(
     assert [(t.key, t.timestamp) for t in fired.timers] == [(2, 5.0)]
     assert dst.get_current_key() == 2 and dst.get_state(VALUE).value() == "pending"
     restored.close()
+
+
+# -- a backend that takes every key's group from the engine (keyed_process on Spark) ------
+def test_a_backend_requiring_assigned_groups_refuses_a_key_with_none(
+    make_backend: BackendFactory,
+) -> None:
+    b = make_backend()
+    b.require_assigned_groups()
+    assert b.requires_assigned_groups
+    with pytest.raises(KeyGroupError, match=r"key 2: no key group was assigned to it"):
+        b.set_current_key(2)  # never the core hash's group: that would read another's state
+    b.assign_key_group(2, SPARK_KG)
+    b.set_current_key(2)
+    assert b.current_key_group == SPARK_KG
+    with pytest.raises(KeyGroupError, match=r"key 2 is filed under key group 22; .* 23"):
+        b.assign_key_group(2, 23)
+    with pytest.raises(UnsupportedKeyError):
+        b.assign_key_group([1], SPARK_KG)
+    with pytest.raises(KeyGroupError, match=r"key 3: key group 200 is outside"):
+        b.assign_key_group(3, 200)
+
+
+def test_required_groups_are_remembered_per_task_not_per_key_stored(
+    make_backend: BackendFactory,
+) -> None:
+    """A restore pins none of the keys it loads, and track_changes forgets the groups
+    named before it: the map of groups holds one task's keys, not the state's."""
+    src = make_backend(key_group_range=KeyGroupRange(SPARK_KG, SPARK_KG))
+    for k in range(200):
+        src.assign_key_group(("k", k), SPARK_KG)
+        src.set_current_key(("k", k))
+        src.get_state(VALUE).update(f"v{k}")
+    dst = make_backend(key_group_range=KeyGroupRange(SPARK_KG, SPARK_KG))
+    dst.require_assigned_groups()
+    assert dst.restore(src.snapshot()) == 1
+    assert len(dst._assigned) == 0  # nothing pinned by the restore
+    dst.track_changes()
+    for k in (3, 150):
+        dst.assign_key_group(("k", k), SPARK_KG)
+        dst.set_current_key(("k", k))
+        assert dst.get_state(VALUE).value() == f"v{k}"
+    assert len(dst._assigned) == 2
+    assert dst.take_touched() == {("k", 3), ("k", 150)}
+    dst.track_changes()  # the next task
+    assert len(dst._assigned) == 0
+    with pytest.raises(KeyGroupError, match="no key group was assigned"):
+        dst.set_current_key(("k", 7))
+
+
+def test_a_timer_fires_under_its_group_after_the_groups_were_forgotten(
+    make_backend: BackendFactory,
+) -> None:
+    clock = ManualClock()
+    b = make_backend(key_group_range=KeyGroupRange(SPARK_KG, SPARK_KG))
+    b.require_assigned_groups()
+    fired = _Fired()
+    timers = _service(b, fired, clock)
+    b.track_changes()
+    b.assign_key_group(2, SPARK_KG)
+    b.set_current_key(2)
+    b.get_state(VALUE).update("pending")
+    timers.register_processing_time_timer("ns", 5.0)
+    timers.register_event_time_timer("ns", 7.0)
+    b.track_changes()  # a later task: the group of key 2 is no longer remembered
+    b._key_cache.clear()  # nor cached (a long task evicts the cache)
+    clock.advance(6)
+    timers.advance_watermark(8.0)
+    assert [(t.key, t.timestamp) for t in fired.timers] == [(2, 5.0), (2, 7.0)]
+    assert b.current_key_group == SPARK_KG and b.get_state(VALUE).value() == "pending"
+    timers.close()
