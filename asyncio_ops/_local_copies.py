@@ -69,21 +69,22 @@ def directory() -> tuple[Path, bool] | None:
     return Path(tempfile.gettempdir()) / f"{_SUBDIR}-{os.getuid()}", True
 
 
-def _private(path: Path) -> bool:
+def private_directory(path: Path, what: str, env: str) -> bool:
     """Whether ``path`` is (or, created readable by this user only, becomes) a directory
-    this user owns that no one else may write (logged if not): a shared temporary
-    directory is no place for files a restore reads."""
+    this user owns that no one else may write (logged, naming ``what`` is off and the
+    variable ``env`` that places it, if not): a shared temporary directory is no place
+    for files a restore reads."""
     try:
         path.mkdir(mode=0o700, exist_ok=True)
         info = path.lstat()
     except OSError as exc:
-        log.warning("asyncio_ops: no local copies: cannot create %s (%s)", path, exc)
+        log.warning("asyncio_ops: no %s: cannot create %s (%s)", what, path, exc)
         return False
     if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid() or (
         info.st_mode & 0o022
     ):
-        log.warning("asyncio_ops: no local copies: %s is not a private directory of this "
-                    "user; set %s", path, LOCAL_COPIES_ENV)
+        log.warning("asyncio_ops: no %s: %s is not a private directory of this user; set %s",
+                    what, path, env)
         return False
     return True
 
@@ -102,7 +103,7 @@ class LocalCopies:
 
     def _ready(self) -> bool:
         if self._usable is None:
-            self._usable = _private(self._base)
+            self._usable = private_directory(self._base, "local copies", LOCAL_COPIES_ENV)
         return self._usable
 
     def _file(self, relative: str) -> Path:

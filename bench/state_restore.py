@@ -18,6 +18,14 @@ garbage collection; RocksDB's memtable and caches count too):
   every key's group from Spark);
 - ``groups said per task``: ``require_assigned_groups()``, what
   ``keyed_process`` does: nothing pinned by a restore.
+
+Then (``--handover``, on by default) a small micro-batch (2,000 events) of one
+``keyed_process`` partition on RocksDB whose previous version (N keys) another
+Python worker of the machine committed: a worker holding nothing either reads
+the chains from the checkpoint on local disk (``ASYNCIO_OPS_PARKED=0``), or
+opens the database the other worker parked; the best of R runs of the whole
+task (restore, rows, snapshot, and for the parked case the next park), and,
+as a floor, the same micro-batch on the worker that committed it (warm).
 """
 
 from __future__ import annotations
@@ -99,12 +107,75 @@ def case(kind: str, said: bool, keys: int, repeat: int) -> dict[str, float]:
     return {"us_per_key": best / keys * 1e6, "rss_mb": grew}
 
 
+def handover(keys: int, repeat: int) -> dict[str, float]:
+    """Seconds of a small micro-batch task on a worker holding nothing: cold, parked;
+    and on the warm worker."""
+    import os
+    import random
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
+    from asyncio_ops._runtime._keyed_partition import run_keyed_process
+
+    schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
+    out = pa.schema([("k", pa.int64())])
+
+    class Counted(Count):
+        def process_element(self, value: Any, ctx: Any, out: Any) -> None:
+            super().process_element(value, ctx, out)
+            out.collect({"k": value["k"]})
+
+    def batch(ks: list[int]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist(
+            [{"k": k, KEY_GROUP_COLUMN: mmh3.hash(str(k), 42, signed=False) % MAXP} for k in ks],
+            schema=schema,
+        )
+
+    rng = random.Random(7)
+    bulk = batch(list(range(keys)))
+    small = batch([rng.randrange(keys) for _ in range(2000)])
+    best: dict[str, float] = {}
+    for case in ("cold", "parked", "warm"):
+        times = []
+        for _ in range(repeat):
+            tmp = Path(tempfile.mkdtemp(prefix="bench-handover-"))
+            os.environ["ASYNCIO_OPS_PARKED"] = str(tmp / "parked") if case == "parked" else "0"
+            spec = KeyedProcessSpec(
+                function=Counted(), key_columns=("k",), output_schema=out, max_parallelism=MAXP,
+                checkpoint=CheckpointStorage(str(tmp / "ckpt"), "bench"), state_backend="rocksdb",
+            )  # fmt: skip
+            for _ in run_keyed_process(spec, [bulk], TaskInfo(0, 1, batch_id=0)):
+                pass
+            held = _warm._cache.copy()  # the committing worker keeps its database open
+            if case != "warm":
+                _warm._cache.clear()  # ... and the next task runs on another worker
+            gc.collect()
+            t0 = time.perf_counter()
+            for _ in run_keyed_process(spec, [small], TaskInfo(0, 1, batch_id=1)):
+                pass
+            times.append(time.perf_counter() - t0)
+            _warm._cache.update(held)
+            _warm.clear()
+            shutil.rmtree(tmp, ignore_errors=True)
+        best[case] = min(times)
+    return best
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--case", help=argparse.SUPPRESS)  # kind,said: run one case, print JSON
+    p.add_argument("--no-handover", dest="handover", action="store_false")
     args = p.parse_args()
+    if args.case == "handover":
+        print(json.dumps(handover(args.keys, args.repeat)))
+        return
     if args.case:
         kind, said = args.case.split(",")
         print(json.dumps(case(kind, said == "1", args.keys, args.repeat)))
@@ -124,6 +195,22 @@ def main() -> None:
             r = json.loads(out.strip().splitlines()[-1])
             label = "said per task" if said else "pinned"
             print(f"| {kind} | {label} | {r['us_per_key']:.2f} µs | {r['rss_mb']:,.0f} MB |")
+    if not args.handover:
+        return
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.state_restore", "--keys", str(args.keys),
+         "--repeat", str(args.repeat), "--case", "handover"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    h = json.loads(out.strip().splitlines()[-1])
+    print()
+    print(f"A small micro-batch (2,000 events) of a RocksDB partition of {args.keys:,} keys:")
+    print()
+    print("| the worker running it | task |")
+    print("|---|---|")
+    print(f"| holds nothing, reads the checkpoint (local disk) | {h['cold']:.2f} s |")
+    print(f"| holds nothing, opens the parked database | {h['parked']:.2f} s |")
+    print(f"| committed the version before (warm) | {h['warm']:.2f} s |")
 
 
 if __name__ == "__main__":

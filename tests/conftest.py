@@ -24,6 +24,10 @@ T = TypeVar("T")
 _LOCAL_COPIES = tempfile.mkdtemp(prefix="aops-test-local-copies-")
 os.environ.setdefault("ASYNCIO_OPS_LOCAL_COPIES", _LOCAL_COPIES)
 atexit.register(shutil.rmtree, _LOCAL_COPIES, True)
+# Parked RocksDB databases (asyncio_ops._runtime._parked) likewise.
+_PARKED = tempfile.mkdtemp(prefix="aops-test-parked-")
+os.environ.setdefault("ASYNCIO_OPS_PARKED", _PARKED)
+atexit.register(shutil.rmtree, _PARKED, True)
 
 Runner = Callable[[Coroutine[Any, Any, T]], T]
 

@@ -23,7 +23,10 @@ snapshot (streaming) → ``fn.close``.
   group; see ``_versions``). A re-run batch is idempotent; the number of
   partitions may change between runs (state and timers follow their key
   groups). A worker that committed this partition before keeps it warm
-  (``_warm``): it reads only the deltas written since, or nothing.
+  (``_warm``): it reads only the deltas written since, or nothing. On
+  RocksDB another worker of the machine opens the database the committing
+  worker parked (``_parked``), unless the function's ``open`` leaves one of
+  its states unregistered; then it reads the checkpoint.
 - Initial state (``seeded``): a batch job, or micro-batch 0 of a query with no
   version yet, first applies the seed the driver wrote (``_seed``) to its key
   groups; version 0 then holds their full state.
@@ -68,8 +71,9 @@ from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state import KeyedStateBackend
+from ..state._rocksdb import RocksDBKeyedStateBackend
 from ..state._schema import types_json
-from . import _warm
+from . import _parked, _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import (
@@ -115,22 +119,31 @@ def run_keyed_process(
     previous = _previous(spec, task, key_groups) if streaming else None
     warm_key = _warm_key(spec, task) if streaming else None
     held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
+    parked = None
+    if held is None and warm_key is not None and spec.state_backend == "rocksdb":
+        parked = _parked.claim(
+            warm_key,
+            lambda path, seq: RocksDBKeyedStateBackend(
+                path=path, max_parallelism=spec.max_parallelism, key_group_range=key_groups,
+                adopt=seq,
+            ),
+            lambda version, writer: _committed(spec, task, previous, version, writer),
+        )  # fmt: skip
     if held is not None:
         backend = held.operator.backend
     else:
-        backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+        backend = (
+            parked.backend
+            if parked is not None
+            else make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+        )
         # Spark names every key's group (rows: __aops_key_group; timers: where they are
         # filed): the backend remembers groups per task, not per key stored
         backend.require_assigned_groups()
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
     key_of = key_selector(spec.key_columns)
-    op = KeyedProcessOperator(
-        spec.function, key_of, backend=backend, output=sink, schedule_timers=False,
-        runtime_context=RuntimeContext(
-            task_name="keyed_process", index_of_this_subtask=task.partition_id,
-            number_of_parallel_subtasks=p, attempt_number=task.attempt_number,
-        ),
-    )  # fmt: skip
+    op = _operator(spec, task, backend, sink, key_of)
+    adopted = parked is not None
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
@@ -141,10 +154,15 @@ def run_keyed_process(
         restored = WatermarkState()
         chains: dict[int, Chain] = {}
         if streaming:
+            have: dict[int, Chain] = {}
             if held is not None:
                 op.take_timers(held.operator)
-            chains = _sync(spec, task, op, previous, held.chains if held is not None else {})
-            held = None
+                have = held.chains
+            elif parked is not None:
+                op.timer_service.restore(parked.timers)
+                have = parked.chains
+            chains = _sync(spec, task, op, previous, have)
+            held = parked = None
             if previous is None and spec.seeded and task.batch_id == 0:
                 assert spec.checkpoint is not None
                 seed_chains(spec.checkpoint, op)
@@ -155,6 +173,23 @@ def run_keyed_process(
             assert spec.checkpoint is not None
             seed_chains(spec.checkpoint, op)
         op.open()
+        if adopted and isinstance(backend, RocksDBKeyedStateBackend):
+            unregistered = backend.unregistered_states()
+            if unregistered:  # registered after open: their rows are in no table yet
+                log.info(
+                    "keyed_process uid %r, partition %d: the parked database holds state(s) "
+                    "%s that open() did not register; reading the checkpoint instead",
+                    spec.checkpoint.uid if spec.checkpoint else None, task.partition_id,
+                    unregistered,
+                )  # fmt: skip
+                op.close()
+                backend.close()
+                backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+                backend.require_assigned_groups()
+                op = _operator(spec, task, backend, sink, key_of)
+                chains = _sync(spec, task, op, previous, {})
+                op.track_changes()
+                op.open()
         if watermarks is not None:
             watermarks.restore(restored.max_seen, restored.current)
         if restored.current > -math.inf:
@@ -183,12 +218,34 @@ def run_keyed_process(
             _warn_unclaimed(spec, task, backend)
             assert warm_key is not None and task.batch_id is not None
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
+            if kept and spec.state_backend == "rocksdb" and not backend.unclaimed_state_names():
+                _parked.park(warm_key, task.batch_id, writer, backend,
+                             op.timer_service.snapshot(), chains)  # fmt: skip
     finally:
         op.close()
         if held is not None:  # proven, but the task failed before taking it over
             _warm.discard(held)
+        if parked is not None:  # claimed, but the task failed before taking it over
+            parked.backend.close()
         if not kept:
             backend.close()
+
+
+def _operator(
+    spec: KeyedProcessSpec,
+    task: TaskInfo,
+    backend: KeyedStateBackend,
+    sink: ArrowSink,
+    key_of: Callable[[dict[str, Any]], Any],
+) -> KeyedProcessOperator:
+    return KeyedProcessOperator(
+        spec.function, key_of, backend=backend, output=sink, schedule_timers=False,
+        runtime_context=RuntimeContext(
+            task_name="keyed_process", index_of_this_subtask=task.partition_id,
+            number_of_parallel_subtasks=task.num_partitions or 1,
+            attempt_number=task.attempt_number,
+        ),
+    )  # fmt: skip
 
 
 def _process(
@@ -243,6 +300,29 @@ def _warm_key(spec: KeyedProcessSpec, task: TaskInfo) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def _committed(
+    spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles | None, version: int,
+    writer: str,
+) -> bool:  # fmt: skip
+    """Whether the checkpoint still holds, for this partition, ``version`` as ``writer``
+    committed it (not pruned, not rewritten by another attempt), at or before the
+    version this micro-batch starts from."""
+    storage = spec.checkpoint
+    assert storage is not None
+    if previous is None or not isinstance(previous.version, int) or version > previous.version:
+        return False
+    name = f"subtask-{task.partition_id:05d}.ckpt"
+    try:
+        manifest = (
+            previous.manifest_of(task.partition_id)
+            if version == previous.version
+            else storage.read(version, name, Kind.MANIFEST)
+        )
+    except CheckpointError:
+        return False
+    return manifest is not None and writer_of(manifest) == writer
+
+
 def _proven(
     spec: KeyedProcessSpec, task: TaskInfo, previous: VersionFiles | None, held: _warm.Warm | None
 ) -> _warm.Warm | None:
@@ -252,22 +332,7 @@ def _proven(
         return None
     storage = spec.checkpoint
     assert storage is not None
-    proven = False
-    if (
-        previous is not None
-        and isinstance(previous.version, int)
-        and (held.version <= previous.version)
-    ):
-        name = f"subtask-{task.partition_id:05d}.ckpt"
-        try:
-            manifest = (
-                previous.manifest_of(task.partition_id)
-                if held.version == previous.version
-                else storage.read(held.version, name, Kind.MANIFEST)
-            )
-            proven = manifest is not None and writer_of(manifest) == held.writer
-        except CheckpointError:
-            proven = False
+    proven = _committed(spec, task, previous, held.version, held.writer)
     if not proven:
         log.info(
             "keyed_process uid %r, partition %d: the state this worker kept from version %d "

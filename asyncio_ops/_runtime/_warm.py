@@ -22,7 +22,8 @@ no entry, means reading every chain from the checkpoint (cold).
 Bounds: at most ``ASYNCIO_OPS_WARM_PARTITIONS`` entries per process (default
 4; 0 turns warm state off); the least recently stored is closed first.
 Python workers are reused between tasks (``spark.python.worker.reuse``, on
-by default); a new worker starts cold.
+by default); a new worker starts cold (on RocksDB, from the database the last
+worker parked on the machine's disk, if it proves: ``_parked``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ reads timestamps without deserialising values.
 The database directory is a working copy, as in Flink: durability comes from
 snapshots. The write-ahead log is off, ``path`` must be a new or empty
 directory (or one this backend left behind), and ``close()`` deletes it.
+:meth:`RocksDBKeyedStateBackend.park` leaves a copy of the database (a RocksDB
+checkpoint: hard links) for another process to open as its working copy
+(``adopt=``): the database, not the timers or anything else held in memory.
 
 Snapshots are two-phase: :meth:`RocksDBKeyedStateBackend.begin_snapshot`
 takes a RocksDB checkpoint (flush + hard links, milliseconds: the consistent
@@ -579,7 +582,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state in RocksDB via rocksdict (see the module docstring).
 
     ``RocksDBKeyedStateBackend(path=..., max_parallelism=128, key_group_range=r,
-    clock=None)``. ``path`` is the backend's working directory.
+    clock=None)``. ``path`` is the backend's working directory. With ``adopt=seq``,
+    ``path`` is a directory :meth:`park` left and the backend opens its database as
+    it is (its states' column families included; list sequence numbers from ``seq``).
     """
 
     is_rocksdb = True
@@ -591,6 +596,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         max_parallelism: int,
         key_group_range: KeyGroupRange,
         clock: Clock | None = None,
+        adopt: int | None = None,
     ) -> None:
         super().__init__(
             max_parallelism=max_parallelism, key_group_range=key_group_range, clock=clock
@@ -598,7 +604,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         rocksdict = _rocksdict()
         self._rd = rocksdict
         root = Path(path)
-        if root.exists():
+        self._existing: frozenset[str] = frozenset()
+        if adopt is not None:  # a parked working directory (see park): opened as it is
+            if not (root / _MARKER).is_file() or not (root / "db").is_dir():
+                raise ConfigurationError(
+                    f"RocksDB path {str(root)!r} is not a database this backend parked"
+                )
+            self._existing = frozenset(rocksdict.Rdict.list_cf(str(root / "db")))
+        elif root.exists():
             if not root.is_dir():
                 raise ConfigurationError(f"RocksDB path {str(root)!r} is not a directory")
             if any(root.iterdir()) and not (root / _MARKER).exists():
@@ -608,8 +621,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     "and are deleted on close)"
                 )
             shutil.rmtree(root)
-        root.mkdir(parents=True)
-        (root / _MARKER).write_text("asyncio_ops RocksDB working directory\n")
+        if adopt is None:
+            root.mkdir(parents=True)
+            (root / _MARKER).write_text("asyncio_ops RocksDB working directory\n")
         self._root = root
         self._db_path = root / "db"
         self._snap_ids = itertools.count()
@@ -621,9 +635,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._write_opts.disable_wal = True
         self._db.set_write_options(self._write_opts)
         self._cfs: dict[str, Any] = {}
-        # Sequence numbers of list elements: increasing across the backend's life, so
-        # elements of one list sort in insertion order.
-        self._seq = itertools.count()
+        for name in sorted(self._existing):  # a parked database's states: cleared, removed
+            if name.startswith(_CF_PREFIX):  # and restored into as any other
+                cf = self._db.get_column_family(name)
+                cf.set_write_options(self._write_opts)
+                self._cfs[name[len(_CF_PREFIX) :]] = cf
+        # Sequence numbers of list elements: increasing across the backend's life (and
+        # a parked database's next owner's), so elements of one list sort in insertion order.
+        self._seq = itertools.count(adopt or 0)
 
     def _column_family(self, name: str) -> Any:
         cf = self._cfs.get(name)
@@ -773,6 +792,28 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for cf in self._cfs.values():
             cf.compact_range(None, None)
         return n
+
+    def unregistered_states(self) -> list[str]:
+        """The states of an adopted database no descriptor has registered (their rows
+        are invisible to snapshots until one does)."""
+        return sorted(n for n in self._cfs if n not in self._tables)
+
+    def park(self, target: str | os.PathLike[str]) -> int:
+        """Leave a copy of the database as it is now in ``target`` (a new directory on
+        the same filesystem: a RocksDB checkpoint, hard links, milliseconds), for another
+        process to open with ``adopt=`` the returned list sequence number; the backend
+        keeps working. Its timers and anything else held in memory are the caller's to
+        keep (StateError while restored data is still pending a descriptor)."""
+        self._check_open()
+        if self._pending:
+            raise StateError("a backend holding restored state no descriptor claimed is not parked")
+        root = Path(target)
+        root.mkdir(parents=True)
+        (root / _MARKER).write_text("asyncio_ops RocksDB working directory (parked)\n")
+        self._rd.Checkpoint(self._db).create_checkpoint(str(root / "db"))
+        seq = next(self._seq)
+        self._seq = itertools.count(seq)
+        return seq
 
     def close(self) -> None:
         """Close the database and delete the working directory. Idempotent."""

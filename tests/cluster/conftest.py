@@ -83,8 +83,10 @@ class _Cluster:
                 "--cores", "1", "--memory", "1g", "--webui-port", "0",
                 "--work-dir", str(self.work / f"w{i}")]  # fmt: skip
         # and a local disk each: the local copies of checkpoint files its executors write
-        # (asyncio_ops._local_copies) are not the other host's
-        copies = {"ASYNCIO_OPS_LOCAL_COPIES": str(self.tmp / f"local-copies-w{i}")}
+        # (asyncio_ops._local_copies) and the databases they park (_runtime._parked) are
+        # not the other host's
+        copies = {"ASYNCIO_OPS_LOCAL_COPIES": str(self.tmp / f"local-copies-w{i}"),
+                  "ASYNCIO_OPS_PARKED": str(self.tmp / f"parked-w{i}")}  # fmt: skip
         return _start(args, self.tmp / f"worker{i}.log", host, copies)
 
     def wait_for_workers(self) -> None:

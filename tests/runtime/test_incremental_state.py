@@ -155,7 +155,7 @@ micro_batches = st.lists(
 
 
 @pytest.mark.parametrize("copies", [False, True], ids=["", "local-copies"])
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "rocksdb-unparked"])
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -165,7 +165,11 @@ def test_warm_caught_up_or_cold_every_row_matches_the_model(
     copies: bool, batches: list[tuple[int, list[tuple[int, int]], list[int]]], interval: int,
 ) -> None:  # fmt: skip
     """``copies``: local copies of the key-group files (as on a remote location), which a
-    cold worker reads its chains from."""
+    cold worker reads its chains from. RocksDB: a worker holding nothing opens the
+    database another parked (on this machine), or, ``unparked``, reads the chains."""
+    if backend == "rocksdb-unparked":
+        backend = "rocksdb"
+        monkeypatch.setenv("ASYNCIO_OPS_PARKED", "0")
     spec = spec_for(tmp_path_factory.mktemp("ckpt"), backend, interval)
     if copies:
         assert spec.checkpoint is not None
@@ -238,6 +242,7 @@ def test_a_missing_delta_is_an_error_naming_it(
 ) -> None:
     spec = spec_for(tmp_path, "rocksdb", interval=8)
     workers = Workers(monkeypatch)
+    monkeypatch.setenv("ASYNCIO_OPS_PARKED", "0")  # no parked database to open instead
     try:
         run_partition(spec, 0, 0, 1, [(k, 1) for k in range(50)])
         run_partition(spec, 1, 0, 1, [(3, 1)])
@@ -656,5 +661,148 @@ def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_m
         lists = [r.split("prefix=")[1].split(" ")[0] for r in raw if "list-type=2" in r]
         assert sorted(lists) == [f"{storage.root.split('/', 1)[1]}/v{v:010d}/" for v in (3, 5)]
         assert len(made) <= 10 and made.count("GET subtask") == 1, made  # its own manifest
+    finally:
+        workers.close()
+
+
+# -- parked RocksDB databases: another Python worker of the machine opens the database --------
+def _kg_files(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("agg/v*/kg-*"))
+
+
+def test_another_worker_opens_the_parked_database_and_reads_no_key_group_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 0 commits versions 0 and 1 on RocksDB; micro-batch 2 runs on worker 1,
+    which holds nothing: it claims the database worker 0 parked and reads no key-group
+    file (they are deleted: a cold restore would fail), and every count carries on."""
+    spec = spec_for(tmp_path, "rocksdb", interval=8, retain=5)
+    workers = Workers(monkeypatch)
+    model = Model()
+    try:
+        for batch_id, (worker, events) in enumerate([
+            (0, [(k, 1) for k in range(40)]),
+            (0, [(k, 2) for k in range(0, 40, 3)] + [(5, 0)]),
+            (1, [(k, 4) for k in range(40)]),
+        ]):  # fmt: skip
+            workers.use(worker)
+            if batch_id == 2:
+                for f in _kg_files(tmp_path):
+                    f.unlink()
+            got = run_partition(spec, batch_id, 0, 1, events)
+            expected = [model.apply(k, v) for k, v in events]
+            assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
+        workers.use(0)  # worker 0 kept version 1 warm: it catches up with version 2's deltas
+        assert run_partition(spec, 3, 0, 1, [(7, 1)]) == [model.apply(7, 1)]
+    finally:
+        workers.close()
+
+
+def test_a_parked_database_the_checkpoint_no_longer_holds_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 0 commits and parks version 0; another attempt of micro-batch 0 (not
+    parking) commits it again with other input. A new worker must start from the
+    checkpoint's version 0, not from the parked copy, and drops the copy."""
+    spec = spec_for(tmp_path, "rocksdb", interval=4)
+    workers = Workers(monkeypatch)
+    try:
+        workers.use(0)
+        run_partition(spec, 0, 0, 1, [(1, 5)])
+        parked = os.environ["ASYNCIO_OPS_PARKED"]
+        assert [p.name[:11] for p in Path(parked).glob("*/v*")] != []
+        monkeypatch.setenv("ASYNCIO_OPS_PARKED", "0")
+        workers.use(1)
+        run_partition(spec, 0, 0, 1, [(1, 7)])
+        monkeypatch.setenv("ASYNCIO_OPS_PARKED", parked)
+        workers.use(2)
+        assert run_partition(spec, 1, 0, 1, [(1, 1)])[0]["total"] == 8
+    finally:
+        workers.close()
+
+
+class Lazy(KeyedProcessFunction[int, Row, Row]):
+    """A state registered in process_element, and only for v == 9 (not in open)."""
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.ctx = runtime_context
+        self.total = runtime_context.get_state(ValueStateDescriptor[int]("total"))
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        self.total.update((self.total.value() or 0) + value["v"])
+        nines = 0
+        if value["v"] == 9:
+            seen = self.ctx.get_list_state(ListStateDescriptor[int]("nines"))
+            seen.add(9)
+            nines = len(seen.get())
+        out.collect({"k": value["k"], "total": self.total.value(), "recent": nines, "kinds": 0})
+
+
+def test_a_parked_database_with_a_state_open_does_not_register_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state registered after open() would be in no table of the opened database
+    (nor in its snapshots): the worker reads the checkpoint instead, and the state's
+    values carry on."""
+    spec = spec_for(tmp_path, "rocksdb", interval=8)
+    spec = KeyedProcessSpec(**{**spec.__dict__, "function": Lazy()})
+    workers = Workers(monkeypatch)
+    try:
+        workers.use(0)
+        assert run_partition(spec, 0, 0, 1, [(1, 9)])[0]["recent"] == 1
+        workers.use(1)  # opens the parked database, finds "nines" unregistered: cold
+        assert run_partition(spec, 1, 0, 1, [(1, 1)])[0]["total"] == 10
+        monkeypatch.setenv("ASYNCIO_OPS_PARKED", "0")
+        workers.use(2)  # from the checkpoint: version 1's delta of key 1 kept its "nines"
+        row = run_partition(spec, 2, 0, 1, [(1, 9)])[0]
+        assert (row["total"], row["recent"]) == (19, 2)  # no list element lost or doubled
+    finally:
+        workers.close()
+
+
+class Alarm(KeyedProcessFunction[int, Row, Row]):
+    """Sets an event-time timer 10 after each row; on_timer emits the key's total."""
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.total = runtime_context.get_state(ValueStateDescriptor[int]("total"))
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        self.total.update((self.total.value() or 0) + 1)
+        ctx.timer_service().register_event_time_timer(value["ts"] + 10)
+
+    def on_timer(self, timestamp: float, ctx: Any, out: Collector[Row]) -> None:
+        out.collect({"k": ctx.get_current_key(), "fired": timestamp, "total": self.total.value()})
+
+
+def test_timers_travel_with_the_parked_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = KeyedProcessSpec(
+        function=Alarm(), key_columns=("k",), max_parallelism=MAXP, event_time="ts",
+        output_schema=pa.schema([("k", pa.int64()), ("fired", pa.float64()),
+                                 ("total", pa.int64())]),
+        checkpoint=CheckpointStorage(str(tmp_path), "agg"), state_backend="rocksdb",
+    )  # fmt: skip
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.float64()), (KEY_GROUP_COLUMN, pa.int32())])
+
+    def run(batch_id: int, rows: list[tuple[int, float]]) -> list[Row]:
+        batch = pa.RecordBatch.from_pylist(
+            [{"k": k, "ts": ts, KEY_GROUP_COLUMN: assign_to_key_group(k, MAXP)} for k, ts in rows],
+            schema=schema,
+        )
+        task = TaskInfo(partition_id=0, num_partitions=1, batch_id=batch_id)
+        return [r for b in run_keyed_process(spec, [batch], task) for r in b.to_pylist()]
+
+    workers = Workers(monkeypatch)
+    try:
+        workers.use(0)
+        assert run(0, [(1, 100.0), (2, 100.0), (1, 101.0)]) == []
+        for f in _kg_files(tmp_path):
+            f.unlink()  # the timers can only come from the parked copy
+        workers.use(1)
+        got = run(1, [(3, 130.0)])
+        assert sorted((r["k"], r["fired"], r["total"]) for r in got) == [
+            (1, 110.0, 2), (1, 111.0, 2), (2, 110.0, 1)
+        ]
     finally:
         workers.close()
