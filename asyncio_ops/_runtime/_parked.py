@@ -11,7 +11,12 @@ typed Arrow container, never pickle) and the chains it holds, published
 atomically under ``<dir>/<hash of the warm key>/v<N>-<token>`` (the warm key
 names the checkpoint location and uid, the plan, the partition, the number of
 partitions, the backend and max parallelism). Publishing deletes that key's
-older parked copies. The worker keeps its own database open and warm.
+older parked copies. The worker keeps its own database open and warm. It
+parks when the partition has no parked copy, or its copy is ``PARK_EVERY``
+versions old: a checkpoint flushes the database's memtable, and a flush per
+micro-batch leaves many small files for every read to search and compaction
+to merge, while a copy some versions old is caught up with the deltas written
+since (a key group whose full snapshot came in between is read whole).
 
 A task of that partition in a worker that holds nothing warm *claims* the
 newest parked copy (an atomic rename: of two claimants one gets it), proves
@@ -61,6 +66,7 @@ from ._versions import Chain
 
 PARKED_ENV: Final = "ASYNCIO_OPS_PARKED"
 MAX_TIMERS: Final = 100_000
+PARK_EVERY: Final = 10
 _OFF: Final = frozenset({"0", "off", "false", "no"})
 _TIMERS: Final = "timers.ckpt"
 _META: Final = "parked.json"
@@ -112,6 +118,9 @@ def park(
         return False
     if sum(len(t) for t in timers.values()) > MAX_TIMERS:
         return False
+    newest = max((p.name for p in slot.glob("v*")), default=None) if slot.is_dir() else None
+    if newest is not None and version - int(newest[1:11]) < PARK_EVERY:
+        return False  # a copy some versions old is caught up with their deltas
     tmp = slot / f".tmp-{uuid.uuid4().hex}"
     try:
         slot.mkdir(exist_ok=True)

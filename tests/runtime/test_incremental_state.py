@@ -29,7 +29,7 @@ from asyncio_ops._keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from asyncio_ops._local_copies import LocalCopies
-from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops._runtime._versions import concurrently
 from asyncio_ops.state import (
@@ -678,6 +678,7 @@ def test_another_worker_opens_the_parked_database_and_reads_no_key_group_file(
     file (they are deleted: a cold restore would fail), and every count carries on."""
     spec = spec_for(tmp_path, "rocksdb", interval=8, retain=5)
     workers = Workers(monkeypatch)
+    monkeypatch.setattr(_parked, "PARK_EVERY", 1)  # every version parked
     model = Model()
     try:
         for batch_id, (worker, events) in enumerate([
@@ -694,6 +695,33 @@ def test_another_worker_opens_the_parked_database_and_reads_no_key_group_file(
             assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
         workers.use(0)  # worker 0 kept version 1 warm: it catches up with version 2's deltas
         assert run_partition(spec, 3, 0, 1, [(7, 1)]) == [model.apply(7, 1)]
+    finally:
+        workers.close()
+
+
+def test_a_parked_copy_some_versions_old_is_caught_up_with_the_deltas_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parked only every PARK_EVERY versions: worker 0 parks version 0 and keeps running;
+    worker 1 opens that copy at version 4 and applies versions 1 to 3's parts of the
+    chains (version 0's key-group file, which a cold restore needs, is deleted)."""
+    spec = spec_for(tmp_path, "rocksdb", interval=8, retain=6)
+    workers = Workers(monkeypatch)
+    model = Model()
+    try:
+        workers.use(0)
+        for batch_id in range(4):
+            events = [(k, batch_id + 1) for k in range(batch_id, 40, 3)]
+            run_partition(spec, batch_id, 0, 1, events)
+            for k, v in events:
+                model.apply(k, v)
+        (v0,) = tmp_path.glob("agg/v0000000000/kg-*")
+        v0.unlink()
+        workers.use(1)
+        events = [(k, 9) for k in range(40)]
+        got = run_partition(spec, 4, 0, 1, events)
+        expected = [model.apply(k, v) for k, v in events]
+        assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
     finally:
         workers.close()
 
