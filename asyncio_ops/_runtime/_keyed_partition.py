@@ -89,6 +89,7 @@ from ._versions import (
     VersionFiles,
     apply_chains,
     key_group_prefix,
+    manifest_name,
     read_previous,
     write_version,
     writer_of,
@@ -131,15 +132,11 @@ def run_keyed_process(
         )  # fmt: skip
     if held is not None:
         backend = held.operator.backend
+    elif parked is not None:
+        backend = parked.backend
+        backend.require_assigned_groups()  # as a new one (_new_backend)
     else:
-        backend = (
-            parked.backend
-            if parked is not None
-            else make_backend(spec.state_backend, spec.max_parallelism, key_groups)
-        )
-        # Spark names every key's group (rows: __aops_key_group; timers: where they are
-        # filed): the backend remembers groups per task, not per key stored
-        backend.require_assigned_groups()
+        backend = _new_backend(spec, key_groups)
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
     key_of = key_selector(spec.key_columns)
     op = _operator(spec, task, backend, sink, key_of)
@@ -184,8 +181,7 @@ def run_keyed_process(
                 )  # fmt: skip
                 op.close()
                 backend.close()
-                backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
-                backend.require_assigned_groups()
+                backend = _new_backend(spec, key_groups)
                 op = _operator(spec, task, backend, sink, key_of)
                 chains = _sync(spec, task, op, previous, {})
                 op.track_changes()
@@ -220,7 +216,7 @@ def run_keyed_process(
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
             if kept and spec.state_backend == "rocksdb" and not backend.unclaimed_state_names():
                 _parked.park(warm_key, task.batch_id, writer, backend,
-                             op.timer_service.snapshot(), chains)  # fmt: skip
+                             op.timer_service.snapshot, chains)  # fmt: skip
     finally:
         op.close()
         if held is not None:  # proven, but the task failed before taking it over
@@ -229,6 +225,15 @@ def run_keyed_process(
             parked.backend.close()
         if not kept:
             backend.close()
+
+
+def _new_backend(spec: KeyedProcessSpec, key_groups: KeyGroupRange) -> KeyedStateBackend:
+    """An empty backend of the spec's kind. Spark names every key's group (rows:
+    ``__aops_key_group``; timers: where they are filed), so it remembers groups per
+    task, not per key stored (``require_assigned_groups``)."""
+    backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+    backend.require_assigned_groups()
+    return backend
 
 
 def _operator(
@@ -311,12 +316,11 @@ def _committed(
     assert storage is not None
     if previous is None or not isinstance(previous.version, int) or version > previous.version:
         return False
-    name = f"subtask-{task.partition_id:05d}.ckpt"
     try:
         manifest = (
             previous.manifest_of(task.partition_id)
             if version == previous.version
-            else storage.read(version, name, Kind.MANIFEST)
+            else storage.read(version, manifest_name(task.partition_id), Kind.MANIFEST)
         )
     except CheckpointError:
         return False

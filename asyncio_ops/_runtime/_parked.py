@@ -43,7 +43,6 @@ then (about one copy of each partition's database, shared with nothing).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -107,26 +106,28 @@ def park(
     version: int,
     writer: str,
     backend: KeyedStateBackend,
-    timers: Mapping[int, list[tuple[str, Any, Any, float]]],
+    timers: Callable[[], Mapping[int, list[tuple[str, Any, Any, float]]]],
     chains: Mapping[int, Chain],
 ) -> bool:
-    """Park ``backend``'s database as ``version`` (committed by ``writer``) with
-    ``timers`` and ``chains`` (module docstring); False if not parked. A failure is
-    logged, never raised: the version is committed to the checkpoint."""
+    """Park ``backend``'s database as ``version`` (committed by ``writer``) with the
+    timers ``timers()`` gives (asked only when a copy is due) and ``chains`` (module
+    docstring); False if not parked. A failure is logged, never raised: the version is
+    committed to the checkpoint."""
     slot = _slot(key)
     if slot is None or not isinstance(backend, RocksDBKeyedStateBackend):
-        return False
-    if sum(len(t) for t in timers.values()) > MAX_TIMERS:
         return False
     newest = max((p.name for p in slot.glob("v*")), default=None) if slot.is_dir() else None
     if newest is not None and version - int(newest[1:11]) < PARK_EVERY:
         return False  # a copy some versions old is caught up with their deltas
+    held = timers()
+    if sum(len(t) for t in held.values()) > MAX_TIMERS:
+        return False
     tmp = slot / f".tmp-{uuid.uuid4().hex}"
     try:
         slot.mkdir(exist_ok=True)
         seq = backend.park(tmp)
         sections = [
-            Section(kg, table(Kind.KEY_GROUPS, ([], ts, None))) for kg, ts in sorted(timers.items())
+            Section(kg, table(Kind.KEY_GROUPS, ([], ts, None))) for kg, ts in sorted(held.items())
         ]
         (tmp / _TIMERS).write_bytes(encode(Kind.KEY_GROUPS, sections)[0])
         links = {str(kg): [list(link) for link in c] for kg, c in chains.items()}
@@ -161,7 +162,6 @@ def claim(
             candidate.rename(mine)
         except OSError:  # another worker claimed it first
             continue
-        backend = None
         try:
             meta = json.loads((mine / _META).read_text())
             version, writer, seq = int(meta["version"]), str(meta["writer"]), int(meta["seq"])
@@ -178,12 +178,8 @@ def claim(
                 int(kg): tuple((int(v), str(f), int(o), int(n), int(z)) for v, f, o, n, z in c)
                 for kg, c in meta["chains"].items()
             }
-            backend = backend_of(mine, seq)
-            return Parked(backend, timers, version, writer, chains)
+            return Parked(backend_of(mine, seq), timers, version, writer, chains)
         except Exception as exc:  # torn, foreign or unreadable: cold, and gone
             log.warning("asyncio_ops: a parked copy in %s is unusable (dropped): %s", mine, exc)
-            if backend is not None:
-                with contextlib.suppress(Exception):
-                    backend.close()
             shutil.rmtree(mine, ignore_errors=True)
     return None

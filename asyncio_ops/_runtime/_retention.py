@@ -24,7 +24,7 @@ from typing import Final
 
 from .._checkpoint import CheckpointStorage
 from .._container import Kind
-from ._versions import concurrently
+from ._versions import concurrently, manifest_name
 
 # keyed_process, partition 0's manifest: every version before it was deleted
 KEPT_FROM: Final = b"aops.kept_from"
@@ -82,7 +82,7 @@ def _oldest_named(storage: CheckpointStorage, version: int) -> int:
             partitions.append(int(m[1]))
     oldest = min(floors.values(), default=version)
     unsaid = [p for p in partitions if p not in floors]
-    read = lambda p: storage.read_if_present(version, f"subtask-{p:05d}.ckpt", Kind.MANIFEST)  # noqa: E731
+    read = lambda p: storage.read_if_present(version, manifest_name(p), Kind.MANIFEST)  # noqa: E731
     for manifest in concurrently(storage, read, unsaid):
         if manifest is not None and "versions" in manifest.column_names:
             for vs in manifest.column("versions").to_pylist():

@@ -1,4 +1,5 @@
-"""The files of one streaming version of an operator's state, and retention.
+"""The files of one streaming version of an operator's state: one job, their names,
+layout, writing and reading (which versions are deleted: ``_retention``).
 
 Per version directory (every file one container, ``asyncio_ops._container``):
 
@@ -120,6 +121,11 @@ def concurrently(
         return list(pool.map(read, items))
     finally:  # on a failure the reads not started are dropped; those running finish
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def manifest_name(partition: int) -> str:
+    """The file name of partition ``partition``'s manifest of a version."""
+    return f"subtask-{partition:05d}.ckpt"
 
 
 def key_group_prefix(partition: int) -> str:
@@ -406,7 +412,7 @@ def read_version(
     guessed = _needed(guess, key_groups)[1:] if guess is not None and guess > 1 else []
     early = concurrently(
         storage,
-        lambda i: storage.read_if_present(version, f"subtask-{i:05d}.ckpt", Kind.MANIFEST),
+        lambda i: storage.read_if_present(version, manifest_name(i), Kind.MANIFEST),
         [0, *guessed],
     )
     expected = ["subtask-00000.ckpt"]
@@ -421,7 +427,7 @@ def read_version(
         )
     first_path = storage.path(version, expected[0])
     old_parallelism = _int(first.schema.metadata or {}, _NUM_PARTITIONS, first_path)
-    expected = [f"subtask-{i:05d}.ckpt" for i in range(old_parallelism)]
+    expected = [manifest_name(i) for i in range(old_parallelism)]
     if key_groups is not None and old_parallelism > key_groups[1]:
         raise CheckpointError(
             f"checkpoint file {first_path}: written by {old_parallelism} partitions, more "
@@ -586,7 +592,7 @@ def write_version(
             **meta,
         }
     )
-    storage.write(version, f"subtask-{partition:05d}.ckpt", Kind.MANIFEST, manifest)
+    storage.write(version, manifest_name(partition), Kind.MANIFEST, manifest)
     if chained:  # this partition's local copies: what its chains name
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
         storage.keep_local_copies(key_group_prefix(partition), in_chains)

@@ -604,13 +604,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         rocksdict = _rocksdict()
         self._rd = rocksdict
         root = Path(path)
-        self._existing: frozenset[str] = frozenset()
+        existing: list[str] = []
         if adopt is not None:  # a parked working directory (see park): opened as it is
             if not (root / _MARKER).is_file() or not (root / "db").is_dir():
                 raise ConfigurationError(
                     f"RocksDB path {str(root)!r} is not a database this backend parked"
                 )
-            self._existing = frozenset(rocksdict.Rdict.list_cf(str(root / "db")))
+            existing = rocksdict.Rdict.list_cf(str(root / "db"))
         elif root.exists():
             if not root.is_dir():
                 raise ConfigurationError(f"RocksDB path {str(root)!r} is not a directory")
@@ -635,7 +635,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._write_opts.disable_wal = True
         self._db.set_write_options(self._write_opts)
         self._cfs: dict[str, Any] = {}
-        for name in sorted(self._existing):  # a parked database's states: cleared, removed
+        for name in sorted(existing):  # a parked database's states: cleared, removed
             if name.startswith(_CF_PREFIX):  # and restored into as any other
                 cf = self._db.get_column_family(name)
                 cf.set_write_options(self._write_opts)
