@@ -64,6 +64,7 @@ from enum import IntEnum
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._exceptions import AsyncOpsError
 from ._signing import MAC_SIZE, SIGNING_KEY_ENV, mac, signing_key, verifies
@@ -78,6 +79,7 @@ __all__ = [
     "Section",
     "decode",
     "encode",
+    "split_shared",
 ]
 
 MAGIC: Final = b"AOPSCKP1"
@@ -238,6 +240,35 @@ def decode(
             f"{count} sections"
         )
     return sections
+
+
+def split_shared(
+    section: Section, where: str, error: type[AsyncOpsError] = AsyncOpsError
+) -> list[Section]:
+    """The key groups of a SHARED section, a section each, of its part (the rows of its
+    key group, without the key-group column; zero-copy slices). ``error`` naming
+    ``where`` if it has no int32 key-group column or is not sorted by it."""
+    table = section.table
+    index = table.schema.get_field_index(KEY_GROUP_FIELD)
+    if index < 0 or table.schema.field(index).type != pa.int32():
+        raise error(
+            f"{where}: a section of several key groups without an int32 "
+            f"{KEY_GROUP_FIELD!r} column ({table.schema.names})"
+        )
+    column = table.column(index)
+    rest = table.remove_column(index)
+    if column.null_count:
+        raise error(f"{where}: a row without its key group")
+    runs = pc.run_end_encode(column.combine_chunks())
+    groups = runs.values.to_pylist()
+    if groups != sorted(set(groups)):
+        raise error(f"{where}: a section of several key groups not sorted by key group")
+    out: list[Section] = []
+    start = 0
+    for kg, end in zip(groups, runs.run_ends.to_pylist(), strict=True):
+        out.append(Section(kg, rest.slice(start, end - start), section.part))
+        start = end
+    return out
 
 
 def _earlier(where: str, what: str) -> str:

@@ -8,9 +8,12 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   version the partition's chains name once this version is written, which
   retention reads from a listing (``keyed_process`` writes the file, with no
   section, even when nothing changed; earlier releases: ``kg-p<i>-<token>``).
-  ``keyed_process`` (kind ``KEY_GROUPS``): its full state (part ``FULL``: keyed state and timers) or
-  a delta (part ``DELTA``: the keys it replaces whole, with their state and
-  timers, ``asyncio_ops.state._keyed_snapshot``). The async operator (kind
+  ``keyed_process`` (kind ``KEY_GROUPS``): a key group's full state (part
+  ``FULL``: keyed state and timers, a section of its own), and the deltas of
+  all the others in ONE section (tag ``SHARED``, part ``DELTA``: the keys each
+  replaces whole, with their state and timers, sorted by key group with it as
+  a column, ``asyncio_ops.state._keyed_snapshot``; earlier releases wrote a
+  delta section per key group, still read). The async operator (kind
   ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
   key groups (tag ``SHARED``), the carried-over elements as one table sorted
   by key group with it as a column, which the manifest names for each of them
@@ -75,6 +78,7 @@ import pyarrow.compute as pc
 
 from .._checkpoint import CheckpointStorage, Version
 from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Kind, Section
+from .._container import split_shared as _split_shared
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state._payloads import read, table
@@ -340,32 +344,9 @@ def read_chains(
 
 
 def split_shared(section: Section, path: str) -> list[Section]:
-    """The key groups of a SHARED section, a section each (the rows of its key group,
-    without the key-group column; zero-copy slices). CorruptCheckpointError naming the
-    file if it has no int32 key-group column or is not sorted by it."""
-    table = section.table
-    index = table.schema.get_field_index(KEY_GROUP_FIELD)
-    if index < 0 or table.schema.field(index).type != pa.int32():
-        raise CorruptCheckpointError(
-            f"checkpoint file {path}: a section of several key groups without an int32 "
-            f"{KEY_GROUP_FIELD!r} column ({table.schema.names})"
-        )
-    column = table.column(index)
-    rest = table.remove_column(index)
-    if column.null_count:
-        raise CorruptCheckpointError(f"checkpoint file {path}: a row without its key group")
-    runs = pc.run_end_encode(column.combine_chunks())
-    groups = runs.values.to_pylist()
-    if groups != sorted(set(groups)):
-        raise CorruptCheckpointError(
-            f"checkpoint file {path}: a section of several key groups not sorted by key group"
-        )
-    out: list[Section] = []
-    start = 0
-    for kg, end in zip(groups, runs.run_ends.to_pylist(), strict=True):
-        out.append(Section(kg, rest.slice(start, end - start), section.part))
-        start = end
-    return out
+    """The key groups of a SHARED section, a section each (``_container.split_shared``);
+    CorruptCheckpointError naming the file if it is not such a section."""
+    return _split_shared(section, f"checkpoint file {path}", CorruptCheckpointError)
 
 
 def apply_chains(
@@ -560,9 +541,15 @@ def write_version(
                                                 local=chained and bool(groups)),
                 strict=True)
         )  # fmt: skip
+        shares = {
+            key: _shares(section, extents[key][2])
+            for key, section in written.items() if section.tag == SHARED
+        }  # fmt: skip
         for kg in groups:
             section = sections[kg]
             offset, length, size = extents[id(section)]
+            if section.tag == SHARED:
+                size = shares[id(section)].get(kg, 0)
             link = (version, name, offset, length, size)
             new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
     named: dict[bytes, bytes] = {}
@@ -597,6 +584,14 @@ def write_version(
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
         storage.keep_local_copies(key_group_prefix(partition), in_chains)
     return new
+
+
+def _shares(section: Section, size: int) -> dict[int, int]:
+    """A SHARED section's bytes each key group's rows stand for (by rows): a link's
+    ``size``, which the full-snapshot rule sums over a chain's deltas."""
+    counts = pc.value_counts(section.table.column(KEY_GROUP_FIELD)).to_pylist()
+    rows = section.table.num_rows or 1
+    return {c["values"]: max(1, size * c["counts"] // rows) for c in counts}
 
 
 def writer_of(manifest: pa.Table) -> str:

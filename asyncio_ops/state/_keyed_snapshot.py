@@ -8,18 +8,22 @@ keyed state and its timers in one typed table (``_blob``, ``_payloads``).
 backend's range (so state and timers move together on rescale), verifying
 every blob before applying any; a key keeps the key group it was filed under.
 
-Incremental (what checkpoint files hold, a section per key group of one
-container, ``asyncio_ops._container``): :func:`snapshot_changes` returns,
-per key group, a section of the same table: the key group's full state
-(part ``FULL``), or a delta (part ``DELTA``): the canonical bytes of the keys
-made current since the last snapshot (``KeyedStateBackend.track_changes``)
-with exactly those keys' state and timers (a key with entries or timers is
-named by them alone; a row of its own names a key that has neither).
-:func:`apply_change` applies one such section: a full one replaces the key
-group, a delta replaces its keys whole (a key without entries in it is
-deleted), so applying a key group's
-last full section and the deltas after it, in order, rebuilds the key group
-as it was.
+Incremental (what checkpoint files hold, sections of one container,
+``asyncio_ops._container``): :func:`snapshot_changes` returns, per key
+group, a section of the same table: the key group's full state (part
+``FULL``, a section of its own), or a delta (part ``DELTA``): the canonical
+bytes of the keys made current since the last snapshot
+(``KeyedStateBackend.track_changes``) with exactly those keys' state and
+timers (a key with entries or timers is named by them alone; a row of its
+own names a key that has neither). The deltas of all key groups are ONE
+section (tag ``SHARED``, the same object for each of them): one table sorted
+by key group with it as a column, so a micro-batch that touches a few keys
+in each of many key groups builds, writes and reads one table, not one per
+key group. :func:`apply_change` applies one such section (a SHARED one: each
+key group in it): a full one replaces the key group, a delta replaces its
+keys whole (a key without entries in it is deleted), so applying a key
+group's last full section and the deltas after it, in order, rebuilds the
+key group as it was.
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .._container import DELTA, Kind, Section
+from .._container import DELTA, SHARED, Kind, Section, split_shared
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
 from .._timers import InternalTimerService
 from ._backend import KeyedStateBackend
 from ._blob import KEYED_OPERATOR, seal, unseal
 from ._keycodec import decode_canonical
-from ._payloads import KeyGroupPayload, read, table
+from ._payloads import KeyGroupPayload, key_groups_table, read, table
 
 __all__ = [
     "apply_change",
@@ -111,18 +115,25 @@ def snapshot_changes(
     if delta:
         state = backend.dump_keys(delta)
         groups = timers.snapshot_keys({kg: [k for k, _ in pairs] for kg, pairs in delta.items()})
-        for kg, pairs in sorted(delta.items()):
-            payload = (state.get(kg, []), groups.get(kg, []), [enc for _, enc in pairs])
-            out[kg] = Section(kg, table(Kind.KEY_GROUPS, payload), DELTA)
+        payloads = [
+            (kg, (state.get(kg, []), groups.get(kg, []), [enc for _, enc in pairs]))
+            for kg, pairs in sorted(delta.items())
+        ]
+        shared = Section(SHARED, key_groups_table(payloads), DELTA)
+        out.update(dict.fromkeys(delta, shared))
     return out
 
 
 def apply_change(
     backend: KeyedStateBackend, timers: InternalTimerService, section: Section, where: str
 ) -> None:
-    """Apply one key group's section of :func:`snapshot_changes` (see the module
-    docstring); its table is read whole (CorruptStateError naming ``where``) before
-    anything changes."""
+    """Apply one section of :func:`snapshot_changes` (see the module docstring): a key
+    group's table is read whole (CorruptStateError naming ``where``) before anything of
+    it changes; a SHARED section's key groups in turn."""
+    if section.tag == SHARED:
+        for one in split_shared(section, where, CorruptStateError):
+            apply_change(backend, timers, one, where)
+        return
     kg = section.tag
     if kg not in backend.key_group_range:
         return

@@ -44,13 +44,13 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._container import Kind
+from .._container import KEY_GROUP_FIELD, Kind
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
 from ._keycodec import decode_canonical
 from ._types import StateType
 
-__all__ = ["KeyGroupPayload", "read", "table"]
+__all__ = ["KeyGroupPayload", "key_groups_table", "read", "table"]
 
 _ENTRY_FIELDS: Final = [
     pa.field("state", pa.string(), nullable=False),
@@ -322,28 +322,52 @@ def _canonical(value: Any, what: str) -> bytes:
 
 
 def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
-    dumps, timers, replaced = payload
     cols: dict[str, list[Any]] = {f.name: [] for f in KEY_GROUP_SCHEMA}
     typed: Typed = {}
+    _append_key_group(cols, typed, payload)
+    return _with_typed(pa.table(cols, schema=KEY_GROUP_SCHEMA), typed)
+
+
+def key_groups_table(payloads: Sequence[tuple[int, KeyGroupPayload]]) -> pa.Table:
+    """One table of several key groups' payloads (``(key group, payload)`` in key-group
+    order): each one's rows as :func:`table` writes them, and the int32 column
+    ``KEY_GROUP_FIELD`` saying whose (a SHARED section, ``_container.split_shared``)."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in KEY_GROUP_SCHEMA}
+    typed: Typed = {}
+    groups: list[int] = []
+    for kg, payload in payloads:
+        groups += [kg] * _append_key_group(cols, typed, payload)
+    out = pa.table(cols, schema=KEY_GROUP_SCHEMA).append_column(
+        pa.field(KEY_GROUP_FIELD, pa.int32(), nullable=False), pa.array(groups, pa.int32())
+    )
+    return _with_typed(out, typed)
+
+
+def _append_key_group(cols: dict[str, list[Any]], typed: Typed, payload: KeyGroupPayload) -> int:
+    """Append one key group's rows to ``cols``: its entries, its timers, then (a delta)
+    the keys it replaces that neither names; returns how many rows."""
+    dumps, timers, replaced = payload
+    first = len(cols["key"])
     entries = _entry_columns(dumps, cols, typed)
-    timer_rows = 0
+    domains: list[str] = []
+    stamps: list[float] = []
     for domain, key, namespace, ts in timers:
         cols["key"].append(_canonical(key, "key"))
         cols["namespace"].append(_canonical(namespace, "namespace"))
-        cols["domain"].append(domain)
-        cols["timestamp"].append(float(ts))
-        timer_rows += 1
+        domains.append(domain)
+        stamps.append(float(ts))
+    timer_rows = len(domains)
     if replaced:  # a delta: a key with entries or timers here is named by them alone
-        named = set(cols["key"])
+        named = set(cols["key"][first:])
         cols["key"] += [enc for enc in replaced if enc not in named]
-    others = len(cols["key"]) - entries
+    others = len(cols["key"]) - first - entries
     for name in ("state", "kind", "has_ttl", "map_key", "ts", "value", "entry"):
         cols[name] += [None] * others
     cols["namespace"] += [None] * (others - timer_rows)
-    for name in ("domain", "timestamp"):
-        cols[name] = [None] * entries + cols[name] + [None] * (others - timer_rows)
-    cols["row"] = [_ENTRY] * entries + [_TIMER] * timer_rows + [_REPLACED] * (others - timer_rows)
-    return _with_typed(pa.table(cols, schema=KEY_GROUP_SCHEMA), typed)
+    for name, values in (("domain", domains), ("timestamp", stamps)):
+        cols[name] += [None] * entries + values + [None] * (others - timer_rows)
+    cols["row"] += [_ENTRY] * entries + [_TIMER] * timer_rows + [_REPLACED] * (others - timer_rows)
+    return len(cols["key"]) - first
 
 
 def _value_entries(table: pa.Table, where: str) -> list[Any] | None:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import DELTA, Kind
+from asyncio_ops._container import DELTA, SHARED, Kind, split_shared
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import (
     assign_to_key_group,
@@ -195,8 +195,9 @@ def test_warm_caught_up_or_cold_every_row_matches_the_model(
 
 
 def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> None:
-    """1,000 keys stored, 5 touched: version 1's file holds deltas of 5 keys (and the full
-    state of the key groups whose turn it is); later versions name version 0's files."""
+    """1,000 keys stored, 5 touched: version 1's file holds deltas of 5 keys, one section
+    for all their key groups (and the full state of the key groups whose turn it is);
+    later versions name version 0's files."""
     spec = spec_for(tmp_path, "heap", interval=MAXP * 4)
     run_partition(spec, 0, 0, 1, [(k, 1) for k in range(1000)])
     touched = [3, 77, 500, 501, 999]
@@ -213,7 +214,11 @@ def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> 
             s.table.column("row").to_pylist(), strict=True)]  # fmt: skip
     assert {row for row, _ in rows} == {0}
     assert {k for _, k in rows} == {canonical_bytes(k) for k in touched}
-    assert len(sections) == len({assign_to_key_group(k, MAXP) for k in touched})
+    # one section for the deltas of every key group touched, sorted by key group
+    (shared,) = sections
+    assert shared.tag == SHARED
+    groups = [s.tag for s in split_shared(shared, name)]
+    assert groups == sorted({assign_to_key_group(k, MAXP) for k in touched})
     manifest = storage.read(1, "subtask-00000.ckpt", Kind.MANIFEST)
     assert {v for vs in manifest.column("versions").to_pylist() for v in vs} == {0, 1}
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncio_ops._container import DELTA, Kind, decode, encode
+from asyncio_ops._container import DELTA, SHARED, Kind, Section, decode, encode, split_shared
+from asyncio_ops._keygroups import assign_to_key_group
 from asyncio_ops._timers import InternalTimerService, Timer
 from asyncio_ops.state import (
     KeyedStateBackend,
@@ -116,7 +117,7 @@ def test_full_blobs_and_deltas_rebuild_state_and_timers(
         full = {kg for kg in range(MAXP) if (step + kg) % full_every == 0}
         changes = snapshot_changes(a, ta, full)
         # through one container (a key-group file): every section verified and read back
-        data, _ = encode(Kind.KEY_GROUPS, [changes[kg] for kg in sorted(changes)])
+        data, _ = encode(Kind.KEY_GROUPS, written(changes))
         for section in decode(data, Kind.KEY_GROUPS, "key-group file"):
             apply_change(b, tb, section, "key-group file")
         for kg in full - changes.keys():  # a full key group with nothing in it: dropped
@@ -125,6 +126,12 @@ def test_full_blobs_and_deltas_rebuild_state_and_timers(
         expected = read_all(a, ta)
         a.take_touched()  # reading made every key current: not a change of state
         assert read_all(b, tb) == expected
+
+
+def written(changes: dict[int, Section]) -> list[Section]:
+    """The sections of :func:`snapshot_changes`'s result as a key-group file holds them:
+    the deltas' one SHARED section once."""
+    return list({id(s): s for _, s in sorted(changes.items())}.values())
 
 
 def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) -> None:
@@ -140,9 +147,13 @@ def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) 
     a.set_current_key(8)
     v.clear()
     changes = snapshot_changes(a, t, full=())
-    assert {s.part for s in changes.values()} == {DELTA}
+    # the deltas of every key group: one section, the same for each
+    (section,) = written(changes)
+    assert section.tag == SHARED and section.part == DELTA
+    assert set(changes) == {assign_to_key_group(k, MAXP) for k in (7, 8)}
+    assert [s.tag for s in split_shared(section, "delta")] == sorted(changes)
     rows = sorted(
-        (row, k) for s in changes.values() for k, row in zip(
+        (row, k) for s in [section] for k, row in zip(
             s.table.column("key").to_pylist(), s.table.column("row").to_pylist(), strict=True
         )
     )  # fmt: skip
@@ -187,7 +198,7 @@ def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
         tb = timers_of(b)
         for section in base.values():
             apply_change(b, tb, section, "full")
-        for section in changes.values():
+        for section in split_shared(written(changes)[0], "delta"):
             t = section.table
             if rebuilt == "v4":  # add the rows a version 4 writer added for every key
                 rows = t.to_pylist()
