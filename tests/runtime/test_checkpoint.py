@@ -502,3 +502,41 @@ def test_a_signed_frame_read_by_its_range_verifies_alone(
     moved.write_bytes(path.read_bytes()[:HEADER_SIZE] + bytes(data[extents[0][0] : offset]))
     with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-a\.ckpt: its signature"):
         other.read_sections(1, "kg-p00000-a.ckpt", Kind.KEY_GROUPS)
+
+
+def test_the_deltas_of_several_key_groups_are_one_section_each_chain_reads_its_own(
+    tmp_path: Path,
+) -> None:
+    """keyed_process writes one SHARED delta section for all its key groups (sorted by
+    key group, with it as a column): written once, each key group's link names the
+    section's frame and the share of its bytes its rows are (what the full-snapshot rule
+    sums), and a reader of any chain gets that key group's rows alone; a SHARED section
+    not sorted by key group is an error naming the file."""
+    import pyarrow as pa
+
+    from asyncio_ops._container import KEY_GROUP_FIELD, SHARED
+    from asyncio_ops._runtime._versions import read_chains, write_version
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    chains = write_version(s, 0, 0, 1, True, {1: _kg(1, "f1"), 2: _kg(2, "f2")}, [], {},
+                           writer="a")  # fmt: skip
+    rows = pa.table({"v": ["a", "b", "c"], KEY_GROUP_FIELD: pa.array([1, 2, 2], pa.int32())})
+    shared = Section(SHARED, rows, DELTA)
+    chains = write_version(s, 1, 0, 1, True, {1: shared, 2: shared}, [], {}, chains=chains,
+                           writer="b")  # fmt: skip
+    (_, _, offset1, length1, size1), (_, _, offset2, length2, size2) = (
+        chains[1][1], chains[2][1]
+    )  # fmt: skip
+    assert (offset1, length1) == (offset2, length2)  # one section, one frame
+    assert len(s.read_sections(1, chains[1][1][1], Kind.KEY_GROUPS)) == 1
+    assert 0 < size1 < size2 and abs(size2 - 2 * size1) <= 1  # by rows: 1 and 2 of 3
+    got = read_chains(s, chains)
+    assert [sec.table.column("v").to_pylist() for _, sec in got[1]] == [["f1"], ["a"]]
+    assert [sec.table.column("v").to_pylist() for _, sec in got[2]] == [["f2"], ["b", "c"]]
+    assert got[2][1][1].table.schema.names == ["v"]
+    unsorted = Section(SHARED, rows.take([1, 0, 2]), DELTA)
+    bad = write_version(s, 2, 0, 1, True, {1: unsorted, 2: unsorted}, [], {}, chains=chains,
+                        writer="c")  # fmt: skip
+    with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-c-from0+\.ckpt: a section of "
+                       r"several key groups not sorted by key group"):  # fmt: skip
+        read_chains(s, bad)
