@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
 from asyncio_ops._checkpoint import CheckpointStorage
@@ -540,3 +542,75 @@ def test_the_deltas_of_several_key_groups_are_one_section_each_chain_reads_its_o
     with pytest.raises(CorruptCheckpointError, match=r"kg-p00000-c-from0+\.ckpt: a section of "
                        r"several key groups not sorted by key group"):  # fmt: skip
         read_chains(s, bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["count", "seen", "ü"]),
+            st.one_of(st.none(), st.binary(min_size=3, max_size=3)),
+            st.one_of(st.none(), st.binary(max_size=4)),
+            st.one_of(st.none(), st.text(max_size=3)),
+            st.integers(0, 9),
+        ),
+        max_size=40,
+    )
+)
+def test_a_table_reads_back_as_written_whatever_its_columns_pack_into(
+    rows: list[tuple[str, bytes | None, bytes | None, str | None, int]],
+) -> None:
+    """Repeating strings and binaries are stored dictionary-encoded and binaries of one
+    length as fixed-size (format 6): a reader gets every column back with the type,
+    nullability and metadata it was written with, and the same values."""
+    schema = pa.schema(
+        [
+            pa.field("state", pa.string(), nullable=False),
+            pa.field("key", pa.binary(), metadata={b"aops.key_type": b"bigint"}),
+            pa.field("value", pa.binary()),
+            pa.field("name", pa.string()),
+            pa.field("n", pa.int64(), nullable=False),
+        ],
+        metadata={b"aops.kind": b"manifest"},
+    )
+    table = pa.Table.from_pylist(
+        [dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema
+    )
+    data, _ = encode(K, [Section(0, table)])
+    (back,) = decode(data, K, "some/file.ckpt")
+    assert back.table.schema.equals(schema, check_metadata=True)
+    assert back.table.to_pylist() == table.to_pylist()
+
+
+def test_packed_columns_are_smaller_and_a_column_marked_packed_wrongly_is_named() -> None:
+    keys = [b"i" + i.to_bytes(8, "little") for i in range(0, 2000, 7)]
+    table = pa.table({
+        "state": ["count"] * len(keys), "key": keys, "value": [b"\x80\x05K\x02."] * len(keys)
+    })  # fmt: skip
+    import asyncio_ops._container as container
+
+    packed = container._ipc(table)
+    assert packed.size < 0.7 * table.nbytes
+    assert [f.metadata[b"aops.packed"] for f in container._pack(table).schema] == [
+        b"dictionary", b"fixed", b"dictionary",
+    ]  # fmt: skip
+    lying = pa.table({"n": pa.array([1, 2], pa.int64())}).cast(
+        pa.schema([pa.field("n", pa.int64(), metadata={b"aops.packed": b"fixed"})])
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, lying.schema) as writer:
+        writer.write_table(lying)
+    wrong = r"some/file\.ckpt verifies but .* column 'n' is int64, marked packed as"
+    with pytest.raises(CorruptCheckpointError, match=wrong):
+        decode(_contained(sink.getvalue().to_pybytes()), K, "some/file.ckpt",
+               error=CorruptCheckpointError)  # fmt: skip
+
+
+def test_a_container_of_format_5_is_read() -> None:
+    """Format 5 stored every column plain: its files read as they always did."""
+    plain = t(s=["a", "a", "a"], b=[b"xy", b"xy", b"zz"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, plain.schema) as writer:
+        writer.write_table(plain)
+    (section,) = decode(_contained(sink.getvalue().to_pybytes(), version=5), K, "old.ckpt")
+    assert section.table.equals(plain)
