@@ -150,22 +150,38 @@ def _ipc(table: pa.Table) -> pa.Buffer:
 # whose values all have one length (integer keys, small pickled counts) as fixed-size
 # binary: no offsets, which zstd cannot shrink (an arithmetic run of int32s per row), and
 # which were most of a key group's bytes (a full key group of 7,800 running counts: 80 KB
-# as plain columns, 16 KB packed). The field says how (``_PACKED``); a reader gets the
-# column back as written. Columns of other types, and nested ones, are stored as they are.
+# as plain columns, 16 KB packed); a list of strings (a manifest's file names per key
+# group) has its strings dictionary-encoded. The field says how (``_PACKED``); a reader
+# gets the column back as written. Columns of other types are stored as they are.
 _PACKED: Final = b"aops.packed"
 _DICTIONARY: Final = b"dictionary"
 _FIXED: Final = b"fixed"
+_DICTIONARY_LIST: Final = b"list-dictionary"
 _PLAIN: Final = (pa.string(), pa.binary())
 
 
+def _plain_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) and t.value_type in _PLAIN
+
+
 def _pack(table: pa.Table) -> pa.Table:
-    if not any(f.type in _PLAIN for f in table.schema) or table.num_rows < 2:
+    if table.num_rows < 2 or not any(
+        f.type in _PLAIN or _plain_list(f.type) for f in table.schema
+    ):
         return table
     fields: list[pa.Field] = []
     columns: list[pa.ChunkedArray | pa.Array] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         how = None
-        if field.type in _PLAIN and column.null_count < len(column):
+        if _plain_list(field.type):  # a manifest's file names: the child dictionary-encoded
+            whole = column.combine_chunks()
+            values = whole.values.dictionary_encode()
+            if 2 * len(values.dictionary) <= len(values):
+                item = field.type.value_field.with_type(values.type)
+                how, column = _DICTIONARY_LIST, pa.ListArray.from_arrays(
+                    whole.offsets, values, type=pa.list_(item), mask=whole.is_null()
+                )
+        elif field.type in _PLAIN and column.null_count < len(column):
             packed = column.combine_chunks().dictionary_encode()
             if 2 * len(packed.dictionary) <= len(column):
                 how, column = _DICTIONARY, packed
@@ -195,6 +211,12 @@ def _unpack(table: pa.Table) -> pa.Table:
             column, kind = column.cast(field.type.value_type), field.type.value_type
         elif how == _FIXED and pa.types.is_fixed_size_binary(field.type):
             column, kind = column.cast(pa.binary()), pa.binary()
+        elif how == _DICTIONARY_LIST and pa.types.is_list(field.type) and (
+            pa.types.is_dictionary(field.type.value_type)
+        ):
+            item = field.type.value_field
+            kind = pa.list_(item.with_type(item.type.value_type))
+            column = column.cast(kind)
         else:
             raise ValueError(f"column {field.name!r} is {field.type}, marked packed as {how!r}")
         plain = pa.field(field.name, kind, field.nullable, meta or None)

@@ -553,16 +553,18 @@ def test_the_deltas_of_several_key_groups_are_one_section_each_chain_reads_its_o
             st.one_of(st.none(), st.binary(max_size=4)),
             st.one_of(st.none(), st.text(max_size=3)),
             st.integers(0, 9),
+            st.one_of(st.none(), st.lists(st.sampled_from(["kg-p0-a", "kg-p0-b"]), max_size=3)),
         ),
         max_size=40,
     )
 )
 def test_a_table_reads_back_as_written_whatever_its_columns_pack_into(
-    rows: list[tuple[str, bytes | None, bytes | None, str | None, int]],
+    rows: list[tuple[str, bytes | None, bytes | None, str | None, int, list[str] | None]],
 ) -> None:
-    """Repeating strings and binaries are stored dictionary-encoded and binaries of one
-    length as fixed-size (format 6): a reader gets every column back with the type,
-    nullability and metadata it was written with, and the same values."""
+    """Repeating strings and binaries are stored dictionary-encoded, binaries of one
+    length as fixed-size, lists of strings with their strings dictionary-encoded (format
+    6): a reader gets every column back with the type, nullability and metadata it was
+    written with, and the same values."""
     schema = pa.schema(
         [
             pa.field("state", pa.string(), nullable=False),
@@ -570,6 +572,7 @@ def test_a_table_reads_back_as_written_whatever_its_columns_pack_into(
             pa.field("value", pa.binary()),
             pa.field("name", pa.string()),
             pa.field("n", pa.int64(), nullable=False),
+            pa.field("files", pa.list_(pa.field("item", pa.string(), nullable=False))),
         ],
         metadata={b"aops.kind": b"manifest"},
     )
