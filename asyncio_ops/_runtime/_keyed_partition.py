@@ -88,6 +88,7 @@ from ._versions import (
     Chain,
     VersionFiles,
     apply_chains,
+    extends,
     key_group_prefix,
     manifest_name,
     read_previous,
@@ -370,7 +371,7 @@ def _sync(
         if want is None:
             if have is not None:
                 op.clear_key_group(kg)
-        elif have is None or want[: len(have)] != have:
+        elif have is None or not extends(want, have):
             rests[kg] = want  # a new chain (or none held): all of it, from its full section
         elif len(want) > len(have):
             rests[kg] = want[len(have) :]  # the deltas written since

@@ -40,7 +40,7 @@ from ..state._schema import StateTypes
 from ..state._serializers import PICKLE_SERIALIZER
 from ..state._types import evolution
 from ._keyed_partition import KEY_SCHEMA
-from ._versions import Chain, VersionFiles, read_chains, read_version
+from ._versions import Chain, VersionFiles, extends, read_chains, read_version
 
 __all__ = [
     "all_chains",
@@ -173,7 +173,7 @@ def state_rows(
     found = read_chains(storage, chains)
     old_found: dict[int, list[tuple[str, Any]]] = {}
     if before is not None:  # a chain that extends the old one holds it: no second read
-        rest = {kg: c for kg, c in before.items() if c and chains.get(kg, ())[: len(c)] != c}
+        rest = {kg: c for kg, c in before.items() if c and not extends(chains.get(kg, ()), c)}
         old_found = read_chains(storage, rest)
         for kg, c in before.items():
             if c and kg not in rest:

@@ -154,9 +154,32 @@ _MANIFEST_SCHEMA: Final = pa.schema(
 
 Link = tuple[int, str, int, int, int]
 """One section of a key group's chain: ``(version, file, offset, length, size)``: where
-its frame is, and the section's own bytes (uncompressed)."""
+its frame is, and bytes (uncompressed): a full section's own; the chain's first delta
+carries the bytes of all its deltas, the others 0 (all the full-snapshot rule reads is
+the sum, and a manifest rewrites every chain each version: a size per delta was most of
+a manifest's bytes; earlier releases wrote each delta's own, which sum the same)."""
 Chain = tuple[Link, ...]
 """A key group's chain: its last full section, then its deltas."""
+
+
+def extends(chain: Chain, held: Chain) -> bool:
+    """Whether ``chain`` is ``held`` with deltas after it (the same sections, wherever
+    its bytes are counted: see :data:`Link`)."""
+    return len(chain) >= len(held) and all(
+        a[:4] == b[:4] for a, b in zip(chain, held, strict=False)
+    )
+
+
+def _extended(chain: Chain, link: Link, part: int) -> Chain:
+    """``chain`` with ``link`` after it (a full section: the chain it starts), the deltas'
+    bytes carried by the first delta (see :data:`Link`)."""
+    if part == FULL:
+        return (link,)
+    if len(chain) < 2:
+        return (*chain, link)
+    version, file, offset, length, size = chain[1]
+    first = (version, file, offset, length, size + link[4])
+    return (chain[0], first, *chain[2:], (*link[:4], 0))
 _OPERATOR: Final = b"aops.operator"
 ASYNC_WAIT: Final = b"async_wait"
 
@@ -550,8 +573,8 @@ def write_version(
             offset, length, size = extents[id(section)]
             if section.tag == SHARED:
                 size = shares[id(section)].get(kg, 0)
-            link = (version, name, offset, length, size)
-            new[kg] = (link,) if sections[kg].part == FULL else new[kg] + (link,)
+            new[kg] = _extended(new.get(kg, ()), (version, name, offset, length, size),
+                                sections[kg].part)  # fmt: skip
     named: dict[bytes, bytes] = {}
     if operator_state is not None:  # keyed_process: its watermark is in the manifest
         ops = f"ops-p{partition:05d}-{writer}.ckpt"
