@@ -158,6 +158,7 @@ _DICTIONARY: Final = b"dictionary"
 _FIXED: Final = b"fixed"
 _DICTIONARY_LIST: Final = b"list-dictionary"
 _PLAIN: Final = (pa.string(), pa.binary())
+_SAMPLE: Final = 4096  # values a column's first look at its repeats takes
 
 
 def _plain_list(t: pa.DataType) -> bool:
@@ -165,6 +166,7 @@ def _plain_list(t: pa.DataType) -> bool:
 
 
 def _pack(table: pa.Table) -> pa.Table:
+    """``table`` with its packable columns packed (see above)."""
     if table.num_rows < 2 or not any(
         f.type in _PLAIN or _plain_list(f.type) for f in table.schema
     ):
@@ -182,13 +184,16 @@ def _pack(table: pa.Table) -> pa.Table:
                     whole.offsets, values, type=pa.list_(item), mask=whole.is_null()
                 )
         elif field.type in _PLAIN and column.null_count < len(column):
-            packed = column.combine_chunks().dictionary_encode()
-            if 2 * len(packed.dictionary) <= len(column):
-                how, column = _DICTIONARY, packed
-            elif field.type == pa.binary():
-                low, high = pc.min_max(pc.binary_length(column)).values()
+            whole = column.combine_chunks()
+            sample = whole.slice(0, _SAMPLE)  # mostly distinct there: not worth encoding all
+            if 2 * len(sample.unique()) <= len(sample) or len(whole) <= _SAMPLE:
+                packed = whole.dictionary_encode()
+                if 2 * len(packed.dictionary) <= len(whole):
+                    how, column = _DICTIONARY, packed
+            if how is None and field.type == pa.binary():
+                low, high = pc.min_max(pc.binary_length(whole)).values()
                 if low.as_py() == high.as_py() and low.as_py():
-                    how, column = _FIXED, column.cast(pa.binary(low.as_py()))
+                    how, column = _FIXED, whole.cast(pa.binary(low.as_py()))
         if how is not None:
             field = pa.field(field.name, column.type, field.nullable,
                              {**(field.metadata or {}), _PACKED: how})  # fmt: skip
@@ -207,12 +212,15 @@ def _unpack(table: pa.Table) -> pa.Table:
         meta = {k: v for k, v in field.metadata.items() if k != _PACKED}
         how = field.metadata[_PACKED]
         column = table.column(i)
-        if how == _DICTIONARY and pa.types.is_dictionary(field.type):
+        if how == _DICTIONARY and pa.types.is_dictionary(field.type) and (
+            field.type.value_type in _PLAIN
+        ):
             column, kind = column.cast(field.type.value_type), field.type.value_type
         elif how == _FIXED and pa.types.is_fixed_size_binary(field.type):
             column, kind = column.cast(pa.binary()), pa.binary()
         elif how == _DICTIONARY_LIST and pa.types.is_list(field.type) and (
             pa.types.is_dictionary(field.type.value_type)
+            and field.type.value_type.value_type in _PLAIN
         ):
             item = field.type.value_field
             kind = pa.list_(item.with_type(item.type.value_type))

@@ -180,6 +180,8 @@ def _extended(chain: Chain, link: Link, part: int) -> Chain:
     version, file, offset, length, size = chain[1]
     first = (version, file, offset, length, size + link[4])
     return (chain[0], first, *chain[2:], (*link[:4], 0))
+
+
 _OPERATOR: Final = b"aops.operator"
 ASYNC_WAIT: Final = b"async_wait"
 

@@ -606,6 +606,8 @@ def test_packed_columns_are_smaller_and_a_column_marked_packed_wrongly_is_named(
     assert [f.metadata[b"aops.packed"] for f in container._pack(table).schema] == [
         b"dictionary", b"fixed", b"dictionary",
     ]  # fmt: skip
+    many = pa.table({"key": [b"i" + i.to_bytes(8, "little") for i in range(10_000)]})
+    assert container._pack(many).schema.field("key").type == pa.binary(9)  # past the sample
     lying = pa.table({"n": pa.array([1, 2], pa.int64())}).cast(
         pa.schema([pa.field("n", pa.int64(), metadata={b"aops.packed": b"fixed"})])
     )
