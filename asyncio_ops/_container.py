@@ -120,7 +120,7 @@ class Kind(IntEnum):
     """What a container holds (each kind's table: the module that writes it)."""
 
     MANIFEST = 1  # one partition's manifest of a version (``_runtime._versions``)
-    KEY_GROUPS = 2  # key groups' state and timers, a section each (``state._payloads``)
+    KEY_GROUPS = 2  # key groups' state and timers: a section each, or SHARED (deltas)
     OPERATOR_STATE = 3  # one subtask's operator state (``state._payloads``)
     REPLAY_LOG = 4  # completed lookups of a task attempt (``_runtime._replay_log``)
     FUNCTION_STATE = 5  # a function's own state (``_runtime._checkpointing``)

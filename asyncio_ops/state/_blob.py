@@ -17,7 +17,8 @@ trust boundary (docs/state.md). With a signing key in the environment
 signature verifies are read at all.
 
 Checkpoint files are containers too, with the same tables as sections (a
-key-group file: one section per key group), never a blob inside a file.
+key-group file: a section per full key group, one for all the deltas), never a blob
+inside a file.
 """
 
 from __future__ import annotations
