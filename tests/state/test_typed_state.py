@@ -135,6 +135,36 @@ def test_the_incremental_sections_carry_typed_columns_too(make_backend: BackendF
     assert _read(target) == before
 
 
+def test_one_delta_section_of_many_key_groups_carries_typed_columns(
+    make_backend: BackendFactory,
+) -> None:
+    """The deltas of every key group touched are one packed section through a container:
+    typed states' columns travel in it, and each key group applies as written."""
+    from asyncio_ops._container import SHARED
+    from asyncio_ops.state._keyed_snapshot import snapshot_changes
+
+    backend = make_backend()
+    timers = timers_of(backend)
+    _fill(backend)
+    backend.track_changes()
+    base = key_group_sections(backend, timers)
+    _fill(backend)  # every key made current again, the same values but the counts
+    count = backend.get_state(ValueStateDescriptor("count", "long"))
+    for key in range(0, 40, 3):
+        backend.set_current_key(key)
+        count.update(-key)
+    changes = snapshot_changes(backend, timers, full=())
+    (shared,) = {id(s): s for s in changes.values()}.values()
+    assert shared.tag == SHARED and any(n.startswith("typed:") for n in shared.table.schema.names)
+    expected = _read(backend)
+    data, _ = encode(Kind.KEY_GROUPS, [*base.values(), shared])
+    target = make_backend()
+    target_timers = timers_of(target)
+    for section in decode(data, Kind.KEY_GROUPS, "test"):
+        apply_change(target, target_timers, section, "test")
+    assert _read(target) == expected
+
+
 def test_a_value_that_does_not_fit_names_the_state_the_key_and_the_value(
     backend: KeyedStateBackend,
 ) -> None:
