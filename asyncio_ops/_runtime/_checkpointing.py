@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._checkpoint import Version
 from .._container import Kind, Section
@@ -234,25 +235,29 @@ class PartitionCheckpoint:
         carry = self._carry_over(input_schema, p_new, kind)
         where = self.storage.path(previous, "")
         watermarks, stored = (
-            (WatermarkState(), []) if self._narrow()
+            (WatermarkState(), None) if self._narrow()
             else carry.restore_operator(self.partition, p_new, found.operator_states(), where)
         )  # fmt: skip
         if keyed:
             stored = self._restore_keyed(found, carry)
+        if stored is None or not stored.num_rows:
+            return Restored((), watermarks, input_schema)
         if kind != self.kind:  # rows carried into chunks, or chunks into rows
             log.info(
                 "partition %s: restoring %d element(s) of kind %r as %r",
-                self.partition, len(stored), kind, self.kind,
+                self.partition, stored.num_rows, kind, self.kind,
             )  # fmt: skip
-            stored = as_kind(stored, kind, self.kind)
+            converted = as_kind(carry.batches.elements(stored), kind, self.kind)
+            now = self._carry_over(input_schema, p_new).batches
+            stored = pa.Table.from_batches([now.to_batch(converted, deadlines=True)])
         event_time = self.spec.event_time is not None
         entries = in_order(stored, self.kind, input_schema, self.spec.output_schema, event_time)
         current = watermarks.current
-        if event_time and entries and current > max(s.after_watermark for s in stored):
+        if event_time and current > pc.max(stored.column("after_watermark")).as_py():
             entries.append(SnapshotEntry(Watermark(current)))  # the watermark they were behind
         return Restored(tuple(entries), watermarks, input_schema)
 
-    def _restore_keyed(self, found: VersionFiles, carry: CarryOver) -> list[StoredElement]:
+    def _restore_keyed(self, found: VersionFiles, carry: CarryOver) -> pa.Table:
         """The elements of this partition's key groups: tables of elements (kind
         ``IN_FLIGHT``), or keyed state written by earlier releases (``KEY_GROUPS``)."""
         marked = [(m.schema.metadata or {}).get(IN_FLIGHT) == b"1" for m in found.manifests]
@@ -468,14 +473,15 @@ def carried_elements(
         _, elements = restore_operator_state(
             0, 1, [found.operator_state(partition)], where, carry.batches
         )
-        return [(None, e) for e in elements]
+        return [] if elements is None else [(None, e) for e in carry.batches.elements(elements)]
     one = replace(found, manifests=[found.manifests[index]], paths=[path],
                   partitions=[partition])  # fmt: skip
     out: list[tuple[int | None, StoredElement]] = []
     for name, section in one.key_group_sections(
         everything, UPPER_BOUND_MAX_PARALLELISM, Kind.IN_FLIGHT
     ):
-        out += [(section.tag, e) for e in carry.restore_keyed([(name, section)])]
+        table = carry.restore_keyed([(name, section)])
+        out += [(section.tag, e) for e in carry.batches.elements(table)]
     out.sort(key=lambda pair: pair[1].seq)
     return out
 

@@ -209,8 +209,8 @@ class CarryOver:
         )
         return dict.fromkeys(groups, Section(SHARED, table))
 
-    def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
-        """The elements of ``(file, section)`` pairs, a key group each (what
+    def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:
+        """The table of the elements of ``(file, section)`` pairs, a key group each (what
         ``_versions.read_chains`` makes of :meth:`snapshot_keyed`'s section), whose key
         group is in this partition's range, in order. CheckpointError names the file of
         a section that is not a full table of elements."""
@@ -226,13 +226,13 @@ class CarryOver:
                     f"elements ({section.table.schema.names}, expected {schema.names})"
                 )
             batches += section.table.to_batches()
-        return self.batches.elements(batches)
+        return self.batches.table(batches)
 
-    def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> list[StoredElement]:
-        """The elements of ``(file, section)`` pairs written by earlier releases (each key
-        group's elements one value of keyed state, their deadlines timers; kind
-        ``KEY_GROUPS``), rebuilt in a state backend of ``state_backend``. CheckpointError
-        names the file that does not read back."""
+    def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:
+        """The table of the elements of ``(file, section)`` pairs written by earlier
+        releases (each key group's elements one value of keyed state, their deadlines
+        timers; kind ``KEY_GROUPS``), rebuilt in a state backend of ``state_backend``.
+        CheckpointError names the file that does not read back."""
         backend = self._backend()
         timers = self._timers(backend)
         try:
@@ -254,7 +254,7 @@ class CarryOver:
                 by_kg.setdefault(t.key, []).append(t)
             out: list[StoredElement] = []
             for kg, name, batch in found:
-                elements = self.batches.elements([batch])
+                elements = self.batches.elements(pa.Table.from_batches([batch]))
                 for t in by_kg.pop(kg, ()):
                     row = t.namespace
                     if type(row) is not int or not 0 <= row < len(elements):
@@ -264,7 +264,7 @@ class CarryOver:
                         )
                     elements[row] = elements[row]._replace(deadline=t.timestamp)
                 out += elements
-            return out
+            return pa.Table.from_batches([self.batches.to_batch(out, deadlines=True)])
         finally:
             timers.close()
             backend.close()
@@ -290,7 +290,7 @@ class CarryOver:
 
     def restore_operator(
         self, index: int, parallelism: int, states: Sequence[tuple[str, list[Any]]], where: str
-    ) -> tuple[WatermarkState, list[StoredElement]]:
+    ) -> tuple[WatermarkState, pa.Table | None]:
         """This partition's watermark state and share of the unkeyed elements: the old
         partition's batch at unchanged parallelism, else part ``index`` of all of them
         (in partition order) cut into ``parallelism`` near-equal parts. ``states``: every
@@ -332,11 +332,11 @@ def restore_operator_state(
     states: Sequence[tuple[str, list[Any]]],
     where: str,
     batches: ElementBatchSerializer | None = None,
-) -> tuple[WatermarkState, list[StoredElement]]:
+) -> tuple[WatermarkState, pa.Table | None]:
     """This partition's share of every old partition's operator state (``(file, state)``,
-    in partition order): the highest watermark state, and (with ``batches``) its part of
-    the in-flight elements (see :meth:`CarryOver.restore_operator`). ``where``: the
-    checkpoint directory, for errors."""
+    in partition order): the highest watermark state, and (with ``batches``) the table
+    of its part of the in-flight elements (see :meth:`CarryOver.restore_operator`; None
+    without ``batches`` or elements). ``where``: the checkpoint directory, for errors."""
     ops = OperatorStateBackend(index=index, parallelism=parallelism)
     items: list[bytes] = []
     try:
@@ -346,7 +346,7 @@ def restore_operator_state(
             items = ops.get_union_list_state(IN_FLIGHT_BATCH, serializer=_BYTES).get()
     except (CheckpointError, StateError, ValueError, TypeError) as exc:
         raise CheckpointError(f"operator state in {where}: {exc}") from exc
-    elements: list[StoredElement] = []
+    elements: pa.Table | None = None
     if batches is not None and items:
         if len(items) != len(states):
             raise CheckpointError(
@@ -363,7 +363,7 @@ def _share(
     items: list[bytes],
     batches: ElementBatchSerializer,
     names: Sequence[str],
-) -> list[StoredElement]:
+) -> pa.Table:
     """Part ``index`` of the old partitions' batches (each validated, the file named)."""
     mine = [index] if len(items) == parallelism else range(len(items))
     read: list[pa.RecordBatch] = []
@@ -379,6 +379,5 @@ def _share(
         base, extra = divmod(total, parallelism)
         start = index * base + min(index, extra)
         length = base + (1 if index < extra else 0)
-        table = pa.Table.from_batches(read, schema=batches.schema).slice(start, length)
-        read = table.to_batches()
-    return batches.elements(read)
+        return batches.table(read).slice(start, length)
+    return batches.table(read)

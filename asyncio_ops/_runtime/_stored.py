@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError
@@ -195,15 +195,26 @@ class ElementBatchSerializer:
             ) from exc
         return batch
 
-    def elements(self, batches: Sequence[pa.RecordBatch]) -> list[StoredElement]:
-        """The elements of validated batches, in order: one conversion per column."""
-        table = pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
+    def table(self, batches: Sequence[pa.RecordBatch]) -> pa.Table:
+        """Validated batches as one table of elements, in order (a restore turns it into
+        queue entries whole: :func:`in_order`)."""
+        return pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
+
+    def elements(self, table: pa.Table) -> list[StoredElement]:
+        """The elements of a table of them, in order: one conversion per column."""
         if not table.num_rows:
             return []
-        cols = [c.to_pylist() for c in table.columns]
-        if table.column("attempts").null_count:
-            cols[7] = [a or 0 for a in cols[7]]
+        cols = [c.to_pylist() for c in _attempts_filled(table).columns]
         return list(map(_element, zip(*cols, strict=True)))
+
+
+def _attempts_filled(table: pa.Table) -> pa.Table:
+    """``table`` with null attempts as 0 (a writer that left them out made none)."""
+    attempts = table.column("attempts")
+    if not attempts.null_count:
+        return table
+    index = table.schema.get_field_index("attempts")
+    return table.set_column(index, table.schema.field(index), pc.fill_null(attempts, 0))
 
 
 # -- queue entries <-> stored elements ------------------------------------------------------
@@ -259,34 +270,46 @@ def as_kind(elements: Sequence[StoredElement], old: str, new: str) -> list[Store
 
 
 def in_order(
-    stored: Iterable[StoredElement],
+    elements: pa.Table,
     kind: str,
     input_schema: pa.Schema | None,
     output_schema: pa.Schema,
     event_time: bool,
 ) -> list[SnapshotEntry]:
-    """Queue entries in (after_watermark, partition, seq) order, watermarks between groups.
+    """Queue entries of a table of elements, in (after_watermark, partition, seq) order
+    (a stable sort), watermarks between groups.
 
     Each gets a position of its own in this version's replay log: negative,
-    apart from the positions of input rows.
+    apart from the positions of input rows. Columns become Python values one
+    column at a time, and each element its entry directly (no element tuple).
     """
-    ordered = sorted(stored, key=_ORDER)
+    if not elements.num_rows:
+        return []
+    table = _attempts_filled(elements.take(pc.sort_indices(elements, sort_keys=_ORDER)))
+    rows, timestamps, lates, done, attempts, deadlines = (
+        table.column(name).to_pylist()
+        for name in ("row", "timestamp", "late", "results", "attempts", "deadline")
+    )
+    afters = table.column("after_watermark").to_pylist() if event_time else None
     out: list[SnapshotEntry] = []
     append = out.append
     last = -math.inf
     arrow = kind == ARROW
-    for i, (_, _, after, row, timestamp, late, results, attempts, deadline) in enumerate(ordered):
-        if event_time and after > last:
-            last = after
+    for i, (row, late, timestamp, results, tries, deadline) in enumerate(
+        zip(rows, lates, timestamps, done, attempts, deadlines, strict=True)
+    ):
+        if afters is not None and afters[i] > last:
+            last = afters[i]
             append(SnapshotEntry(Watermark(last)))
         if arrow:
             row = pa.RecordBatch.from_pylist(row, schema=input_schema)
             if results is not None:
                 results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
-        done = tuple(results) if results is not None else None
-        append(SnapshotEntry(Record(RowValue(row, late, -(i + 1)), timestamp), done, None,
-                             attempts, deadline))  # fmt: skip
+        append(SnapshotEntry(
+            Record(RowValue(row, late, -(i + 1)), timestamp),
+            None if results is None else tuple(results), None, tries, deadline,
+        ))  # fmt: skip
     return out
 
 
-_ORDER: Final = itemgetter(2, 0, 1)  # (after_watermark, partition, seq)
+_ORDER: Final = [("after_watermark", "ascending"), ("partition", "ascending"), ("seq", "ascending")]

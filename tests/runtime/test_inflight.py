@@ -57,7 +57,7 @@ def test_elements_round_trip_typed(kind: str) -> None:
     data = batches.dumps(batches.to_batch(todo, deadlines=True))
     batch = pa.ipc.read_record_batch(pa.py_buffer(data), ser.schema)  # an Arrow message
     assert batch.num_rows == 2 and batch.schema.field("row").type == ser.schema.field("row").type
-    assert batches.elements([batches.loads(data)]) == todo
+    assert batches.elements(batches.table([batches.loads(data)])) == todo
 
 
 def test_bytes_that_are_not_elements_are_refused() -> None:
@@ -102,7 +102,7 @@ def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
     assert sorted(sections) == sorted([spark_kg, other_kg])
     mine = KeyGroupRange(spark_kg, spark_kg)
     only = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=mine)
-    got = only.restore_keyed(_split(sections))
+    got = only.batches.elements(only.restore_keyed(_split(sections)))
     assert got == [element(1, deadline=50.0), done]
 
 
@@ -151,7 +151,7 @@ def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
         carry.snapshot_operator(0, 2, WatermarkState(10.0, 5.0), [element(1), element(2)]),
         carry.snapshot_operator(1, 2, WatermarkState(30.0, 20.0), [element(3, partition=1)]),
     ]
-    parts = [carry.restore_operator(i, 3, _named(olds), "/ck") for i in range(3)]
+    parts = [_restored(carry, i, 3, _named(olds)) for i in range(3)]
     assert {p[0] for p in parts} == {WatermarkState(30.0, 20.0)}
     assert [[e.seq for e in p[1]] for p in parts] == [[1], [2], [3]]
     assert parts[0][1][0].deadline == 100.0  # unkeyed: the deadline travels in the element
@@ -167,7 +167,7 @@ def test_a_key_group_of_many_elements_is_one_table() -> None:
     ((_, one),) = _split(sections)
     assert one.table.num_rows == 300 and one.table.schema.equals(carry.batches.schema)
     assert one.table.column("deadline").null_count == 100
-    assert carry.restore_keyed(_split(sections)) == todo
+    assert carry.batches.elements(carry.restore_keyed(_split(sections))) == todo
 
 
 def test_rescale_moves_the_elements_by_key_group() -> None:
@@ -179,7 +179,7 @@ def test_rescale_moves_the_elements_by_key_group() -> None:
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
         part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
-        got = part.restore_keyed(_split(sections, "f"))
+        got = part.batches.elements(part.restore_keyed(_split(sections, "f")))
         want = [e for kg, e in todo if kg in half]
         assert sorted(got, key=lambda e: e.seq) == want
 
@@ -196,7 +196,8 @@ def test_key_groups_written_as_keyed_state_by_earlier_releases_still_restore(
     todo = [((i * 7) % 128, element(i, deadline=1000.0 + i if i % 3 else None))
             for i in range(200)]  # fmt: skip
     sections = keyed_carry_over_as_earlier_releases_wrote(carry, todo)
-    got = carry.restore_keyed_state([("f", sec) for sec in sections.values()])
+    table = carry.restore_keyed_state([("f", sec) for sec in sections.values()])
+    got = carry.batches.elements(table)
     assert sorted(got, key=lambda e: e.seq) == [e for _, e in todo]
     kg, sec = next(iter(sections.items()))
     rows = sec.table.to_pylist()
@@ -236,10 +237,19 @@ def test_unkeyed_batches_keep_their_partition_or_split_evenly() -> None:
     olds = [carry.snapshot_operator(0, 2, WatermarkState(), a),
             carry.snapshot_operator(1, 2, WatermarkState(), b)]  # fmt: skip
     named = _named(olds)
-    assert [carry.restore_operator(i, 2, named, "/ck")[1] for i in range(2)] == [a, b]
-    parts = [carry.restore_operator(i, 3, named, "/ck")[1] for i in range(3)]
+    assert [_restored(carry, i, 2, named)[1] for i in range(2)] == [a, b]
+    parts = [_restored(carry, i, 3, named)[1] for i in range(3)]
     assert [len(p) for p in parts] == [3, 2, 2] and [e for p in parts for e in p] == a + b
-    assert carry.restore_operator(0, 1, named, "/ck")[1] == a + b
+    assert _restored(carry, 0, 1, named)[1] == a + b
+
+
+def _restored(
+    carry: CarryOver, index: int, parallelism: int, named: list[tuple[str, Any]]
+) -> tuple[WatermarkState, list[StoredElement]]:
+    """Partition ``index``'s watermark state and elements, as :meth:`restore_operator`
+    reads them."""
+    marks, table = carry.restore_operator(index, parallelism, named, "/ck")
+    return marks, [] if table is None else carry.batches.elements(table)
 
 
 def _named(states: list[Any]) -> list[tuple[str, Any]]:
