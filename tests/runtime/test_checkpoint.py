@@ -571,9 +571,9 @@ def test_a_table_reads_back_as_written_whatever_its_columns_pack_into(
     rows: list[tuple[str, bytes | None, bytes | None, str | None, int, list[str] | None]],
 ) -> None:
     """Repeating strings and binaries are stored dictionary-encoded, binaries of one
-    length as fixed-size, lists of strings with their strings dictionary-encoded (format
-    6): a reader gets every column back with the type, nullability and metadata it was
-    written with, and the same values."""
+    length as fixed-size with their bytes split into streams, lists of strings with their
+    strings dictionary-encoded (formats 6 and 7): a reader gets every column back with
+    the type, nullability and metadata it was written with, and the same values."""
     schema = pa.schema(
         [
             pa.field("state", pa.string(), nullable=False),
@@ -604,10 +604,24 @@ def test_packed_columns_are_smaller_and_a_column_marked_packed_wrongly_is_named(
     packed = container._ipc(table)
     assert packed.size < 0.7 * table.nbytes
     assert [f.metadata[b"aops.packed"] for f in container._pack(table).schema] == [
-        b"dictionary", b"fixed", b"dictionary",
+        b"dictionary", b"fixed-split", b"dictionary",
     ]  # fmt: skip
     many = pa.table({"key": [b"i" + i.to_bytes(8, "little") for i in range(10_000)]})
     assert container._pack(many).schema.field("key").type == pa.binary(9)  # past the sample
+    # the bytes split into streams: the first byte of every key, then the second, ...
+    (stored,) = pa.ipc.open_stream(container._ipc(many.slice(0, 3))).read_all().columns
+    first = stored.combine_chunks().buffers()[1].to_pybytes()[:12]
+    assert first == b"iii" + bytes([0, 1, 2]) + bytes(6)
+    split, _ = encode(K, [Section(0, many)])
+    whole = pa.BufferOutputStream()
+    with pa.ipc.new_stream(whole, pa.schema([("key", pa.binary(9))])) as writer:
+        writer.write_table(many.cast(pa.schema([("key", pa.binary(9))])))
+    unsplit, _ = encode(K, [Section(0, pa.ipc.open_stream(whole.getvalue()).read_all())])
+    assert len(split) < 0.6 * len(unsplit)
+    # a table of several chunks (record batches) reads back whole
+    chunked = pa.concat_tables([table, table.slice(5, 100), table])
+    (back,) = decode(encode(K, [Section(0, chunked)])[0], K, "some/file.ckpt")
+    assert back.table.to_pylist() == chunked.to_pylist()
     lying = pa.table({"n": pa.array([1, 2], pa.int64())}).cast(
         pa.schema([pa.field("n", pa.int64(), metadata={b"aops.packed": b"fixed"})])
     )
@@ -618,6 +632,18 @@ def test_packed_columns_are_smaller_and_a_column_marked_packed_wrongly_is_named(
     with pytest.raises(CorruptCheckpointError, match=wrong):
         decode(_contained(sink.getvalue().to_pybytes()), K, "some/file.ckpt",
                error=CorruptCheckpointError)  # fmt: skip
+
+
+def test_a_container_of_format_6_is_read() -> None:
+    """Format 6 stored a fixed-size binary column's values whole, one after the other."""
+    keys = [b"i" + i.to_bytes(8, "little") for i in range(5)]
+    field = pa.field("key", pa.binary(9), metadata={b"aops.packed": b"fixed"})
+    stored = pa.table([pa.array(keys, pa.binary(9))], schema=pa.schema([field]))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, stored.schema) as writer:
+        writer.write_table(stored)
+    (section,) = decode(_contained(sink.getvalue().to_pybytes(), version=6), K, "old.ckpt")
+    assert section.table.equals(pa.table({"key": pa.array(keys, pa.binary())}))
 
 
 def test_a_container_of_format_5_is_read() -> None:
