@@ -1,6 +1,6 @@
 """Benchmark of a streaming micro-batch boundary: writing and restoring what is carried over.
 
-Run: ``python -m bench.carry_over`` (``--elements N``, ``--repeat R``).
+Run: ``python -m bench.carry_over`` (``--elements N``, ``--repeat R``, default 101).
 
 A partition ends a micro-batch with N elements not yet emitted (half still in
 flight with a deadline, half complete with one result each) and writes them
@@ -8,7 +8,8 @@ as the next micro-batch's carry-over; the next micro-batch restores them. For
 keyed (one key per element, spread over 64 of the partition's key groups,
 as Spark's hash would give), with ``state_backend`` heap and RocksDB (which
 only reads earlier releases' keyed carry-overs, so the two should agree), and
-unkeyed, this prints the best of R runs (a garbage collection before each) of
+unkeyed, this prints the best and the median of R runs (a garbage collection
+before each; the median counts the collections a run's own garbage triggers) of
 the wall time of ``finish`` (write) and ``restore`` (read) through a local
 checkpoint directory, per element, beside two floors, each one Arrow IPC
 table written and read (to Python values) in one piece through the same
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -79,17 +81,18 @@ def spec(root: Path, keyed: bool, backend: str) -> PartitionSpec:
     )
 
 
-def best(fn: Callable[[], Any], repeat: int) -> float:
+def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """The best and the median of ``repeat`` timed runs of ``fn``."""
     times = []
     for _ in range(repeat):
         gc.collect()  # each run starts without the garbage of the cases before it
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(times), statistics.median(times)
 
 
-def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[float, float]:
+def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[tuple[float, float], ...]:
     with tempfile.TemporaryDirectory() as tmp:
         s = spec(Path(tmp), keyed, backend)
         todo = entries(n, keyed)
@@ -115,7 +118,7 @@ def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[float, float]
         return write_s, read_s
 
 
-def floor(n: int, repeat: int) -> tuple[float, float]:
+def floor(n: int, repeat: int) -> tuple[tuple[float, float], ...]:
     rows = [{"id": i, "name": f"name-{i}", KEY_GROUP_COLUMN: i % 64} for i in range(n)]
     with tempfile.TemporaryDirectory() as tmp:
         storage = CheckpointStorage(tmp, "op")
@@ -129,7 +132,7 @@ def floor(n: int, repeat: int) -> tuple[float, float]:
         return best(write, repeat), best(read, repeat)
 
 
-def floor_elements(n: int, repeat: int) -> tuple[float, float]:
+def floor_elements(n: int, repeat: int) -> tuple[tuple[float, float], ...]:
     with tempfile.TemporaryDirectory() as tmp:
         s = spec(Path(tmp), True, "heap")
         writer = PartitionCheckpoint(s, TaskInfo(0, 2, batch_id=1), pa.list_(pa.struct(list(OUT))))
@@ -150,24 +153,25 @@ def floor_elements(n: int, repeat: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--elements", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=101)
     args = parser.parse_args()
     n = args.elements
-    print(f"{n} elements carried over; best of {args.repeat}; microseconds per element")
-    print(f"{'case':<19} {'write':>8} {'restore':>8}")
-    for name, (w, r) in (
+    print(f"{n} elements carried over; {args.repeat} runs; microseconds per element")
+    print(f"{'':<19} {'write':>15}  {'restore':>15}")
+    print(f"{'case':<19} {'best':>7} {'median':>7}  {'best':>7} {'median':>7}")
+    rows: list[tuple[str, tuple[tuple[float, float], ...]]] = [
         ("floor (input rows)", floor(n, args.repeat)),
         ("floor (elements)", floor_elements(n, args.repeat)),
-    ):
-        print(f"{name:<19} {w / n * 1e6:8.1f} {r / n * 1e6:8.1f}")
+    ]
     for name, keyed, backend in (
         ("unkeyed", False, "heap"),
         ("keyed, heap", True, "heap"),
         ("keyed, rocksdb", True, "rocksdb"),
     ):
-        w, r = bench(n, args.repeat, keyed, backend)
-        print(f"{name:<19} {w / n * 1e6:8.1f} {r / n * 1e6:8.1f}")
-
+        rows.append((name, bench(n, args.repeat, keyed, backend)))
+    for name, ((w, wm), (r, rm)) in rows:
+        us = [t / n * 1e6 for t in (w, wm, r, rm)]
+        print(f"{name:<19} {us[0]:7.1f} {us[1]:7.1f}  {us[2]:7.1f} {us[3]:7.1f}", flush=True)
 
 if __name__ == "__main__":
     main()
