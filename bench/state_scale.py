@@ -2,7 +2,8 @@
 
 Run: ``python -m bench.state_scale`` (``--keys 20000,200000,1000000`` the
 state sizes, ``--small 2000`` events per small micro-batch, ``--batches 6``
-small micro-batches, ``--sides heap,rocksdb,tws``; ``--big`` adds 10,000,000
+small micro-batches, ``--sides heap,rocksdb,tws``, ``--full-snapshot-interval 50``
+``keyed_process``'s option of that name; ``--big`` adds 10,000,000
 keys for ``keyed_process`` on RocksDB only; ``--quick`` is a dev run: 20,000
 and 200,000 keys, 3 small micro-batches).
 
@@ -262,7 +263,13 @@ class Result:
 
 
 def run(
-    spark: SparkSession, side: str, data: Input, root: Path, batches: int, timeout: float
+    spark: SparkSession,
+    side: str,
+    data: Input,
+    root: Path,
+    batches: int,
+    timeout: float,
+    interval: int = 50,
 ) -> Result:
     stream = (
         spark.readStream.schema("k long, event long").option("maxFilesPerTrigger", 1)
@@ -278,6 +285,7 @@ def run(
         out = keyed_process(
             stream, RunningCount(), key="k", output_schema=OUTPUT,
             checkpoint_location=str(state_dir), state_backend=side, num_partitions=2,
+            full_snapshot_interval=interval,
         )  # fmt: skip
 
     rows = [0]
@@ -437,6 +445,10 @@ def main() -> None:
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per query")
+    p.add_argument(
+        "--full-snapshot-interval", dest="interval", type=int, default=50,
+        help="keyed_process's full_snapshot_interval (its default: 50)",
+    )
     args = p.parse_args()
     if args.quick:
         args.keys, args.batches = "20000,200000", 3
@@ -490,7 +502,7 @@ def main() -> None:
         (root / "warm-up").mkdir()
         warm = write_input(root / "warm-up", 100, 10, 1, args.seed)
         for side in sides:
-            run(spark, side, warm, root / "warm-up", 1, args.timeout)
+            run(spark, side, warm, root / "warm-up", 1, args.timeout, args.interval)
         shutil.rmtree(root / "warm-up")
         inputs: dict[int, Input] = {}
         for keys, side in plan:
@@ -498,7 +510,9 @@ def main() -> None:
                 inputs[keys] = write_input(root, keys, args.small, args.batches, args.seed)
             started = time.perf_counter()
             try:
-                r = run(spark, side, inputs[keys], root, args.batches, args.timeout)
+                r = run(
+                    spark, side, inputs[keys], root, args.batches, args.timeout, args.interval
+                )
             except (Exception, SystemExit) as exc:  # report it, keep the other rows
                 failures.append(f"{label(side)} at {keys:,} keys: {exc}")
                 print(f"  FAILED: {failures[-1]}", flush=True)

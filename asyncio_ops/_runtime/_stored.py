@@ -15,9 +15,10 @@ Contract:
   :class:`ElementSerializer` is the schema and the check that names the field a
   misfit element cannot hold.
 - :func:`to_stored` (queue entries, watermarks dropped, to elements),
-  :func:`in_order` (elements back to queue entries in (after_watermark,
-  partition, seq) order, a watermark before each group, so no row crosses a
-  watermark across a micro-batch boundary and each key keeps its order) and
+  :func:`in_order` (a table of elements, as a restore reads it, back to queue
+  entries in (after_watermark, partition, seq) order, a watermark before each
+  group, so no row crosses a watermark across a micro-batch boundary and each
+  key keeps its order) and
   :func:`as_kind` (elements written as one kind, for an operator whose element
   changed).
 
