@@ -478,6 +478,8 @@ def main() -> None:
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
             ),
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+            # every micro-batch's progress is read back (Spark keeps the last 100)
+            "spark.sql.streaming.numRecentProgressUpdates": str(max(100, args.batches + 10)),
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
