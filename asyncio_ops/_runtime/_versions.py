@@ -34,7 +34,10 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   ``(version, file, offset, length, size)`` of its last full section and of
   the deltas after it, in order: the frame holding it and the section's own
   bytes (Flink's key-group offsets: a partition reads the frames of its key
-  groups, adjacent ones in one read); the number of
+  groups, adjacent ones in one read), stored as a row per section named, in
+  version order, with the key groups whose chains name it and each one's size
+  (a SHARED delta is one row, not a link in every key group's chain; earlier
+  releases wrote a row per key group, still read); the number of
   partitions, the operator that wrote it (``aops.operator``) and the attempt's
   token (``aops.writer``); the async operator's also the element kind and the
   input and output schemas of its elements (``aops.element``,
@@ -106,7 +109,6 @@ _OPS: Final = b"aops.ops"
 # manifests lack it: keyed state and timers per key group (kind KEY_GROUPS)
 IN_FLIGHT: Final = b"aops.in_flight"
 _KEY_GROUP: Final = "key_group"
-_CHAIN_COLUMNS: Final = ("versions", "files", "offsets", "lengths", "sizes")
 
 
 _T = TypeVar("_T")
@@ -142,13 +144,27 @@ def _list(name: str, item: pa.DataType) -> pa.Field:
 
 
 _MANIFEST_SCHEMA: Final = pa.schema(
+    [  # a row per section some key group's chain names, in version order
+        pa.field("version", pa.int64(), nullable=False),
+        pa.field("file", pa.string(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),  # where its frame starts in the file
+        pa.field("length", pa.int64(), nullable=False),  # the bytes read to reach it
+        _list("key_groups", pa.int32()),  # the key groups whose chains name it
+        _list("sizes", pa.int64()),  # each one's bytes, uncompressed (see Link)
+    ]
+)
+# earlier releases: a row per key group, its chain as lists (still read): each delta
+# section repeated in every key group's lists, so a manifest grew with the key groups
+# times their chains' length (chains of 50 links, 64 key groups: 5.0 KB, the same chains
+# a row per section 2.8 KB)
+_PER_KEY_GROUP_SCHEMA: Final = pa.schema(
     [
         pa.field(_KEY_GROUP, pa.int32(), nullable=False),
         _list("versions", pa.int64()),
         _list("files", pa.string()),
-        _list("offsets", pa.int64()),  # where the key group's section starts in the file
-        _list("lengths", pa.int64()),  # the bytes read to reach it (its frame's)
-        _list("sizes", pa.int64()),  # its own bytes, uncompressed (full vs deltas)
+        _list("offsets", pa.int64()),
+        _list("lengths", pa.int64()),
+        _list("sizes", pa.int64()),
     ]
 )
 
@@ -160,6 +176,47 @@ the sum, and a manifest rewrites every chain each version: a size per delta was 
 a manifest's bytes; earlier releases wrote each delta's own, which sum the same)."""
 Chain = tuple[Link, ...]
 """A key group's chain: its last full section, then its deltas."""
+
+
+def _manifest_chains(manifest: pa.Table, path: str) -> list[tuple[int, Chain]]:
+    """Every ``(key group, chain)`` a manifest names, of either layout (a row per
+    section, or earlier releases' row per key group); CheckpointError naming ``path``
+    for a manifest of neither, or a chain out of version order or empty."""
+    names, types = manifest.schema.names, manifest.schema.types
+    if names == _PER_KEY_GROUP_SCHEMA.names and types == _PER_KEY_GROUP_SCHEMA.types:
+        out: list[tuple[int, Chain]] = []
+        groups = manifest.column(_KEY_GROUP).to_pylist()
+        columns = ("versions", "files", "offsets", "lengths", "sizes")
+        links = zip(*(manifest.column(c).to_pylist() for c in columns), strict=True)
+        for kg, (vs, fs, offs, lens, sizes) in zip(groups, links, strict=True):
+            if not vs or not len(vs) == len(fs) == len(offs) == len(lens) == len(sizes):
+                raise CheckpointError(f"checkpoint file {path}: key group {kg} has no chain")
+            out.append((kg, tuple(zip(vs, fs, offs, lens, sizes, strict=True))))
+        return out
+    if names != _MANIFEST_SCHEMA.names or types != _MANIFEST_SCHEMA.types:
+        raise CheckpointError(
+            f"checkpoint file {path} has the columns {names}, not {_MANIFEST_SCHEMA.names}"
+        )
+    chains: dict[int, list[Link]] = {}
+    rows = zip(*(manifest.column(c).to_pylist() for c in _MANIFEST_SCHEMA.names), strict=True)
+    for version, file, offset, length, kgs, sizes in rows:
+        if len(kgs) != len(sizes):
+            raise CheckpointError(
+                f"checkpoint file {path}: the section of {file} at {offset} names "
+                f"{len(kgs)} key groups and {len(sizes)} sizes"
+            )
+        for kg, size in zip(kgs, sizes, strict=True):
+            chain = chains.get(kg)
+            if chain is None:
+                chains[kg] = [(version, file, offset, length, size)]
+            elif chain[-1][0] >= version:
+                raise CheckpointError(
+                    f"checkpoint file {path}: key group {kg}'s chain names version {version} "
+                    f"after {chain[-1][0]}"
+                )
+            else:
+                chain.append((version, file, offset, length, size))
+    return [(kg, tuple(chain)) for kg, chain in chains.items()]
 
 
 def extends(chain: Chain, held: Chain) -> bool:
@@ -259,16 +316,7 @@ class VersionFiles:
         seen: dict[int, str] = {}
         out: dict[int, Chain] = {}
         for manifest, path in zip(self.manifests, self.paths, strict=True):
-            if manifest.schema.types != _MANIFEST_SCHEMA.types or (
-                manifest.schema.names != _MANIFEST_SCHEMA.names
-            ):
-                raise CheckpointError(
-                    f"checkpoint file {path} has the columns {manifest.schema.names}, not "
-                    f"{_MANIFEST_SCHEMA.names}"
-                )
-            groups = manifest.column(_KEY_GROUP).to_pylist()
-            links = zip(*(manifest.column(c).to_pylist() for c in _CHAIN_COLUMNS), strict=True)
-            for kg, (vs, fs, offs, lens, sizes) in zip(groups, links, strict=True):
+            for kg, chain in _manifest_chains(manifest, path):
                 if not 0 <= kg < max_parallelism:
                     raise CheckpointError(
                         f"checkpoint file {path} names key group {kg}, outside 0.."
@@ -280,10 +328,8 @@ class VersionFiles:
                         f"checkpoint files {seen[kg]} and {path} both name key group {kg}"
                     )
                 seen[kg] = path
-                if not vs or not len(vs) == len(fs) == len(offs) == len(lens) == len(sizes):
-                    raise CheckpointError(f"checkpoint file {path}: key group {kg} has no chain")
                 if kg in key_groups:
-                    out[kg] = tuple(zip(vs, fs, offs, lens, sizes, strict=True))
+                    out[kg] = chain
         return out
 
     def key_group_sections(
@@ -584,15 +630,7 @@ def write_version(
             version, ops, Kind.OPERATOR_STATE, table(Kind.OPERATOR_STATE, operator_state)
         )
         named[_OPS] = ops.encode()
-    kgs = sorted(new)
-    manifest = pa.Table.from_arrays(
-        [pa.array(kgs, pa.int32())]
-        + [
-            pa.array([[link[i] for link in new[kg]] for kg in kgs], _MANIFEST_SCHEMA.field(c).type)
-            for i, c in enumerate(_CHAIN_COLUMNS)
-        ],
-        schema=_MANIFEST_SCHEMA,
-    ).replace_schema_metadata(
+    manifest = _manifest_table(new).replace_schema_metadata(
         {
             _KIND: b"manifest",
             _KEYED: b"1" if keyed else b"0",
@@ -609,6 +647,28 @@ def write_version(
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
         storage.keep_local_copies(key_group_prefix(partition), in_chains)
     return new
+
+
+def _manifest_table(chains: dict[int, Chain]) -> pa.Table:
+    """A row per section the ``chains`` name, in version order, with the key groups
+    whose chains name it and each one's size (the manifest's table, without its
+    metadata): a SHARED delta is one row, not a link in every key group's list."""
+    rows: dict[tuple[int, str, int, int], tuple[list[int], list[int]]] = {}
+    for kg in sorted(chains):
+        for version, file, offset, length, size in chains[kg]:
+            row = rows.get((version, file, offset, length))
+            if row is None:
+                rows[(version, file, offset, length)] = ([kg], [size])
+            else:
+                row[0].append(kg)
+                row[1].append(size)
+    order = sorted(rows)
+    columns: list[list[Any]] = [[where[i] for where in order] for i in range(4)]
+    columns += [[rows[where][0] for where in order], [rows[where][1] for where in order]]
+    return pa.Table.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(columns, _MANIFEST_SCHEMA, strict=True)],
+        schema=_MANIFEST_SCHEMA,
+    )
 
 
 def _shares(section: Section, size: int) -> dict[int, int]:

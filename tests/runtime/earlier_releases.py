@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from asyncio_ops._container import Section
 from asyncio_ops._runtime._inflight import CarryOver, make_backend
 from asyncio_ops._runtime._stored import StoredElement
+from asyncio_ops._runtime._versions import _manifest_chains
 from asyncio_ops.state._keyed_snapshot import key_group_sections
 
 
@@ -33,3 +36,21 @@ def keyed_carry_over_as_earlier_releases_wrote(
     finally:
         timers.close()
         backend.close()
+
+
+def manifest_as_earlier_releases_wrote(manifest: pa.Table) -> pa.Table:
+    """A manifest as earlier releases wrote it: a row per key group, its chain's
+    ``(version, file, offset, length, size)`` as five lists, the same metadata."""
+    chains = sorted(_manifest_chains(manifest, "manifest"))
+    item = lambda t: pa.list_(pa.field("item", t, nullable=False))  # noqa: E731
+    types = [pa.int64(), pa.string(), pa.int64(), pa.int64(), pa.int64()]
+    names = ["versions", "files", "offsets", "lengths", "sizes"]
+    fields = [pa.field("key_group", pa.int32(), nullable=False)]
+    fields += [pa.field(n, item(t), nullable=False) for n, t in zip(names, types, strict=True)]
+    columns = [pa.array([kg for kg, _ in chains], pa.int32())]
+    columns += [
+        pa.array([[link[i] for link in chain] for _, chain in chains], item(t))
+        for i, t in enumerate(types)
+    ]
+    schema = pa.schema(fields, manifest.schema.metadata)
+    return pa.Table.from_arrays(columns, schema=schema)

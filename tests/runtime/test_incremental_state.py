@@ -220,7 +220,11 @@ def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> 
     groups = [s.tag for s in split_shared(shared, name)]
     assert groups == sorted({assign_to_key_group(k, MAXP) for k in touched})
     manifest = storage.read(1, "subtask-00000.ckpt", Kind.MANIFEST)
-    assert {v for vs in manifest.column("versions").to_pylist() for v in vs} == {0, 1}
+    # a row per section the chains name: version 0's full sections, version 1's delta once
+    versions = manifest.column("version").to_pylist()
+    assert set(versions) == {0, 1} and versions.count(1) == 1
+    (delta_row,) = [r for r in manifest.to_pylist() if r["version"] == 1]
+    assert delta_row["key_groups"] == groups
 
 
 def test_state_kept_warm_is_not_used_when_another_attempt_rewrote_the_version(
@@ -370,6 +374,41 @@ def test_a_worker_catches_up_from_an_older_version_with_the_deltas_since(
         workers.close()
 
 
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_manifests_of_earlier_releases_a_row_per_key_group_still_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Versions 0 to 2 with chains of several links, their manifests rewritten as
+    earlier releases wrote them (a row per key group, its chain as lists): a worker
+    holding nothing restores them, and the next version's manifest is a row per section."""
+    from .earlier_releases import manifest_as_earlier_releases_wrote
+
+    spec = spec_for(tmp_path, backend, interval=MAXP * 4, retain=5)
+    storage = spec.checkpoint
+    assert storage is not None
+    workers = Workers(monkeypatch)
+    model = Model()
+    plan = [[(k, 1) for k in range(40)], [(k, 2) for k in range(0, 40, 3)],
+            [(k, 3) for k in range(0, 40, 7)], [(k, 4) for k in range(40)]]  # fmt: skip
+    try:
+        for batch_id, events in enumerate(plan):
+            if batch_id == 3:  # earlier releases wrote versions 0 to 2
+                for version in range(3):
+                    for p in range(2):
+                        name = f"subtask-{p:05d}.ckpt"
+                        now = storage.read(version, name, Kind.MANIFEST)
+                        assert "key_groups" in now.column_names
+                        storage.write(version, name, Kind.MANIFEST,
+                                      manifest_as_earlier_releases_wrote(now))  # fmt: skip
+            workers.use(2)  # a worker holding nothing: it reads the manifests
+            got = [r for p in range(2) for r in run_partition(spec, batch_id, p, 2, events)]
+            expected = [model.apply(k, v) for k, v in events]
+            assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
+        assert "key_groups" in storage.read(3, "subtask-00000.ckpt", Kind.MANIFEST).column_names
+    finally:
+        workers.close()
+
+
 class Late(KeyedProcessFunction[int, Row, Row]):
     """Emits the watermark the micro-batch starts with (event time ``ts``)."""
 
@@ -478,8 +517,8 @@ def _requests(s3_server: Any) -> list[str]:
 
 def _chain_files(manifest: pa.Table) -> set[tuple[int, str]]:
     """``(version, file)`` of every link of a manifest's chains."""
-    columns = (manifest.column(c).to_pylist() for c in ("versions", "files"))
-    return {link for vs, fs in zip(*columns, strict=True) for link in zip(vs, fs, strict=True)}
+    columns = (manifest.column(c).to_pylist() for c in ("version", "file"))
+    return set(zip(*columns, strict=True))
 
 
 def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_that_wrote_them(

@@ -424,15 +424,20 @@ def test_a_manifest_naming_a_stray_key_group_is_an_error_naming_it(
     storage = spec.checkpoint
     assert storage is not None
     table = storage.read(0, "subtask-00000.ckpt", Kind.MANIFEST)
-    groups = table.column("key_group").to_pylist()
-    assert len(groups) > 1
+    groups = table.column("key_groups").to_pylist()  # of each section the chains name
+    assert len(groups[0]) > 1
     # one key group moved outside 0..max_parallelism-1, or renamed as another one there
-    groups[0] = spec.max_parallelism + 7 if rewrite == "outside the range" else groups[1]
-    stray = table.set_column(0, "key_group", pa.array(groups, pa.int32()))
+    groups[0][0] = spec.max_parallelism + 7 if rewrite == "outside the range" else groups[0][1]
+    index = table.schema.get_field_index("key_groups")
+    column = pa.array(groups, table.schema.field(index).type)
+    stray = table.set_column(index, table.schema.field(index), column)
     meta = table.schema.metadata
     storage.write(0, "subtask-00000.ckpt", Kind.MANIFEST, stray.replace_schema_metadata(meta))
     last = spec.max_parallelism - 1
-    message = rf"outside 0\.\.{last}" if rewrite == "outside the range" else "both name key group"
+    message = (
+        rf"outside 0\.\.{last}" if rewrite == "outside the range"
+        else r"key group \d+'s chain names version 0 after 0"
+    )  # fmt: skip
     with pytest.raises(CheckpointError, match=rf"subtask-00000\.ckpt.*{message}"):
         list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
 
