@@ -153,9 +153,10 @@ def _ipc(table: pa.Table) -> pa.Buffer:
 # whose values all have one length (integer keys, small pickled counts) as fixed-size
 # binary: no offsets, which zstd cannot shrink (an arithmetic run of int32s per row), and
 # which were most of a key group's bytes (a full key group of 7,800 running counts: 80 KB
-# as plain columns, 16 KB packed); a list of strings (a manifest's file names per key
-# group) has its strings dictionary-encoded. The field says how (``_PACKED``); a reader
-# gets the column back as written. Columns of other types are stored as they are.
+# as plain columns, 16 KB packed); a list of strings (format 6 manifests' file names per
+# key group; a typed state's lists of strings) has its strings dictionary-encoded. The
+# field says how (``_PACKED``); a reader gets the column back as written. Columns of
+# other types are stored as they are.
 # Since format 7 a fixed-size column's bytes are stored split into streams, the first
 # byte of every value, then the second, ... (Parquet's BYTE_STREAM_SPLIT): an integer key
 # ``b"i" + 8 bytes little-endian`` is six constant bytes and two or three that vary, which
@@ -184,7 +185,7 @@ def _pack(table: pa.Table) -> pa.Table:
     columns: list[pa.ChunkedArray | pa.Array] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         how = None
-        if _plain_list(field.type):  # a manifest's file names: the child dictionary-encoded
+        if _plain_list(field.type):  # lists of strings: the child dictionary-encoded
             whole = column.combine_chunks()
             values = whole.values.dictionary_encode()
             if 2 * len(values.dictionary) <= len(values):

@@ -206,16 +206,13 @@ def _manifest_chains(manifest: pa.Table, path: str) -> list[tuple[int, Chain]]:
                 f"{len(kgs)} key groups and {len(sizes)} sizes"
             )
         for kg, size in zip(kgs, sizes, strict=True):
-            chain = chains.get(kg)
-            if chain is None:
-                chains[kg] = [(version, file, offset, length, size)]
-            elif chain[-1][0] >= version:
+            chain = chains.setdefault(kg, [])
+            if chain and chain[-1][0] >= version:
                 raise CheckpointError(
                     f"checkpoint file {path}: key group {kg}'s chain names version {version} "
                     f"after {chain[-1][0]}"
                 )
-            else:
-                chain.append((version, file, offset, length, size))
+            chain.append((version, file, offset, length, size))
     return [(kg, tuple(chain)) for kg, chain in chains.items()]
 
 
@@ -656,12 +653,9 @@ def _manifest_table(chains: dict[int, Chain]) -> pa.Table:
     rows: dict[tuple[int, str, int, int], tuple[list[int], list[int]]] = {}
     for kg in sorted(chains):
         for version, file, offset, length, size in chains[kg]:
-            row = rows.get((version, file, offset, length))
-            if row is None:
-                rows[(version, file, offset, length)] = ([kg], [size])
-            else:
-                row[0].append(kg)
-                row[1].append(size)
+            groups, sizes = rows.setdefault((version, file, offset, length), ([], []))
+            groups.append(kg)
+            sizes.append(size)
     order = sorted(rows)
     columns: list[list[Any]] = [[where[i] for where in order] for i in range(4)]
     columns += [[rows[where][0] for where in order], [rows[where][1] for where in order]]
