@@ -17,7 +17,9 @@ storage: the input rows alone (``floor (input rows)``, the floor the target
 of "within 3x" was set against), and the table a carry-over must hold, the
 same elements with their places, results, attempts and deadlines
 (``floor (elements)``: what is left above it is the layout and the
-operator's objects, not the data).
+operator's objects, not the data). The process's garbage collector is tuned
+as a Python worker's is (``asyncio_ops._runtime._worker``: the modules
+frozen, a first threshold of 20,000 allocations), where the carry-over runs.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from asyncio_ops._runtime._adapters import RowValue
 from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
 from asyncio_ops._runtime._inflight import WatermarkState
 from asyncio_ops._runtime._stored import to_stored
+from asyncio_ops._runtime._worker import _tune_gc
 from asyncio_ops._snapshot import SnapshotEntry
 
 IN = pa.schema([("id", pa.int64()), ("name", pa.string()), (KEY_GROUP_COLUMN, pa.int32())])
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=101)
     args = parser.parse_args()
+    _tune_gc()  # as in a worker
     n = args.elements
     print(f"{n} elements carried over; {args.repeat} runs; microseconds per element")
     print(f"{'':<19} {'write':>15}  {'restore':>15}")

@@ -269,9 +269,7 @@ class PartitionCheckpoint:
             )
         maxp = self.spec.max_parallelism
         if marked and marked[0]:
-            return carry.restore_keyed(
-                found.key_group_sections(carry.key_groups, maxp, Kind.IN_FLIGHT)
-            )
+            return carry.restore_keyed(found.element_sections(carry.key_groups, maxp))
         return carry.restore_keyed_state(found.key_group_sections(carry.key_groups, maxp))
 
     def finish(

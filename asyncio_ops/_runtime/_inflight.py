@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._container import FULL, KEY_GROUP_FIELD, SHARED, Section
 from .._exceptions import CheckpointError, StateError
@@ -210,23 +211,45 @@ class CarryOver:
         return dict.fromkeys(groups, Section(SHARED, table))
 
     def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:
-        """The table of the elements of ``(file, section)`` pairs, a key group each (what
-        ``_versions.read_chains`` makes of :meth:`snapshot_keyed`'s section), whose key
-        group is in this partition's range, in order. CheckpointError names the file of
-        a section that is not a full table of elements."""
+        """The table of the elements of ``(file, section)`` pairs whose key group is in
+        this partition's range: sections as :meth:`snapshot_keyed` wrote them (tag
+        ``SHARED``, read whole: ``VersionFiles.element_sections``; the rows of other key
+        groups are left out), or a key group's own (its tag; ``read_state`` reads them
+        split). Row order is the sections' (a restore orders the elements itself:
+        ``_stored.in_order``). CheckpointError names the file of a section that is not a
+        full table of elements."""
         schema = self.batches.schema
-        batches: list[pa.RecordBatch] = []
+        kgs = self.key_groups
+        tables: list[pa.Table] = []
         for name, section in sections:
-            kg = section.tag
-            if kg not in self.key_groups:
+            table = section.table
+            if section.tag == SHARED:
+                index = table.schema.get_field_index(KEY_GROUP_FIELD)
+                column = table.column(index) if index >= 0 else None
+                if column is None or column.null_count:
+                    raise CheckpointError(
+                        f"checkpoint file {name}: in-flight elements of several key groups "
+                        f"without the key group of each ({table.schema.names})"
+                    )
+                table = table.remove_column(index)
+                low, high = pc.min_max(column).values()
+                if table.num_rows and (low.as_py() < kgs.start or high.as_py() > kgs.end):
+                    mask = pc.and_(
+                        pc.greater_equal(column, kgs.start), pc.less_equal(column, kgs.end)
+                    )
+                    table = table.filter(mask)
+                what = "the section of several key groups"
+            elif section.tag not in kgs:
                 continue
-            if section.part != FULL or not section.table.schema.remove_metadata().equals(schema):
+            else:
+                what = f"key group {section.tag}"
+            if section.part != FULL or not table.schema.remove_metadata().equals(schema):
                 raise CheckpointError(
-                    f"checkpoint file {name}: key group {kg} is not a table of in-flight "
-                    f"elements ({section.table.schema.names}, expected {schema.names})"
+                    f"checkpoint file {name}: {what} is not a table of in-flight "
+                    f"elements ({table.schema.names}, expected {schema.names})"
                 )
-            batches += section.table.to_batches()
-        return self.batches.table(batches)
+            tables.append(table)
+        return self.batches.table([b for t in tables for b in t.to_batches()])
 
     def restore_keyed_state(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:
         """The table of the elements of ``(file, section)`` pairs written by earlier

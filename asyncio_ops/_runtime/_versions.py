@@ -16,9 +16,11 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   delta section per key group, still read). The async operator (kind
   ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
   key groups (tag ``SHARED``), the carried-over elements as one table sorted
-  by key group with it as a column, which the manifest names for each of them
-  and a reader splits back into key groups (:func:`split_shared`;
-  ``asyncio_ops._runtime._inflight``; earlier releases wrote a key group's
+  by key group with it as a column, which the manifest names for each of them;
+  a restore reads it once, whole, and keeps the rows of its key groups
+  (:meth:`VersionFiles.element_sections`), ``read_state`` splits it back into
+  key groups (:func:`split_shared`; ``asyncio_ops._runtime._inflight``;
+  earlier releases wrote a key group's
   elements as keyed state, kind ``KEY_GROUPS``, and are still read). The
   token is the attempt's, so two attempts never write one name.
 - ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
@@ -335,6 +337,12 @@ class VersionFiles:
         """``(file, section)`` of the key groups in ``key_groups``, each a full section
         of a container of ``kind`` (what the async operator writes); CheckpointError
         naming the file otherwise."""
+        read = read_chains(self.storage, self._whole(key_groups, max_parallelism), kind=kind)
+        return [read[kg][0] for kg in sorted(read)]
+
+    def _whole(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
+        """The chains of ``key_groups`` (:meth:`chains`), each one full section (what the
+        async operator writes); CheckpointError naming the file otherwise."""
         chains = self.chains(key_groups, max_parallelism)
         for kg, chain in chains.items():
             if len(chain) != 1:
@@ -343,25 +351,49 @@ class VersionFiles:
                     f"checkpoint file {where}: key group {kg} has a chain of deltas, where "
                     "one full section was expected"
                 )
-        read = read_chains(self.storage, chains, kind=kind)
-        return [read[kg][0] for kg in sorted(read)]
+        return chains
+
+    def element_sections(
+        self, key_groups: KeyGroupRange, max_parallelism: int
+    ) -> list[tuple[str, Section]]:
+        """``(file, section)`` of every section holding elements of the key groups in
+        ``key_groups`` (the async operator's, kind ``IN_FLIGHT``), each read once and
+        whole: a SHARED section is not split, and may hold rows of other key groups
+        (the reader keeps its own: ``CarryOver.restore_keyed``). CheckpointError naming
+        the file for a chain that is not one full section, or a file that lacks a key
+        group where the manifest says it is."""
+        chains = self._whole(key_groups, max_parallelism)
+        named: dict[tuple[int, str], set[int]] = {}
+        for kg, ((version, file, *_),) in chains.items():
+            named.setdefault((version, file), set()).add(kg)
+        out: list[tuple[str, Section]] = []
+        for (version, file), got in _read_files(self.storage, chains, Kind.IN_FLIGHT).items():
+            path = self.storage.path(version, file)
+            held: set[int] = set()
+            for section in got:
+                if section.part != FULL:
+                    raise CorruptCheckpointError(
+                        f"checkpoint file {path}: in-flight elements in a delta section"
+                    )
+                if section.tag != SHARED:
+                    held.add(section.tag)
+                elif (i := section.table.schema.get_field_index(KEY_GROUP_FIELD)) >= 0:
+                    held.update(pc.unique(section.table.column(i)).to_pylist())
+                out.append((path, section))
+            if missing := sorted(named[(version, file)] - held):
+                raise CorruptCheckpointError(
+                    f"checkpoint file {path} lacks key group {missing[0]} where the manifest "
+                    "says it is"
+                )
+        return out
 
 
-def read_chains(
-    storage: CheckpointStorage,
-    chains: dict[int, Chain],
-    tails: Collection[int] = (),
-    kind: Kind = Kind.KEY_GROUPS,
-    keep: str = "",
-) -> dict[int, list[tuple[str, Section]]]:
-    """``(path, section)`` of every link of ``chains``, in chain order, each verified
-    (containers of ``kind``); per file one read of each run of adjacent sections, or
-    its local copy. ``keep``: files whose names start with it that are read from a
-    remote store are read whole and kept as local copies (a partition's own files).
-    ``tails``: the key groups whose given chain is the part after a full section
-    (deltas only). CheckpointError naming the file for one that is missing or damaged,
-    or whose section is not the chain's: another key group, or a delta where the chain
-    starts (or a full one after)."""
+def _read_files(
+    storage: CheckpointStorage, chains: dict[int, Chain], kind: Kind, keep: str = ""
+) -> dict[tuple[int, str], list[Section]]:
+    """The sections of every file ``chains`` name, as stored (a SHARED section whole),
+    per ``(version, file)``: per file one read of each run of adjacent sections, or its
+    local copy (``keep`` as in :func:`read_chains`)."""
     wanted: dict[tuple[int, str], set[tuple[int, int]]] = {}
     for chain in chains.values():
         for version, file, offset, length, _ in chain:
@@ -383,8 +415,26 @@ def read_chains(
         ),
         reads,
     )
+    return {(r[0], r[1]): got for r, got in zip(reads, sections, strict=True)}
+
+
+def read_chains(
+    storage: CheckpointStorage,
+    chains: dict[int, Chain],
+    tails: Collection[int] = (),
+    kind: Kind = Kind.KEY_GROUPS,
+    keep: str = "",
+) -> dict[int, list[tuple[str, Section]]]:
+    """``(path, section)`` of every link of ``chains``, in chain order, each verified
+    (containers of ``kind``); per file one read of each run of adjacent sections, or
+    its local copy. ``keep``: files whose names start with it that are read from a
+    remote store are read whole and kept as local copies (a partition's own files).
+    ``tails``: the key groups whose given chain is the part after a full section
+    (deltas only). CheckpointError naming the file for one that is missing or damaged,
+    or whose section is not the chain's: another key group, or a delta where the chain
+    starts (or a full one after)."""
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
-    for (version, file, _), got_all in zip(reads, sections, strict=True):
+    for (version, file), got_all in _read_files(storage, chains, kind, keep).items():
         for got in got_all:
             if got.tag == SHARED:
                 for one in split_shared(got, storage.path(version, file)):

@@ -130,6 +130,15 @@ def test_a_key_group_section_that_is_not_a_table_of_elements_is_named() -> None:
     for bad in (Section(5, pa.Table.from_batches([batch])), Section(5, sec.table, DELTA)):
         with pytest.raises(CheckpointError, match=named):
             carry.restore_keyed([("/ck/kg-p00000-a.ckpt", bad)])
+    rows = pa.Table.from_batches([batch])
+    shared = r"checkpoint file /ck/kg-p00000-a\.ckpt: in-flight elements of several key groups"
+    with pytest.raises(CheckpointError, match=shared + " without"):
+        carry.restore_keyed([("/ck/kg-p00000-a.ckpt", Section(SHARED, rows))])
+    kgs = pa.array([5], pa.int32())
+    as_chunks = rows.append_column("key_group", kgs)
+    whole = r"checkpoint file /ck/kg-p00000-a\.ckpt: the section of several key groups is not"
+    with pytest.raises(CheckpointError, match=whole + " a table of in-flight"):
+        carry.restore_keyed([("/ck/kg-p00000-a.ckpt", Section(SHARED, as_chunks))])
 
 
 def test_a_shared_section_without_sorted_key_groups_is_named() -> None:
@@ -172,16 +181,19 @@ def test_a_key_group_of_many_elements_is_one_table() -> None:
 
 def test_rescale_moves_the_elements_by_key_group() -> None:
     """Written by one partition owning 0..127, read by two owning 0..63 and 64..127:
-    each gets exactly the elements of its key groups."""
+    each gets exactly the elements of its key groups, from the section whole (as a
+    restore reads it) or split by key group (as ``read_state`` does)."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
     sections = carry.snapshot_keyed(todo)
+    (whole,) = {id(s): s for s in sections.values()}.values()
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
         part = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=half)
-        got = part.batches.elements(part.restore_keyed(_split(sections, "f")))
         want = [e for kg, e in todo if kg in half]
-        assert sorted(got, key=lambda e: e.seq) == want
+        for read in (_split(sections, "f"), [("f", whole)]):
+            got = part.batches.elements(part.restore_keyed(read))
+            assert sorted(got, key=lambda e: e.seq) == want
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])

@@ -250,6 +250,49 @@ def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Pat
     assert all(r["double"] == 2 * r["id"] for r in out)
 
 
+def test_a_shared_section_is_read_once_whole_and_each_partition_keeps_its_key_groups(
+    tmp_path: Path,
+) -> None:
+    """A keyed carry-over's one section (tag SHARED) is read whole, not split by key
+    group: a partition owning half the key groups gets exactly the elements of its
+    half, and the two halves are all 40 once; a file that lacks a key group its
+    manifest names there is an error naming the file and the key group."""
+    from asyncio_ops._container import SHARED, Section
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._inflight import CarryOver
+    from asyncio_ops._runtime._stored import ROW, ElementSerializer
+    from asyncio_ops._runtime._versions import _INPUT_SCHEMA, read_previous, write_version
+
+    spec = _carried_keyed(Lookup(), tmp_path)
+    storage = spec.checkpoint
+    assert storage is not None
+    found = read_previous(storage, 0)
+    assert found is not None
+    meta = found.manifests[0].schema.metadata or {}
+    input_schema = pa.ipc.read_schema(pa.py_buffer(meta[_INPUT_SCHEMA]))
+    everything = found.element_sections(KeyGroupRange(0, MAXP - 1), MAXP)
+    assert [s.tag for _, s in everything] == [SHARED]
+    ids: list[int] = []
+    for half in (KeyGroupRange(0, MAXP // 2 - 1), KeyGroupRange(MAXP // 2, MAXP - 1)):
+        carry = CarryOver(ElementSerializer(ROW, spec.output_schema, input_schema),
+                          max_parallelism=MAXP, key_groups=half)  # fmt: skip
+        got = carry.batches.elements(carry.restore_keyed(found.element_sections(half, MAXP)))
+        assert got and all(assign_to_key_group(e.row["id"], MAXP) in half for e in got)
+        ids += [e.row["id"] for e in got]
+    assert sorted(ids) == list(range(40))
+
+    ((_, shared),) = everything
+    named = sorted(set(shared.table.column("key_group").to_pylist()))
+    gone = named[0]
+    without = shared.table.filter(pa.compute.not_equal(shared.table.column("key_group"), gone))
+    ops = found.operator_states()[0][1]
+    storage.delete_versions([0])
+    write_version(storage, 0, 0, 1, True, dict.fromkeys(named, Section(SHARED, without)), ops,
+                  dict(meta), kind=Kind.IN_FLIGHT)  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"kg-p00000-.*\.ckpt lacks key group {gone} "):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+
+
 def test_missing_key_group_file_is_an_error_naming_it(tmp_path: Path) -> None:
     spec = _carried_keyed(Lookup(), tmp_path)
     kg_files = sorted((tmp_path / "op" / "v0000000000").glob("kg-*.ckpt"))
