@@ -358,10 +358,12 @@ class VersionFiles:
     ) -> list[tuple[str, Section]]:
         """``(file, section)`` of every section holding elements of the key groups in
         ``key_groups`` (the async operator's, kind ``IN_FLIGHT``), each read once and
-        whole: a SHARED section is not split, and may hold rows of other key groups
-        (the reader keeps its own: ``CarryOver.restore_keyed``). CheckpointError naming
-        the file for a chain that is not one full section, or a file that lacks a key
-        group where the manifest says it is."""
+        whole: a SHARED section is not split, and may hold rows of key groups outside
+        ``key_groups`` (the reader keeps its own: ``CarryOver.restore_keyed``).
+        CheckpointError naming the file for a chain that is not one full section, a
+        file that lacks a key group where the manifest says it is, or one holding a key
+        group of ``key_groups`` the manifest does not name there (whose rows the reader
+        would take twice, or from a file not in force)."""
         chains = self._whole(key_groups, max_parallelism)
         named: dict[tuple[int, str], set[int]] = {}
         for kg, ((version, file, *_),) in chains.items():
@@ -380,10 +382,16 @@ class VersionFiles:
                 elif (i := section.table.schema.get_field_index(KEY_GROUP_FIELD)) >= 0:
                     held.update(pc.unique(section.table.column(i)).to_pylist())
                 out.append((path, section))
-            if missing := sorted(named[(version, file)] - held):
+            mine = named[(version, file)]
+            if missing := sorted(mine - held):
                 raise CorruptCheckpointError(
                     f"checkpoint file {path} lacks key group {missing[0]} where the manifest "
                     "says it is"
+                )
+            if extra := sorted(kg for kg in held - mine if kg in key_groups):
+                raise CorruptCheckpointError(
+                    f"checkpoint file {path} holds key group {extra[0]}, which the manifest "
+                    "does not name there"
                 )
         return out
 

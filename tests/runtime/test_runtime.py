@@ -256,7 +256,8 @@ def test_a_shared_section_is_read_once_whole_and_each_partition_keeps_its_key_gr
     """A keyed carry-over's one section (tag SHARED) is read whole, not split by key
     group: a partition owning half the key groups gets exactly the elements of its
     half, and the two halves are all 40 once; a file that lacks a key group its
-    manifest names there is an error naming the file and the key group."""
+    manifest names there, or holds one the manifest does not name there, is an error
+    naming the file and the key group."""
     from asyncio_ops._container import SHARED, Section
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._inflight import CarryOver
@@ -290,6 +291,11 @@ def test_a_shared_section_is_read_once_whole_and_each_partition_keeps_its_key_gr
     write_version(storage, 0, 0, 1, True, dict.fromkeys(named, Section(SHARED, without)), ops,
                   dict(meta), kind=Kind.IN_FLIGHT)  # fmt: skip
     with pytest.raises(CheckpointError, match=rf"kg-p00000-.*\.ckpt lacks key group {gone} "):
+        list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
+    storage.delete_versions([0])  # the manifest names one key group fewer than the file holds
+    write_version(storage, 0, 0, 1, True, dict.fromkeys(named[1:], Section(SHARED, shared.table)),
+                  ops, dict(meta), kind=Kind.IN_FLIGHT)  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"\.ckpt holds key group {gone}, which the man"):
         list(run_partition(spec, batches([], keyed=True), TaskInfo(0, 1, batch_id=1)))
 
 
