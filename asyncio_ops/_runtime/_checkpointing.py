@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._checkpoint import Version
-from .._container import Kind, Section
+from .._container import KEY_GROUP_FIELD, SHARED, Kind, Section
 from .._elements import Watermark
 from .._exceptions import CheckpointError
 from .._functions import CheckpointedFunction
@@ -453,8 +453,9 @@ def carried_elements(
 ) -> list[tuple[int | None, StoredElement]]:
     """Everything old partition ``partition`` of ``found`` carried over, as it wrote it:
     ``(key group, element)`` pairs (unkeyed: key group None) in its queue order, read
-    with a restore's readers (:class:`CarryOver`: the partition's shared section split
-    by key group, or its operator state's batch), never rescaled, reordered or turned
+    with a restore's readers (:meth:`VersionFiles.element_sections` and
+    :class:`CarryOver`: the partition's shared section whole, each row's key group its
+    column; or its operator state's batch), never rescaled, reordered or turned
     into queue entries. ``read_state``'s view; a restore reads by key-group range
     (:meth:`PartitionCheckpoint.restore`). CheckpointError naming the file for a version
     :meth:`CarriedFormat.check_readable` refuses, or a file that does not read back."""
@@ -475,11 +476,14 @@ def carried_elements(
     one = replace(found, manifests=[found.manifests[index]], paths=[path],
                   partitions=[partition])  # fmt: skip
     out: list[tuple[int | None, StoredElement]] = []
-    for name, section in one.key_group_sections(
-        everything, UPPER_BOUND_MAX_PARALLELISM, Kind.IN_FLIGHT
-    ):
-        table = carry.restore_keyed([(name, section)])
-        out += [(section.tag, e) for e in carry.batches.elements(table)]
+    for name, section in one.element_sections(everything, UPPER_BOUND_MAX_PARALLELISM):
+        table = section.table  # every row is in range: restore_keyed keeps them, in order
+        kgs = (
+            table.column(KEY_GROUP_FIELD).to_pylist() if section.tag == SHARED
+            else [section.tag] * table.num_rows
+        )  # fmt: skip
+        elements = carry.batches.elements(carry.restore_keyed([(name, section)]))
+        out += zip(kgs, elements, strict=True)
     out.sort(key=lambda pair: pair[1].seq)
     return out
 

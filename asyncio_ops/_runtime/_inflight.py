@@ -214,10 +214,10 @@ class CarryOver:
         """The table of the elements of ``(file, section)`` pairs whose key group is in
         this partition's range: sections as :meth:`snapshot_keyed` wrote them (tag
         ``SHARED``, read whole: ``VersionFiles.element_sections``; the rows of other key
-        groups are left out), or a key group's own (its tag; ``read_state`` reads them
-        split). Row order is the sections' (a restore orders the elements itself:
-        ``_stored.in_order``). CheckpointError names the file of a section that is not a
-        full table of elements."""
+        groups are left out), or a key group's own (its tag: earlier releases wrote a
+        section per key group). Row order is the sections' (a restore orders the
+        elements itself: ``_stored.in_order``). CheckpointError names the file of a
+        section that is not a full table of elements."""
         schema = self.batches.schema
         kgs = self.key_groups
         tables: list[pa.Table] = []

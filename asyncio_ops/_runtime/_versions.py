@@ -17,11 +17,11 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
   key groups (tag ``SHARED``), the carried-over elements as one table sorted
   by key group with it as a column, which the manifest names for each of them;
-  a restore reads it once, whole, and keeps the rows of its key groups
-  (:meth:`VersionFiles.element_sections`), ``read_state`` splits it back into
-  key groups (:func:`split_shared`; ``asyncio_ops._runtime._inflight``;
-  earlier releases wrote a key group's
-  elements as keyed state, kind ``KEY_GROUPS``, and are still read). The
+  a reader (a restore, ``read_state``) reads it once, whole, and keeps the rows
+  of its key groups (:meth:`VersionFiles.element_sections`;
+  ``asyncio_ops._runtime._inflight``; earlier releases wrote a section per key
+  group, or a key group's elements as keyed state, kind ``KEY_GROUPS``, and
+  are still read). The
   token is the attempt's, so two attempts never write one name.
 - ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
   partition i's operator state: the watermark state (union) and, unkeyed, its
@@ -332,12 +332,13 @@ class VersionFiles:
         return out
 
     def key_group_sections(
-        self, key_groups: KeyGroupRange, max_parallelism: int, kind: Kind = Kind.KEY_GROUPS
+        self, key_groups: KeyGroupRange, max_parallelism: int
     ) -> list[tuple[str, Section]]:
         """``(file, section)`` of the key groups in ``key_groups``, each a full section
-        of a container of ``kind`` (what the async operator writes); CheckpointError
+        (the async operator's carry-over as earlier releases wrote it, keyed state of kind
+        ``KEY_GROUPS``; its tables of elements: :meth:`element_sections`); CheckpointError
         naming the file otherwise."""
-        read = read_chains(self.storage, self._whole(key_groups, max_parallelism), kind=kind)
+        read = read_chains(self.storage, self._whole(key_groups, max_parallelism))
         return [read[kg][0] for kg in sorted(read)]
 
     def _whole(self, key_groups: KeyGroupRange, max_parallelism: int) -> dict[int, Chain]:
@@ -430,11 +431,10 @@ def read_chains(
     storage: CheckpointStorage,
     chains: dict[int, Chain],
     tails: Collection[int] = (),
-    kind: Kind = Kind.KEY_GROUPS,
     keep: str = "",
 ) -> dict[int, list[tuple[str, Section]]]:
     """``(path, section)`` of every link of ``chains``, in chain order, each verified
-    (containers of ``kind``); per file one read of each run of adjacent sections, or
+    (containers of kind ``KEY_GROUPS``); per file one read of each run of adjacent sections, or
     its local copy. ``keep``: files whose names start with it that are read from a
     remote store are read whole and kept as local copies (a partition's own files).
     ``tails``: the key groups whose given chain is the part after a full section
@@ -442,7 +442,7 @@ def read_chains(
     or whose section is not the chain's: another key group, or a delta where the chain
     starts (or a full one after)."""
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
-    for (version, file), got_all in _read_files(storage, chains, kind, keep).items():
+    for (version, file), got_all in _read_files(storage, chains, Kind.KEY_GROUPS, keep).items():
         for got in got_all:
             if got.tag == SHARED:
                 for one in split_shared(got, storage.path(version, file)):

@@ -237,7 +237,7 @@ def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Pat
     carry = CarryOver(ElementSerializer(ROW, spec.output_schema, input_schema),
                       max_parallelism=MAXP, key_groups=KeyGroupRange(0, MAXP - 1))  # fmt: skip
     elements = carry.batches.elements(
-        carry.restore_keyed(found.key_group_sections(carry.key_groups, MAXP, Kind.IN_FLIGHT))
+        carry.restore_keyed(found.element_sections(carry.key_groups, MAXP))
     )
     assert len(elements) == 40 and all(e.deadline is not None for e in elements)
     pairs = [(assign_to_key_group(e.row["id"], MAXP), e) for e in elements]
