@@ -206,12 +206,13 @@ class CheckpointStorage:
         version: Version,
         name: str,
         kind: Kind,
-        sections: Sequence[Section],
+        sections: Iterable[Section],
         local: bool = False,
     ) -> list[tuple[int, int, int]]:
         """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
         ``kind``; returns each section's ``(offset, length)`` in the file (of its frame)
-        and its own size (``asyncio_ops._container.encode``). ``local``: keep a local
+        and its own size (``asyncio_ops._container.encode``, which takes the sections
+        one at a time: a generator's are never all in memory). ``local``: keep a local
         copy too (an attempt-unique name; ``asyncio_ops._local_copies``).
 
         On an object store (S3, GCS) the object is uploaded under its final name: it

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
@@ -267,50 +267,60 @@ def _signed(identity: str, kind: int) -> bytes:
 
 
 def encode(
-    kind: Kind, sections: Sequence[Section], identity: str = ""
+    kind: Kind, sections: Iterable[Section], identity: str = ""
 ) -> tuple[bytes, list[tuple[int, int, int]]]:
     """The container's bytes and, per section, the ``(offset, length)`` of its frame
     (what a ranged read of that section fetches: :func:`decode` with ``whole=False``)
-    and the section's own size (its Arrow stream's bytes, uncompressed)."""
+    and the section's own size (its Arrow stream's bytes, uncompressed).
+
+    ``sections`` is taken one at a time and each frame is compressed as soon as it
+    closes: the encoder holds one frame's Arrow streams and the bytes stored so far,
+    never every section's table, so a generator that builds each section when asked
+    (a key group's full state) keeps one in memory at a time."""
     key = signing_key()
-    frames: list[list[bytes | pa.Buffer]] = [[]]
-    sizes: list[int] = []
-    size = 0
-    for s in sections:
-        if s.part not in _PARTS:
-            raise ValueError(f"section part {s.part!r} is not FULL or DELTA")
-        if size >= _FRAME_BYTES:
-            frames.append([])
-            size = 0
-        body = _ipc(s.table)
-        frames[-1] += (_SECTION.pack(s.tag, s.part, body.size), body)
-        size += _SECTION.size + body.size
-        sizes.append(body.size)
-    if not frames[-1]:
-        frames.pop()
     flags = _SIGNED if key else 0
-    out: list[bytes] = [
-        _HEADER.pack(MAGIC, FORMAT_VERSION, kind, flags, len(frames), len(sections))
-    ]
+    out: list[bytes] = []
     extents: list[tuple[int, int, int]] = []
     offset = HEADER_SIZE
-    for parts in frames:
+    parts: list[bytes | pa.Buffer] = []
+    sizes: list[int] = []
+    frames = 0
+
+    def close() -> None:
+        nonlocal offset, frames
         count = len(parts) // 2
         raw_bytes = b"".join(parts)
+        parts.clear()
         stored, raw = raw_bytes, 0
         if _ZSTD is not None:
             packed: bytes = _ZSTD.compress(raw_bytes, asbytes=True)
             if len(packed) < len(raw_bytes):
                 stored, raw = packed, len(raw_bytes)
         head = _FRAME.pack(count, len(stored), raw, _crc(kind, count, raw, stored))
-        out += (head, stored)
+        out.extend((head, stored))
         length = len(head) + len(stored)
         if key is not None:
             out.append(mac(key, _signed(identity, kind), head, stored))
             length += MAC_SIZE
-        extents += [(offset, length, sizes[len(extents) + i]) for i in range(count)]
+        extents.extend((offset, length, size) for size in sizes[-count:])
         offset += length
-    return b"".join(out), extents
+        frames += 1
+
+    size = 0
+    for s in sections:
+        if s.part not in _PARTS:
+            raise ValueError(f"section part {s.part!r} is not FULL or DELTA")
+        if size >= _FRAME_BYTES:
+            close()
+            size = 0
+        body = _ipc(s.table)
+        parts += (_SECTION.pack(s.tag, s.part, body.size), body)
+        size += _SECTION.size + body.size
+        sizes.append(body.size)
+    if parts:
+        close()
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, kind, flags, frames, len(sizes))
+    return b"".join([header, *out]), extents
 
 
 def decode(

@@ -14,7 +14,7 @@ Call order, per operator instance::
     op.process(element)          per Record / Watermark (also ``op(element)``)
     op.end_input()               bounded input only: the final firing (below)
     op.snapshot()                -> {key_group: blob}, state and timers together
-    op.snapshot_changes(full)    or: full blobs of ``full``, deltas elsewhere
+    op.snapshot_changes(full)    or: deltas, and full sections of ``full`` as iterated
     op.close()                   fn.close(); timers stop
 
 Semantics:
@@ -77,6 +77,7 @@ from .state._function import (
     TimerService,
 )
 from .state._keyed_snapshot import (
+    Changes,
     apply_change,
     restore_key_groups,
     snapshot_changes,
@@ -260,9 +261,10 @@ class KeyedProcessOperator:
         :meth:`snapshot_changes`."""
         self.backend.track_changes()
 
-    def snapshot_changes(self, full: Collection[int] = ()) -> dict[int, Section]:
-        """``{key_group: section}``: the full state of the non-empty key groups in
-        ``full``, deltas of the keys made current since the last call elsewhere."""
+    def snapshot_changes(self, full: Collection[int] = ()) -> Changes:
+        """The full state of the non-empty key groups in ``full`` (built one key group
+        at a time as they are iterated, before the state changes again), and deltas
+        of the keys made current since the last call elsewhere (``Changes``)."""
         return snapshot_changes(self.backend, self.timer_service, full)
 
     def apply_change(self, section: Section, where: str) -> None:

@@ -450,8 +450,8 @@ def _snapshot(
         keep_from = retained_from(spec.checkpoint, version, spec.retain_versions)
         meta[KEPT_FROM] = str(keep_from).encode()
     written = write_version(
-        spec.checkpoint, version, task.partition_id, p, True, changes, None,
-        meta, operator=OPERATOR, chains=kept, writer=writer,
+        spec.checkpoint, version, task.partition_id, p, True, changes.deltas, None,
+        meta, operator=OPERATOR, chains=kept, writer=writer, full=changes.full,
     )  # fmt: skip
     if task.partition_id == 0:
         delete_before(spec.checkpoint, keep_from, _kept_from(previous))

@@ -24,6 +24,7 @@ Contract:
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
@@ -31,7 +32,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage
-from .._container import Kind
+from .._container import Kind, Section
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
@@ -99,15 +100,19 @@ def write_seed(
                     f"{len(key_rows)} initial row(s), the first {key_rows[0]!r:.200}"
                 )
                 raise
-        sections = key_group_sections(backend, op.timer_service)
+        sections = key_group_sections(backend, op.timer_service)  # one at a time
         writer = uuid.uuid4().hex[:12]
-        groups = sorted(sections)
+        groups: list[int] = []
         name = f"{key_group_prefix(task.partition_id)}{writer}.ckpt"
+        first = next(sections, None)
         extents = (
-            storage.write_sections(SEED, name, Kind.KEY_GROUPS, [sections[kg] for kg in groups])
-            if groups
+            storage.write_sections(
+                SEED, name, Kind.KEY_GROUPS,
+                _noted(itertools.chain([first], sections), groups),
+            )
+            if first is not None
             else []
-        )
+        )  # fmt: skip
         manifest = pa.table(
             {
                 "key_group": groups,
@@ -124,6 +129,13 @@ def write_seed(
         op.close()
         backend.close()
     yield pa.RecordBatch.from_pydict({"keys": [len(rows)]})
+
+
+def _noted(sections: Iterable[Section], tags: list[int]) -> Iterator[Section]:
+    """``sections``, each one's key group noted in ``tags`` as it is taken."""
+    for section in sections:
+        tags.append(section.tag)
+        yield section
 
 
 def clear_seed(storage: CheckpointStorage) -> None:

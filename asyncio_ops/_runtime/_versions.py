@@ -72,8 +72,9 @@ that order, is raised (the reads not yet started are cancelled).
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -629,6 +630,7 @@ def write_version(
     chains: dict[int, Chain] | None = None,
     writer: str = "",
     kind: Kind = Kind.KEY_GROUPS,
+    full: Iterable[Section] = (),
 ) -> dict[int, Chain]:
     """Write one partition's key-group file (a container of ``kind``, a section per key
     group in ``sections``: full ones, and deltas over the key group's chain in
@@ -640,8 +642,11 @@ def write_version(
     chains.
 
     A key group in ``chains`` but not in ``sections`` keeps its chain; a full section
-    starts a new one. ``writer``: the attempt's token, in the file's name and the
-    manifest.
+    starts a new one. ``full``: more full sections, each tagged with its key group
+    (none of ``sections``), taken one at a time as the file is written (first, in
+    their order): a generator's are never all in memory (``Changes.full``). A key
+    group of neither keeps its chain. ``writer``: the attempt's token, in the
+    file's name and the manifest.
     """
     writer = writer or uuid.uuid4().hex[:12]
     new: dict[int, Chain] = dict(chains or {})
@@ -656,17 +661,25 @@ def write_version(
     # nothing changed (its name carries the oldest version the manifest's chains name,
     # which retention lists, _retention), and kept as a local copy (_local_copies)
     chained = kind == Kind.KEY_GROUPS
-    if sections or chained:
+    taken: list[int] = []  # the key groups of ``full``, as they are written
+    fulls = _checked_full(full, sections, taken)
+    first = next(fulls, None)
+    if sections or chained or first is not None:
+        # a full section starts at this version, the newest: it never lowers the floor
         starts = [version if sections[kg].part == FULL else new[kg][0][0] for kg in groups]
         starts += [chain[0][0] for kg, chain in new.items() if kg not in sections]
         floor = min(starts, default=version)
         name = f"{key_group_prefix(partition)}{writer}-from{floor:010d}.ckpt"
         written = {id(sections[kg]): sections[kg] for kg in groups}  # a shared one once
-        extents = dict(
-            zip(written, storage.write_sections(version, name, kind, list(written.values()),
-                                                local=chained and bool(groups)),
-                strict=True)
+        places = storage.write_sections(
+            version, name, kind,
+            itertools.chain(() if first is None else itertools.chain([first], fulls),
+                            written.values()),
+            local=chained and (bool(groups) or first is not None),
         )  # fmt: skip
+        for kg, (offset, length, size) in zip(taken, places[: len(taken)], strict=True):
+            new[kg] = _extended((), (version, name, offset, length, size), FULL)
+        extents = dict(zip(written, places[len(taken) :], strict=True))
         shares = {
             key: _shares(section, extents[key][2])
             for key, section in written.items() if section.tag == SHARED
@@ -702,6 +715,22 @@ def write_version(
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
         storage.keep_local_copies(key_group_prefix(partition), in_chains)
     return new
+
+
+def _checked_full(
+    full: Iterable[Section], sections: dict[int, Section], taken: list[int]
+) -> Iterator[Section]:
+    """``full``'s sections as :func:`write_version` takes them, each's key group noted
+    in ``taken``; CheckpointError for one that is not a key group's full section or
+    whose key group ``sections`` also names, or is named twice."""
+    for section in full:
+        kg = section.tag
+        if section.part != FULL or kg == SHARED or kg in sections or kg in taken:
+            raise CheckpointError(
+                f"key group {kg}: a full section given twice, or of part {section.part}"
+            )
+        taken.append(kg)
+        yield section
 
 
 def _manifest_table(chains: dict[int, Chain]) -> pa.Table:

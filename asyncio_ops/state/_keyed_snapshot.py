@@ -23,13 +23,16 @@ key group. :func:`apply_change` applies one such section (a SHARED one: each
 key group in it): a full one replaces the key group, a delta replaces its
 keys whole (a key without entries in it is deleted), so applying a key
 group's last full section and the deltas after it, in order, rebuilds the
-key group as it was.
+key group as it was. Full sections are built one key group at a time, as the
+checkpoint writer takes them (:class:`Changes`), so the memory a snapshot
+takes grows with one key group and the keys touched, not with the state: a
+RocksDB state larger than memory is written out without being held in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from .._container import DELTA, SHARED, Kind, Section, split_shared
 from .._exceptions import CorruptStateError
@@ -41,6 +44,7 @@ from ._keycodec import decode_canonical
 from ._payloads import KeyGroupPayload, key_groups_table, read, table
 
 __all__ = [
+    "Changes",
     "apply_change",
     "delta_keys",
     "key_group_sections",
@@ -89,28 +93,41 @@ def restore_key_groups(
 def key_group_sections(
     backend: KeyedStateBackend,
     timers: InternalTimerService,
-    key_groups: Collection[int] | None = None,
-) -> dict[int, Section]:
-    """``{key_group: section}``: the full state and timers of every non-empty key group
-    (of ``key_groups``, if given), a ``FULL`` section each."""
-    state = backend.dump(key_groups)
-    groups = timers.snapshot(key_groups)
-    return {
-        kg: Section(kg, table(Kind.KEY_GROUPS, (state.get(kg, []), groups.get(kg, []), None)))
-        for kg in sorted(state.keys() | groups.keys())
-    }
+    key_groups: Iterable[int] | None = None,
+) -> Iterator[Section]:
+    """The full state and timers of every non-empty key group (of ``key_groups``, if
+    given), a ``FULL`` section each, in key-group order, each built when asked for:
+    one key group's entries at a time, never the whole state (a checkpoint writer
+    encodes and drops each before the next). ``timers`` is scoped to the backend's
+    keys (indexed by key group), as a :class:`KeyedProcessOperator`'s is."""
+    groups = sorted(backend.key_group_range if key_groups is None else key_groups)
+    for kg in groups:
+        state = backend.dump((kg,)).get(kg, [])
+        kg_timers = timers.snapshot((kg,)).get(kg, [])
+        if state or kg_timers:
+            yield Section(kg, table(Kind.KEY_GROUPS, (state, kg_timers, None)))
+
+
+class Changes(NamedTuple):
+    """What :func:`snapshot_changes` returns: the deltas, ``{key_group: section}`` (the
+    SHARED one), and the full sections, built one at a time as they are iterated
+    (:func:`key_group_sections`)."""
+
+    deltas: dict[int, Section]
+    full: Iterator[Section]
 
 
 def snapshot_changes(
     backend: KeyedStateBackend, timers: InternalTimerService, full: Collection[int]
-) -> dict[int, Section]:
-    """``{key_group: section}``: the full state of every non-empty key group in ``full``,
-    and a delta of every other key group with keys made current since the last call
-    (see the module docstring)."""
+) -> Changes:
+    """The full state of every non-empty key group in ``full``, and a delta of every
+    other key group with keys made current since the last call (see the module
+    docstring). The deltas are built now; the full sections as they are iterated,
+    which must happen before the state changes again."""
     touched = backend.take_touched()
     if set(full).issuperset(backend.key_group_range):
         touched = set()  # every key group in full: no delta to write
-    out = key_group_sections(backend, timers, full) if full else {}
+    out: dict[int, Section] = {}
     delta = backend.encoded_keys(touched, skip=full)
     if delta:
         state = backend.dump_keys(delta)
@@ -121,7 +138,7 @@ def snapshot_changes(
         ]
         shared = Section(SHARED, key_groups_table(payloads), DELTA)
         out.update(dict.fromkeys(delta, shared))
-    return out
+    return Changes(out, key_group_sections(backend, timers, full) if full else iter(()))
 
 
 def apply_change(

@@ -32,7 +32,7 @@ def keyed_carry_over_as_earlier_releases_wrote(
                 if e.deadline is not None:
                     timers.register_processing_time_timer(row, e.deadline)
             state.update(carry.batches.to_batch(group, deadlines=False))
-        return key_group_sections(backend, timers)
+        return {s.tag: s for s in key_group_sections(backend, timers)}  # before it closes
     finally:
         timers.close()
         backend.close()

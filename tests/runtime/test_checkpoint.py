@@ -8,6 +8,7 @@ import re
 import struct
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,50 @@ def test_a_partition_writes_its_key_groups_in_one_file_and_others_read_just_thei
     assert later is not None
     with pytest.raises(CheckpointError, match=r"kg-p00000-w0-from0+4\.ckpt lacks key group 9 "):
         later.key_group_sections(KeyGroupRange(0, 63), 128)
+
+
+def test_full_sections_given_one_at_a_time_start_chains_where_the_file_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``write_version(full=...)`` takes full sections from an iterator as it writes the
+    file (first, in their order, a frame each here): each starts its key group's chain
+    at its own frame, beside the deltas and the chains kept; a full section of a key
+    group also given in ``sections``, given twice, or not of part FULL is refused."""
+    import asyncio_ops._container as container
+    from asyncio_ops._keygroups import KeyGroupRange
+    from asyncio_ops._runtime._versions import read_chains, read_version, write_version
+
+    monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
+    s = CheckpointStorage(str(tmp_path), "op")
+    base = write_version(s, 1, 0, 1, True, {3: _kg(3, "three"), 9: _kg(9, "nine")}, [], {})
+    made: list[int] = []
+
+    def full() -> Iterator[Section]:
+        for kg, value in ((5, "five"), (70, "seventy")):
+            made.append(kg)
+            yield _kg(kg, value)
+
+    chains = write_version(s, 2, 0, 1, True, {3: _kg(3, "three+", DELTA)}, [], {},
+                           chains=base, writer="w2", full=full())  # fmt: skip
+    assert made == [5, 70]
+    assert chains[9] == base[9] and len(chains[3]) == 2 and chains[3][0] == base[3][0]
+    five, seventy, delta = chains[5][0], chains[70][0], chains[3][1]
+    assert five[:2] == seventy[:2] == delta[:2] == (2, "kg-p00000-w2-from0000000001.ckpt")
+    assert five[2] == HEADER_SIZE and seventy[2] == five[2] + five[3] < delta[2]
+    found = read_version(s, 2)
+    assert found is not None and found.chains(KeyGroupRange(0, 127), 128) == chains
+    got = read_chains(s, chains)
+    assert {kg: [sec.table.column("v").to_pylist() for _, sec in links]
+            for kg, links in got.items()} == {
+        3: [["three"], ["three+"]], 5: [["five"]], 9: [["nine"]], 70: [["seventy"]]
+    }  # fmt: skip
+    for sections, bad in (
+        ({5: _kg(5, "again", DELTA)}, [_kg(5, "five")]),
+        ({}, [_kg(5, "five"), _kg(5, "five")]),
+        ({}, [_kg(5, "five", DELTA)]),
+    ):
+        with pytest.raises(CheckpointError, match="key group 5: a full section given twice"):
+            write_version(s, 3, 0, 1, True, sections, [], {}, chains=chains, full=iter(bad))
 
 
 def test_of_two_attempts_the_manifest_written_last_is_in_force_whole(tmp_path: Path) -> None:

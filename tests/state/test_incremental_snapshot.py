@@ -9,8 +9,12 @@ Python fallback record keys alike) and across kinds.
 
 from __future__ import annotations
 
+import gc
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +30,7 @@ from asyncio_ops.state import (
     ValueStateDescriptor,
     canonical_bytes,
 )
-from asyncio_ops.state._keyed_snapshot import apply_change, snapshot_changes
+from asyncio_ops.state._keyed_snapshot import Changes, apply_change, snapshot_changes
 
 from .conftest import BackendFactory
 
@@ -117,10 +121,11 @@ def test_full_blobs_and_deltas_rebuild_state_and_timers(
         full = {kg for kg in range(MAXP) if (step + kg) % full_every == 0}
         changes = snapshot_changes(a, ta, full)
         # through one container (a key-group file): every section verified and read back
-        data, _ = encode(Kind.KEY_GROUPS, written(changes))
+        sections = written(changes)
+        data, _ = encode(Kind.KEY_GROUPS, sections)
         for section in decode(data, Kind.KEY_GROUPS, "key-group file"):
             apply_change(b, tb, section, "key-group file")
-        for kg in full - changes.keys():  # a full key group with nothing in it: dropped
+        for kg in full - {s.tag for s in sections}:  # a full key group with nothing in it
             b.clear_key_group(kg)
             tb.clear_key_group(kg)
         expected = read_all(a, ta)
@@ -128,10 +133,10 @@ def test_full_blobs_and_deltas_rebuild_state_and_timers(
         assert read_all(b, tb) == expected
 
 
-def written(changes: dict[int, Section]) -> list[Section]:
+def written(changes: Changes) -> list[Section]:
     """The sections of :func:`snapshot_changes`'s result as a key-group file holds them:
-    the deltas' one SHARED section once."""
-    return list({id(s): s for _, s in sorted(changes.items())}.values())
+    the full ones as built, then the deltas' one SHARED section once."""
+    return [*changes.full, *{id(s): s for _, s in sorted(changes.deltas.items())}.values()]
 
 
 def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) -> None:
@@ -150,8 +155,8 @@ def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) 
     # the deltas of every key group: one section, the same for each
     (section,) = written(changes)
     assert section.tag == SHARED and section.part == DELTA
-    assert set(changes) == {assign_to_key_group(k, MAXP) for k in (7, 8)}
-    assert [s.tag for s in split_shared(section, "delta")] == sorted(changes)
+    assert set(changes.deltas) == {assign_to_key_group(k, MAXP) for k in (7, 8)}
+    assert [s.tag for s in split_shared(section, "delta")] == sorted(changes.deltas)
     rows = sorted(
         (row, k) for s in [section] for k, row in zip(
             s.table.column("key").to_pylist(), s.table.column("row").to_pylist(), strict=True
@@ -159,7 +164,8 @@ def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) 
     )  # fmt: skip
     # key 7 is named by its entry alone, key 8 (deleted) by a row of its own
     assert rows == [(0, canonical_bytes(7)), (2, canonical_bytes(8))]
-    assert snapshot_changes(a, t, full=()) == {}  # nothing made current since
+    again = snapshot_changes(a, t, full=())  # nothing made current since
+    assert again.deltas == {} and list(again.full) == []
 
 
 def test_take_touched_needs_tracking(make_backend: BackendFactory) -> None:
@@ -185,7 +191,7 @@ def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
         a.set_current_key(k)
         v.update(float(k))
     a.track_changes()
-    base = snapshot_changes(a, ta, full=range(MAXP))
+    base = list(snapshot_changes(a, ta, full=range(MAXP)).full)
     a.set_current_key(3)
     v.update(30.0)
     a.set_current_key(4)
@@ -196,7 +202,7 @@ def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
     for rebuilt in ("v5", "v4"):
         b = make_backend(max_parallelism=MAXP, key_group_range=full)
         tb = timers_of(b)
-        for section in base.values():
+        for section in base:
             apply_change(b, tb, section, "full")
         for section in split_shared(written(changes)[0], "delta"):
             t = section.table
@@ -209,3 +215,48 @@ def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
                 t = pa.Table.from_pylist(rows, schema=t.schema)
             apply_change(b, tb, section.__class__(section.tag, t, section.part), rebuilt)
         assert read_all(b, tb) == read_all(a, ta), rebuilt
+
+
+def test_full_sections_are_built_one_key_group_at_a_time_as_the_writer_takes_them(
+    make_backend: BackendFactory,
+) -> None:
+    """A snapshot's full sections are never all in memory: each key group's entries are
+    dumped when its section is asked for, and the encoder keeps no table it has
+    written but the last (so a state larger than memory is written)."""
+    a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    t = timers_of(a)
+    v = a.get_state(ValueStateDescriptor[int]("v"))
+    for k in range(KEYS):
+        a.set_current_key(k)
+        v.update(k)
+        t.register_event_time_timer(None, float(k))
+    a.track_changes()
+    dumped: list[tuple[int, ...]] = []
+    dump = a.dump
+
+    def spy(key_groups: Any = None) -> Any:
+        dumped.append(tuple(key_groups))
+        return dump(key_groups)
+
+    a.dump = spy  # type: ignore[method-assign]
+    changes = snapshot_changes(a, t, full=range(MAXP))
+    assert dumped == [] and changes.deltas == {}  # nothing built yet
+    released: list[weakref.ref[pa.Table]] = []
+
+    def taken() -> Iterator[Section]:
+        for section in changes.full:
+            assert all(r() is None for r in released[:-1]), "the encoder kept a table"
+            assert dumped[-1] == (section.tag,)  # this key group's entries alone
+            released.append(weakref.ref(section.table))
+            yield section
+            gc.collect()
+
+    data, extents = encode(Kind.KEY_GROUPS, taken())
+    groups = sorted({assign_to_key_group(k, MAXP) for k in range(KEYS)})
+    assert [d for (d,) in dumped] == list(range(MAXP)) and len(extents) == len(groups)
+    b = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    tb = timers_of(b)
+    for section in decode(data, Kind.KEY_GROUPS, "key-group file"):
+        apply_change(b, tb, section, "key-group file")
+    a.dump = dump  # type: ignore[method-assign]
+    assert read_all(b, tb) == read_all(a, t)

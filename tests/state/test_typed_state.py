@@ -125,8 +125,8 @@ def test_the_incremental_sections_carry_typed_columns_too(make_backend: BackendF
     timers = timers_of(backend)
     _fill(backend)
     before = _read(backend)
-    sections = key_group_sections(backend, timers)
-    data, _ = encode(Kind.KEY_GROUPS, list(sections.values()))
+    sections = key_group_sections(backend, timers)  # built as encode takes them
+    data, _ = encode(Kind.KEY_GROUPS, sections)
     target = make_backend()
     target_timers = timers_of(target)
     for section in decode(data, Kind.KEY_GROUPS, "test"):
@@ -147,17 +147,17 @@ def test_one_delta_section_of_many_key_groups_carries_typed_columns(
     timers = timers_of(backend)
     _fill(backend)
     backend.track_changes()
-    base = key_group_sections(backend, timers)
+    base = list(key_group_sections(backend, timers))  # built now, before the changes
     _fill(backend)  # every key made current again, the same values but the counts
     count = backend.get_state(ValueStateDescriptor("count", "long"))
     for key in range(0, 40, 3):
         backend.set_current_key(key)
         count.update(-key)
     changes = snapshot_changes(backend, timers, full=())
-    (shared,) = {id(s): s for s in changes.values()}.values()
+    (shared,) = {id(s): s for s in changes.deltas.values()}.values()
     assert shared.tag == SHARED and any(n.startswith("typed:") for n in shared.table.schema.names)
     expected = _read(backend)
-    data, _ = encode(Kind.KEY_GROUPS, [*base.values(), shared])
+    data, _ = encode(Kind.KEY_GROUPS, [*base, shared])
     target = make_backend()
     target_timers = timers_of(target)
     for section in decode(data, Kind.KEY_GROUPS, "test"):
