@@ -6,16 +6,23 @@ collector) is ``asyncio_ops.state._function``, on the state layer below.
 Call order, per operator instance::
 
     op = KeyedProcessOperator(fn, key_selector, backend=b, output=out, clock=c)
+    op.open()                    fn.open(runtime_context): obtain state here
     op.restore(snapshot)         0..n times (once per old instance on rescale)
     op.apply_change(kg, keys, b) or so, replaying a key group's full blob and deltas
     op.take_timers(previous)     or so, taking over a warm operator's backend and timers
     op.track_changes()           incremental snapshots: record the keys made current
-    op.open()                    fn.open(runtime_context): obtain state here
     op.process(element)          per Record / Watermark (also ``op(element)``)
     op.end_input()               bounded input only: the final firing (below)
     op.snapshot()                -> {key_group: blob}, state and timers together
     op.snapshot_changes(full)    or: deltas, and full sections of ``full`` as iterated
     op.close()                   fn.close(); timers stop
+
+``restore``, ``apply_change``, ``take_timers`` and ``clear_key_group`` come before
+the first record or watermark, after ``open`` or before it: after it, a restored
+key group's entries go straight into the states ``open`` obtained (a key group at a
+time); a state not obtained yet holds what is restored for it aside, whole, until
+it is (``KeyedStateBackend.load``), so restoring before ``open`` holds the state
+once more in memory.
 
 Semantics:
 
@@ -139,6 +146,7 @@ class KeyedProcessOperator:
         self._ctx = KeyedProcessContext(backend, TimerService(self.timer_service))
         self._out: Collector[Any] = Collector(output)
         self._opened = False
+        self._started = False  # a record or watermark was handled: no restore after it
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -157,7 +165,14 @@ class KeyedProcessOperator:
         if self._opened:
             self.function.close()
 
+    def _before_input(self, what: str) -> None:
+        if self._started:
+            raise StateError(
+                f"KeyedProcessOperator.{what} must come before the first record or watermark"
+            )
+
     def _check(self) -> None:
+        self._started = True
         if not self._opened or self._closed:
             state = "closed" if self._closed else "not open"
             raise StateError(f"KeyedProcessOperator is {state}")
@@ -248,11 +263,11 @@ class KeyedProcessOperator:
     def restore(self, snapshot: Mapping[int, bytes]) -> int:
         """Take the key groups of ``snapshot`` inside the backend's range; returns how many.
 
-        Call before :meth:`open`, once per old instance on rescale. Every blob
-        is verified before any is applied.
+        Call before the first record or watermark (after :meth:`open`, so that the
+        entries go straight into the states it obtained), once per old instance on
+        rescale. Every blob is verified before any is applied.
         """
-        if self._opened:
-            raise StateError("KeyedProcessOperator.restore must come before open")
+        self._before_input("restore")
         return restore_key_groups(self.backend, self.timer_service, snapshot)
 
     # -- incremental snapshots (see ``_keyed_snapshot``) -----------------------------------
@@ -268,21 +283,21 @@ class KeyedProcessOperator:
         return snapshot_changes(self.backend, self.timer_service, full)
 
     def apply_change(self, section: Section, where: str) -> None:
-        """Apply one key group's full or delta section, before ``open``; errors name
-        ``where``."""
-        if self._opened:
-            raise StateError("KeyedProcessOperator.apply_change must come before open")
+        """Apply one key group's full or delta section, before the first record or
+        watermark; errors name ``where``."""
+        self._before_input("apply_change")
         apply_change(self.backend, self.timer_service, section, where)
 
     def clear_key_group(self, kg: int) -> None:
-        """Drop a key group's state and timers, before ``open``."""
-        if self._opened:
-            raise StateError("KeyedProcessOperator.clear_key_group must come before open")
+        """Drop a key group's state and timers, before the first record or watermark."""
+        self._before_input("clear_key_group")
         self.backend.clear_key_group(kg)
         self.timer_service.clear_key_group(kg)
 
     def take_timers(self, previous: KeyedProcessOperator) -> None:
-        """Take over the timers of ``previous`` (an operator of the same backend, closed)."""
+        """Take over the timers of ``previous`` (an operator of the same backend, closed),
+        before the first record or watermark."""
+        self._before_input("take_timers")
         self.timer_service.take_timers(previous.timer_service)
 
     def __repr__(self) -> str:

@@ -151,6 +151,25 @@ def run_keyed_process(
     try:
         restored = WatermarkState()
         chains: dict[int, Chain] = {}
+        # open() first: the function obtains its states, and what a restore reads goes
+        # into them a key group at a time (restored before open, a state not obtained
+        # yet would hold all of its entries aside until open)
+        op.open()
+        if adopted and isinstance(backend, RocksDBKeyedStateBackend):
+            unregistered = backend.unregistered_states()
+            if unregistered:  # registered after open: their rows are in no table yet
+                log.info(
+                    "keyed_process uid %r, partition %d: the parked database holds state(s) "
+                    "%s that open() did not register; reading the checkpoint instead",
+                    spec.checkpoint.uid if spec.checkpoint else None, task.partition_id,
+                    unregistered,
+                )  # fmt: skip
+                op.close()
+                backend.close()
+                backend = _new_backend(spec, key_groups)
+                op = _operator(spec, task, backend, sink, key_of)
+                op.open()
+                parked = None
         if streaming:
             have: dict[int, Chain] = {}
             if held is not None:
@@ -170,23 +189,6 @@ def run_keyed_process(
         elif spec.seeded:
             assert spec.checkpoint is not None
             seed_chains(spec.checkpoint, op)
-        op.open()
-        if adopted and isinstance(backend, RocksDBKeyedStateBackend):
-            unregistered = backend.unregistered_states()
-            if unregistered:  # registered after open: their rows are in no table yet
-                log.info(
-                    "keyed_process uid %r, partition %d: the parked database holds state(s) "
-                    "%s that open() did not register; reading the checkpoint instead",
-                    spec.checkpoint.uid if spec.checkpoint else None, task.partition_id,
-                    unregistered,
-                )  # fmt: skip
-                op.close()
-                backend.close()
-                backend = _new_backend(spec, key_groups)
-                op = _operator(spec, task, backend, sink, key_of)
-                chains = _sync(spec, task, op, previous, {})
-                op.track_changes()
-                op.open()
         if watermarks is not None:
             watermarks.restore(restored.max_seen, restored.current)
         if restored.current > -math.inf:

@@ -8,6 +8,7 @@ cold, every output row must be what a plain-Python model says.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -225,6 +226,34 @@ def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> 
     assert set(versions) == {0, 1} and versions.count(1) == 1
     (delta_row,) = [r for r in manifest.to_pylist() if r["version"] == 1]
     assert delta_row["key_groups"] == groups
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_cold_restore_goes_into_the_states_open_obtained(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition restored from the checkpoint (a worker holding nothing) runs the
+    function's open() first, then applies the chains: each key group's entries go into
+    the states open() obtained, none held aside whole until a state is obtained."""
+    monkeypatch.setenv("ASYNCIO_OPS_PARKED", "0")
+    seen: list[tuple[str, list[str]]] = []
+
+    class Watched(Agg):
+        def open(self, runtime_context: KeyedRuntimeContext) -> None:
+            held = runtime_context._backend  # type: ignore[attr-defined]
+            seen.append(("open", held.unclaimed_state_names()))
+            super().open(runtime_context)
+
+    spec = spec_for(tmp_path, backend, interval=4)
+    model = Model()
+    assert run_partition(spec, 0, 0, 1, [(k, k + 1) for k in range(50)]) == [
+        model.apply(k, k + 1) for k in range(50)
+    ]
+    _warm.clear()
+    cold = dataclasses.replace(spec, function=Watched())
+    got = run_partition(cold, 1, 0, 1, [(7, 5), (49, 1)])
+    assert got == [model.apply(7, 5), model.apply(49, 1)]  # the state was restored
+    assert seen == [("open", [])]  # ... after open(): nothing was restored when it ran
 
 
 def test_state_kept_warm_is_not_used_when_another_attempt_rewrote_the_version(

@@ -186,11 +186,19 @@ def test_snapshot_and_rescale_moves_state_and_timers(
     assert sorted(fired) == sorted((k, 2, float(i) + 10) for i, k in enumerate(keys))
 
 
-def test_restore_after_open_is_an_error(backend: KeyedStateBackend, clock: ManualClock) -> None:
+def test_restore_after_the_first_record_is_an_error(
+    backend: KeyedStateBackend, clock: ManualClock
+) -> None:
+    """A restore comes before any input, after open or before it (after it, entries go
+    straight into the states open obtained)."""
     op, _ = make_op(backend, clock)
     op.open()
-    with pytest.raises(StateError, match="before open"):
-        op.restore({})
+    assert op.restore({}) == 0
+    op.clear_key_group(0)
+    op(Record(("a", 1), 1.0))
+    for late in (lambda: op.restore({}), lambda: op.clear_key_group(0)):
+        with pytest.raises(StateError, match="before the first record or watermark"):
+            late()
     with pytest.raises(StateError, match="twice"):
         op.open()
     with pytest.raises(TypeError, match="Record or a Watermark"):
