@@ -59,7 +59,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ._container import Kind, Section, decode, encode
+from ._container import Frame, Kind, Section, encode, frame_sections, frames
 from ._exceptions import CheckpointError, CorruptCheckpointError
 from ._local_copies import LocalCopies, directory
 
@@ -114,24 +114,24 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _decoded(
+def _verified(
     got: Sequence[bytes],
     ranges: Sequence[tuple[int, int]] | None,
     kind: Kind,
     where: str,
     identity: str,
-) -> list[Section]:
-    """The verified sections of what a read got: a whole container (``ranges`` None), or
-    one byte string per ``(offset, length)`` range, each whole sections."""
+) -> list[Frame]:
+    """The verified frames of what a read got: a whole container (``ranges`` None), or
+    one byte string per ``(offset, length)`` range, each whole frames."""
     if ranges is None:
-        return decode(got[0], kind, where, identity, CorruptCheckpointError)
-    out: list[Section] = []
+        return frames(got[0], kind, where, identity, CorruptCheckpointError)
+    out: list[Frame] = []
     for data, (offset, length) in zip(got, ranges, strict=True):
         if len(data) != length:
             raise CorruptCheckpointError(
                 f"{where} is truncated: {len(data)} of {length} bytes at {offset}"
             )
-        out += decode(data, kind, where, identity, CorruptCheckpointError, whole=False)
+        out += frames(data, kind, where, identity, CorruptCheckpointError, whole=False)
     return out
 
 
@@ -286,6 +286,25 @@ class CheckpointStorage:
         is one that verifies (an attempt-unique name; ``asyncio_ops._local_copies``);
         ``keep``: else read the file whole (unless it is much larger than the ranges)
         and keep it as the local copy."""
+        where = f"checkpoint file {self.path(version, name)}"
+        return [
+            s
+            for f in self.read_frames(version, name, kind, ranges, local, keep)
+            for s in frame_sections(f, where, CorruptCheckpointError)
+        ]
+
+    def read_frames(
+        self,
+        version: Version,
+        name: str,
+        kind: Kind,
+        ranges: Sequence[tuple[int, int]] | None = None,
+        local: bool = False,
+        keep: bool = False,
+    ) -> list[Frame]:
+        """:meth:`read_sections`, its frames checked (lengths, checksums, signatures) but
+        not yet parsed (``asyncio_ops._container.frame_sections`` parses one): what a
+        reader that applies a frame at a time holds is the file's stored bytes."""
         path = self.path(version, name)
         where = f"checkpoint file {path}"
         identity = self.identity(version, name)
@@ -296,7 +315,7 @@ class CheckpointStorage:
         try:
             if ranges is None:
                 with self.fs.open_input_stream(path) as f:
-                    return _decoded([f.read()], None, kind, where, identity)
+                    return _verified([f.read()], None, kind, where, identity)
             with self.fs.open_input_file(path) as f:
                 whole = None
                 if keep and self.local is not None:
@@ -306,7 +325,7 @@ class CheckpointStorage:
                 got = [
                     f.read_at(n, o) if whole is None else whole[o : o + n] for o, n in ranges
                 ]
-            out = _decoded(got, ranges, kind, where, identity)
+            out = _verified(got, ranges, kind, where, identity)
             if whole is not None and self.local is not None:  # its ranges verified
                 self.local.put(self._relative(version, name), whole)
             return out
@@ -323,8 +342,8 @@ class CheckpointStorage:
         ranges: Sequence[tuple[int, int]] | None,
         where: str,
         identity: str,
-    ) -> list[Section] | None:
-        """:meth:`read_sections` from the local copy; None if there is none, or if it
+    ) -> list[Frame] | None:
+        """:meth:`read_frames` from the local copy; None if there is none, or if it
         fails verification (then it is deleted)."""
         assert self.local is not None
         relative = self._relative(version, name)
@@ -332,7 +351,7 @@ class CheckpointStorage:
         if got is None:
             return None
         try:
-            return _decoded(got, ranges, kind, where, identity)
+            return _verified(got, ranges, kind, where, identity)
         except CorruptCheckpointError as exc:
             log.warning("asyncio_ops: the local copy of %s failed verification (%s); reading "
                         "the checkpoint's", where, exc)

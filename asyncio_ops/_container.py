@@ -57,6 +57,9 @@ outside its buffers. A container that is torn, truncated, padded, bit-flipped,
 of another kind, too new, or written by an earlier release (format versions
 1 to 3, and the ``AOSB`` blobs of state snapshots before this format) raises
 the caller's corruption error naming ``where``, never a silent loss.
+:func:`decode` does both; :func:`frames` makes the checks alone, and
+:func:`frame_sections` parses one checked frame, for a reader that holds one
+frame's tables at a time (a restore applying each as it goes).
 """
 
 from __future__ import annotations
@@ -81,10 +84,13 @@ __all__ = [
     "FULL",
     "KEY_GROUP_FIELD",
     "SHARED",
+    "Frame",
     "Kind",
     "Section",
     "decode",
     "encode",
+    "frame_sections",
+    "frames",
     "split_shared",
 ]
 
@@ -339,14 +345,44 @@ def decode(
     sections back to back (offsets and lengths from :func:`encode`), each verified on
     its own; a signing key in the environment decides whether they must be signed.
     """
+    return [
+        s
+        for f in frames(data, kind, where, identity, error, whole=whole)
+        for s in frame_sections(f, where, error)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a container, its checksum (and signature) verified, its sections
+    not yet parsed (:func:`frame_sections`)."""
+
+    count: int
+    stored: memoryview
+    raw: int
+
+
+def frames(
+    data: bytes | bytearray | memoryview,
+    kind: Kind,
+    where: str,
+    identity: str = "",
+    error: type[AsyncOpsError] = AsyncOpsError,
+    *,
+    whole: bool = True,
+) -> list[Frame]:
+    """The frames of a container of ``kind`` (``whole``: all of it, checked against its
+    header; else a byte range of whole frames, as :func:`decode` reads), each checked
+    (length, checksum, signature) but not inflated or parsed: a reader that takes them
+    one at a time holds one frame's tables, not the container's."""
     view = memoryview(data)
     if not whole:
-        return _sections(view, 0, kind, signing_key() is not None, where, identity, error)[0]
+        return _frames(view, 0, kind, signing_key() is not None, where, identity, error)
     if len(view) < HEADER_SIZE:
         if bytes(view[:4]) == _EARLIER_BLOB_MAGIC:
             raise error(_earlier(where, "a snapshot blob of an earlier release"))
         raise error(f"{where} is truncated: {len(view)} bytes, shorter than its header")
-    magic, version, got_kind, flags, frames, count = _HEADER.unpack_from(view)
+    magic, version, got_kind, flags, count_frames, count = _HEADER.unpack_from(view)
     if magic != MAGIC:
         if bytes(view[:4]) == _EARLIER_BLOB_MAGIC:
             raise error(_earlier(where, "a snapshot blob of an earlier release"))
@@ -361,13 +397,21 @@ def decode(
         raise error(_earlier(where, f"format version {version} ({what})"))
     signed = bool(flags & _SIGNED)
     _check_kind(got_kind, kind, where, error)
-    sections, read = _sections(view, HEADER_SIZE, kind, signed, where, identity, error)
-    if read != frames or len(sections) != count:
+    got = _frames(view, HEADER_SIZE, kind, signed, where, identity, error)
+    sections = sum(f.count for f in got)
+    if len(got) != count_frames or sections != count:
         raise error(
-            f"{where} is truncated or torn: {read} of {frames} frames, {len(sections)} of "
-            f"{count} sections"
+            f"{where} is truncated or torn: {len(got)} of {count_frames} frames, {sections} "
+            f"of {count} sections"
         )
-    return sections
+    return got
+
+
+def frame_sections(
+    frame: Frame, where: str, error: type[AsyncOpsError] = AsyncOpsError
+) -> list[Section]:
+    """The sections of a verified frame (:func:`frames`), inflated and parsed."""
+    return _unframe(_inflate(frame.stored, frame.raw, where, error), frame.count, where, error)
 
 
 def split_shared(
@@ -415,7 +459,7 @@ def _check_kind(got: int, kind: Kind, where: str, error: type[AsyncOpsError]) ->
         raise error(f"{where} holds {name.replace('_', ' ')}, not {kind.name.lower()}")
 
 
-def _sections(
+def _frames(
     view: memoryview,
     pos: int,
     kind: Kind,
@@ -423,16 +467,14 @@ def _sections(
     where: str,
     identity: str,
     error: type[AsyncOpsError],
-) -> tuple[list[Section], int]:
-    """The sections of the frames from ``pos`` to the end of ``view``, and how many
-    frames held them."""
+) -> list[Frame]:
+    """The frames from ``pos`` to the end of ``view``, each checked."""
     key = signing_key()
     if signed and key is None:
         raise error(f"{where} is signed; set {SIGNING_KEY_ENV} to the key that signed it")
     if not signed and key is not None:
         raise error(f"{where} is not signed and is not loaded while {SIGNING_KEY_ENV} is set")
-    out: list[Section] = []
-    frames = 0
+    out: list[Frame] = []
     while pos < len(view):
         if len(view) - pos < FRAME_HEADER_SIZE:
             raise error(f"{where} is padded or torn: {len(view) - pos} bytes after its last frame")
@@ -455,10 +497,9 @@ def _sections(
             )
         if _crc(kind, count, raw, stored) != crc:
             raise error(f"{where} fails its checksum (corrupted)")
-        out += _unframe(_inflate(stored, raw, where, error), count, where, error)
-        frames += 1
+        out.append(Frame(count, stored, raw))
         pos = end
-    return out, frames
+    return out
 
 
 def _inflate(stored: memoryview, raw: int, where: str, error: type[AsyncOpsError]) -> memoryview:

@@ -83,7 +83,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._checkpoint import CheckpointStorage, Version
-from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Kind, Section
+from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Frame, Kind, Section, frame_sections
 from .._container import split_shared as _split_shared
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
@@ -374,7 +374,7 @@ class VersionFiles:
         for (version, file), got in _read_files(self.storage, chains, Kind.IN_FLIGHT).items():
             path = self.storage.path(version, file)
             held: set[int] = set()
-            for section in got:
+            for section in _parsed(got, path):
                 if section.part != FULL:
                     raise CorruptCheckpointError(
                         f"checkpoint file {path}: in-flight elements in a delta section"
@@ -400,8 +400,8 @@ class VersionFiles:
 
 def _read_files(
     storage: CheckpointStorage, chains: dict[int, Chain], kind: Kind, keep: str = ""
-) -> dict[tuple[int, str], list[Section]]:
-    """The sections of every file ``chains`` name, as stored (a SHARED section whole),
+) -> dict[tuple[int, str], list[Frame]]:
+    """The frames of every file ``chains`` name, verified but not parsed (``_parsed``),
     per ``(version, file)``: per file one read of each run of adjacent sections, or its
     local copy (``keep`` as in :func:`read_chains`)."""
     wanted: dict[tuple[int, str], set[tuple[int, int]]] = {}
@@ -418,14 +418,20 @@ def _read_files(
                 runs.append([offset, length])
         reads.append((version, file, [(o, n) for o, n in runs]))
     local = kind == Kind.KEY_GROUPS  # keyed_process's chains: a local copy may hold them
-    sections = concurrently(
+    got = concurrently(
         storage,
-        lambda r: storage.read_sections(
+        lambda r: storage.read_frames(
             r[0], r[1], kind, r[2], local, keep=local and bool(keep) and r[1].startswith(keep)
         ),
         reads,
     )
-    return {(r[0], r[1]): got for r, got in zip(reads, sections, strict=True)}
+    return {(r[0], r[1]): frames for r, frames in zip(reads, got, strict=True)}
+
+
+def _parsed(frames: list[Frame], path: str) -> Iterator[Section]:
+    """The sections of verified frames, parsed one frame at a time."""
+    for frame in frames:
+        yield from frame_sections(frame, f"checkpoint file {path}", CorruptCheckpointError)
 
 
 def read_chains(
@@ -444,7 +450,7 @@ def read_chains(
     starts (or a full one after)."""
     found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
     for (version, file), got_all in _read_files(storage, chains, Kind.KEY_GROUPS, keep).items():
-        for got in got_all:
+        for got in _parsed(got_all, storage.path(version, file)):
             if got.tag == SHARED:
                 for one in split_shared(got, storage.path(version, file)):
                     found[(version, file, one.tag)] = one
@@ -460,12 +466,7 @@ def read_chains(
                 raise CorruptCheckpointError(
                     f"checkpoint file {path} lacks key group {kg} where the manifest says it is"
                 )
-            if held.part != (FULL if i == 0 and kg not in tails else DELTA):
-                raise CorruptCheckpointError(
-                    f"checkpoint file {path}: key group {kg}'s chain "
-                    + ("starts with a delta, not a full snapshot" if i == 0 else
-                       "holds a full snapshot after its first")
-                )  # fmt: skip
+            _check_link(held, i, kg in tails, path)
             items.append((path, held))
     return out
 
@@ -483,16 +484,57 @@ def apply_chains(
     tails: Collection[int] = (),
     keep: str = "",
 ) -> None:
-    """Read ``chains`` (:func:`read_chains`, ``keep`` as there) and hand every link to
-    ``apply(section, where)`` in key-group and chain order; a ValueError or TypeError
-    it raises becomes a CheckpointError naming the file."""
-    found = read_chains(storage, chains, tails, keep=keep)
-    for kg in sorted(found):
-        for path, section in found[kg]:
-            try:
-                apply(section, f"checkpoint file {path}")
-            except (ValueError, TypeError) as exc:
-                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
+    """Read ``chains`` and hand every link to ``apply(section, where)``, each key group's
+    in chain order; a ValueError or TypeError it raises becomes a CheckpointError
+    naming the file.
+
+    The files are read at once (``keep`` as in :func:`read_chains`) and their frames
+    verified, then parsed one at a time, files in version order, each link applied as
+    its frame is parsed: a restore holds the files' stored bytes and one frame's
+    tables, never the state decoded whole. The checks are :func:`read_chains`'s, made
+    as the frames are parsed: what an error stops was partly applied (a failed restore
+    fails its task, whose backend is dropped)."""
+    links: dict[tuple[int, str, int], int] = {}
+    for kg, chain in chains.items():
+        for i, (version, file, *_) in enumerate(chain):
+            if i and version <= chain[i - 1][0]:
+                raise CorruptCheckpointError(
+                    f"checkpoint file {storage.path(version, file)}: key group {kg}'s chain "
+                    "is not in version order"
+                )
+            links[(version, file, kg)] = i
+    read = _read_files(storage, chains, Kind.KEY_GROUPS, keep)
+    for version, file in sorted(read):
+        path = storage.path(version, file)
+        where = f"checkpoint file {path}"
+        for got in _parsed(read.pop((version, file)), path):  # its bytes go with it
+            for one in split_shared(got, path) if got.tag == SHARED else (got,):
+                i = links.pop((version, file, one.tag), -1)
+                if i < 0:
+                    continue  # a key group restored from another file, or not here
+                _check_link(one, i, one.tag in tails, path)
+                try:
+                    apply(one, where)
+                except (ValueError, TypeError) as exc:
+                    raise CheckpointError(f"{where}: {exc}") from exc
+    if links:
+        version, file, kg = min(links, key=lambda link: (link[2], links[link]))
+        raise CorruptCheckpointError(
+            f"checkpoint file {storage.path(version, file)} lacks key group {kg} where the "
+            "manifest says it is"
+        )
+
+
+def _check_link(section: Section, i: int, tail: bool, path: str) -> None:
+    """CorruptCheckpointError unless ``section``, link ``i`` of its key group's chain, is
+    of the part it must be: full first (unless the chain given is a ``tail``, the part
+    after a full section), deltas after."""
+    if section.part != (FULL if i == 0 and not tail else DELTA):
+        raise CorruptCheckpointError(
+            f"checkpoint file {path}: key group {section.tag}'s chain "
+            + ("starts with a delta, not a full snapshot" if i == 0 else
+               "holds a full snapshot after its first")
+        )  # fmt: skip
 
 
 def read_version(

@@ -314,6 +314,42 @@ def test_full_sections_given_one_at_a_time_start_chains_where_the_file_holds_the
             write_version(s, 3, 0, 1, True, sections, [], {}, chains=chains, full=iter(bad))
 
 
+def test_a_restore_parses_one_frame_at_a_time_and_applies_it_before_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``apply_chains`` reads the chains' files, then parses their frames one at a time
+    (files in version order) and applies each link as its frame is parsed: never
+    every section decoded at once. Each key group's links still come in chain order,
+    and a link its file lacks is named once the files are read."""
+    import asyncio_ops._container as container
+    import asyncio_ops._runtime._versions as versions
+    from asyncio_ops._runtime._versions import apply_chains, write_version
+
+    monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
+    s = CheckpointStorage(str(tmp_path), "op")
+    chains = write_version(s, 1, 0, 1, True, {k: _kg(k, f"v{k}") for k in (3, 9, 70)}, [], {})
+    chains = write_version(s, 2, 0, 1, True, {3: _kg(3, "d3", DELTA), 70: _kg(70, "d70", DELTA)},
+                           [], {}, chains=chains)  # fmt: skip
+    events: list[str] = []
+    parse = versions.frame_sections
+
+    def parsed(frame: Any, where: str, error: Any) -> list[Section]:
+        got = parse(frame, where, error)
+        events.append("parse " + ",".join(str(sec.tag) for sec in got))
+        return got
+
+    monkeypatch.setattr(versions, "frame_sections", parsed)
+    apply_chains(s, chains, lambda sec, where: events.append(
+        f"apply {sec.tag} {sec.table.column('v').to_pylist()[0]}"))  # fmt: skip
+    assert events == [
+        "parse 3", "apply 3 v3", "parse 9", "apply 9 v9", "parse 70", "apply 70 v70",
+        "parse 3", "apply 3 d3", "parse 70", "apply 70 d70",
+    ]
+    lost = {**chains, 9: (*chains[9], (2, chains[3][1][1], *chains[3][1][2:]))}
+    with pytest.raises(CorruptCheckpointError, match=r"from0+1\.ckpt lacks key group 9 "):
+        apply_chains(s, lost, lambda sec, where: None)
+
+
 def test_of_two_attempts_the_manifest_written_last_is_in_force_whole(tmp_path: Path) -> None:
     """Two attempts of one task (a speculative copy) write one version: their data files
     have names of their own and only the manifest names them, so whichever manifest

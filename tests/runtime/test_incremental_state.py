@@ -327,7 +327,7 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
         spec.checkpoint.local = None  # a worker on another machine: no local copies
         in_flight, lock = [0], threading.Lock()
         overlapped = {"subtask": threading.Event(), "kg": threading.Event()}
-        read_sections = CheckpointStorage.read_sections
+        read_frames = CheckpointStorage.read_frames  # every read of a file goes through it
         files: list[str] = []
 
         def overlapping(
@@ -342,12 +342,12 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
             try:
                 if not overlapped[kind].wait(60):
                     raise AssertionError(f"the {kind} files were read one at a time: {files}")
-                return read_sections(self, version, name, *a, **kw)
+                return read_frames(self, version, name, *a, **kw)
             finally:
                 with lock:
                     in_flight[0] -= 1
 
-        monkeypatch.setattr(CheckpointStorage, "read_sections", overlapping)
+        monkeypatch.setattr(CheckpointStorage, "read_frames", overlapping)
         events = [(k, 1) for k in keys[:3]]
         rows = run_partition(spec, 3, 1, 2, events)
         assert sorted(f.split("-")[0] for f in files) == ["kg"] * 3 + ["subtask"] * 2
