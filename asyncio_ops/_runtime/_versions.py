@@ -448,27 +448,50 @@ def read_chains(
     (deltas only). CheckpointError naming the file for one that is missing or damaged,
     or whose section is not the chain's: another key group, or a delta where the chain
     starts (or a full one after)."""
-    found: dict[tuple[int, str, int], Section] = {}  # (version, file, key group)
-    for (version, file), got_all in _read_files(storage, chains, Kind.KEY_GROUPS, keep).items():
-        for got in _parsed(got_all, storage.path(version, file)):
-            if got.tag == SHARED:
-                for one in split_shared(got, storage.path(version, file)):
-                    found[(version, file, one.tag)] = one
-            else:
-                found[(version, file, got.tag)] = got
-    out: dict[int, list[tuple[str, Section]]] = {}
-    for kg, chain in chains.items():
-        items = out[kg] = []
-        for i, (version, file, *_) in enumerate(chain):
-            path = storage.path(version, file)
-            held = found.get((version, file, kg))
-            if held is None:
-                raise CorruptCheckpointError(
-                    f"checkpoint file {path} lacks key group {kg} where the manifest says it is"
-                )
-            _check_link(held, i, kg in tails, path)
-            items.append((path, held))
+    out: dict[int, list[tuple[str, Section]]] = {kg: [] for kg in chains}
+    for path, section in _links(storage, chains, tails, keep):
+        out[section.tag].append((path, section))
     return out
+
+
+def _links(
+    storage: CheckpointStorage, chains: dict[int, Chain], tails: Collection[int], keep: str
+) -> Iterator[tuple[str, Section]]:
+    """``(path, section)`` of every link of ``chains`` (:func:`read_chains`), the files
+    read at once and their frames verified, then parsed one at a time, files in version
+    order (so each key group's links come in chain order): what a caller does with a
+    link before it takes the next is done before the next frame is parsed. The checks
+    are made as the frames are parsed; a link its file lacks is named at the end."""
+    links: dict[tuple[int, str, int], int] = {}
+    for kg, chain in chains.items():
+        for i, (version, file, *_) in enumerate(chain):
+            if i and version <= chain[i - 1][0]:
+                raise CorruptCheckpointError(
+                    f"checkpoint file {storage.path(version, file)}: key group {kg}'s chain "
+                    "is not in version order"
+                )
+            links[(version, file, kg)] = i
+    read = _read_files(storage, chains, Kind.KEY_GROUPS, keep)
+    for version, file in sorted(read):
+        path = storage.path(version, file)
+        for got in _parsed(read.pop((version, file)), path):  # its bytes go with it
+            for one in split_shared(got, path) if got.tag == SHARED else (got,):
+                i = links.pop((version, file, one.tag), -1)
+                if i < 0:
+                    continue  # a key group restored from another file, or not here
+                if one.part != (FULL if i == 0 and one.tag not in tails else DELTA):
+                    raise CorruptCheckpointError(
+                        f"checkpoint file {path}: key group {one.tag}'s chain "
+                        + ("starts with a delta, not a full snapshot" if i == 0 else
+                           "holds a full snapshot after its first")
+                    )  # fmt: skip
+                yield path, one
+    if links:
+        version, file, kg = min(links, key=lambda link: (link[2], links[link]))
+        raise CorruptCheckpointError(
+            f"checkpoint file {storage.path(version, file)} lacks key group {kg} where the "
+            "manifest says it is"
+        )
 
 
 def split_shared(section: Section, path: str) -> list[Section]:
@@ -484,57 +507,19 @@ def apply_chains(
     tails: Collection[int] = (),
     keep: str = "",
 ) -> None:
-    """Read ``chains`` and hand every link to ``apply(section, where)``, each key group's
-    in chain order; a ValueError or TypeError it raises becomes a CheckpointError
-    naming the file.
-
-    The files are read at once (``keep`` as in :func:`read_chains`) and their frames
-    verified, then parsed one at a time, files in version order, each link applied as
-    its frame is parsed: a restore holds the files' stored bytes and one frame's
-    tables, never the state decoded whole. The checks are :func:`read_chains`'s, made
-    as the frames are parsed: what an error stops was partly applied (a failed restore
-    fails its task, whose backend is dropped)."""
-    links: dict[tuple[int, str, int], int] = {}
-    for kg, chain in chains.items():
-        for i, (version, file, *_) in enumerate(chain):
-            if i and version <= chain[i - 1][0]:
-                raise CorruptCheckpointError(
-                    f"checkpoint file {storage.path(version, file)}: key group {kg}'s chain "
-                    "is not in version order"
-                )
-            links[(version, file, kg)] = i
-    read = _read_files(storage, chains, Kind.KEY_GROUPS, keep)
-    for version, file in sorted(read):
-        path = storage.path(version, file)
+    """Read ``chains`` (``keep`` as in :func:`read_chains`) and hand every link to
+    ``apply(section, where)``, each key group's in chain order, as its frame is parsed
+    (``_links``): a restore holds the files' stored bytes and one frame's tables, never
+    the state decoded whole. A ValueError or TypeError ``apply`` raises becomes a
+    CheckpointError naming the file. The checks are :func:`read_chains`'s, made as the
+    frames are parsed: what an error stops was partly applied (a failed restore fails
+    its task, whose backend is dropped)."""
+    for path, section in _links(storage, chains, tails, keep):
         where = f"checkpoint file {path}"
-        for got in _parsed(read.pop((version, file)), path):  # its bytes go with it
-            for one in split_shared(got, path) if got.tag == SHARED else (got,):
-                i = links.pop((version, file, one.tag), -1)
-                if i < 0:
-                    continue  # a key group restored from another file, or not here
-                _check_link(one, i, one.tag in tails, path)
-                try:
-                    apply(one, where)
-                except (ValueError, TypeError) as exc:
-                    raise CheckpointError(f"{where}: {exc}") from exc
-    if links:
-        version, file, kg = min(links, key=lambda link: (link[2], links[link]))
-        raise CorruptCheckpointError(
-            f"checkpoint file {storage.path(version, file)} lacks key group {kg} where the "
-            "manifest says it is"
-        )
-
-
-def _check_link(section: Section, i: int, tail: bool, path: str) -> None:
-    """CorruptCheckpointError unless ``section``, link ``i`` of its key group's chain, is
-    of the part it must be: full first (unless the chain given is a ``tail``, the part
-    after a full section), deltas after."""
-    if section.part != (FULL if i == 0 and not tail else DELTA):
-        raise CorruptCheckpointError(
-            f"checkpoint file {path}: key group {section.tag}'s chain "
-            + ("starts with a delta, not a full snapshot" if i == 0 else
-               "holds a full snapshot after its first")
-        )  # fmt: skip
+        try:
+            apply(section, where)
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"{where}: {exc}") from exc
 
 
 def read_version(
