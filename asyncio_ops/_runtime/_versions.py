@@ -67,7 +67,12 @@ round trip or two (20-50 ms). On a remote filesystem (anything but local
 disk) they run up to ``READ_CONCURRENCY`` at once, on threads (pyarrow's I/O
 releases the GIL); on local disk one after the other (threads would cost
 more than they save). Results keep their order and the first failure, in
-that order, is raised (the reads not yet started are cancelled).
+that order, is raised (the reads not yet started are cancelled). What a read
+returns is the file's frames, checked but not parsed: a restore parses them one
+at a time, files in version order, and applies each key group's link before the
+next frame (:func:`apply_chains`), so it never holds the state decoded whole; a
+full snapshot is written the same way round, a key group at a time
+(:func:`write_version`'s ``full``).
 """
 
 from __future__ import annotations
