@@ -18,7 +18,7 @@ Call order, per operator instance::
     op.close()                   fn.close(); timers stop
 
 ``restore``, ``apply_change``, ``take_timers`` and ``clear_key_group`` come before
-the first record or watermark, after ``open`` or before it: after it, a restored
+the first record, watermark or timer, after ``open`` or before it: after it, a restored
 key group's entries go straight into the states ``open`` obtained (a key group at a
 time); a state not obtained yet holds what is restored for it aside, whole, until
 it is (``KeyedStateBackend.load``), so restoring before ``open`` holds the state
@@ -146,7 +146,7 @@ class KeyedProcessOperator:
         self._ctx = KeyedProcessContext(backend, TimerService(self.timer_service))
         self._out: Collector[Any] = Collector(output)
         self._opened = False
-        self._started = False  # a record or watermark was handled: no restore after it
+        self._started = False  # a record, watermark or timer was handled: no restore after
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -168,7 +168,7 @@ class KeyedProcessOperator:
     def _before_input(self, what: str) -> None:
         if self._started:
             raise StateError(
-                f"KeyedProcessOperator.{what} must come before the first record or watermark"
+                f"KeyedProcessOperator.{what} must come before the first record, watermark or timer"
             )
 
     def _check(self) -> None:
@@ -227,6 +227,7 @@ class KeyedProcessOperator:
 
     def _fire(self, timer: Timer, domain: TimeDomain, out_ts: float | None) -> None:
         # The timer service has already made timer.key the backend's current key.
+        self._started = True
         ctx = self._ctx
         ctx._timestamp = timer.timestamp
         ctx._domain = domain
@@ -263,7 +264,7 @@ class KeyedProcessOperator:
     def restore(self, snapshot: Mapping[int, bytes]) -> int:
         """Take the key groups of ``snapshot`` inside the backend's range; returns how many.
 
-        Call before the first record or watermark (after :meth:`open`, so that the
+        Call before the first record, watermark or timer (after :meth:`open`, so that the
         entries go straight into the states it obtained), once per old instance on
         rescale. Every blob is verified before any is applied.
         """
@@ -283,20 +284,20 @@ class KeyedProcessOperator:
         return snapshot_changes(self.backend, self.timer_service, full)
 
     def apply_change(self, section: Section, where: str) -> None:
-        """Apply one key group's full or delta section, before the first record or
-        watermark; errors name ``where``."""
+        """Apply one key group's full or delta section, before the first record,
+        watermark or timer; errors name ``where``."""
         self._before_input("apply_change")
         apply_change(self.backend, self.timer_service, section, where)
 
     def clear_key_group(self, kg: int) -> None:
-        """Drop a key group's state and timers, before the first record or watermark."""
+        """Drop a key group's state and timers, before the first record, watermark or timer."""
         self._before_input("clear_key_group")
         self.backend.clear_key_group(kg)
         self.timer_service.clear_key_group(kg)
 
     def take_timers(self, previous: KeyedProcessOperator) -> None:
         """Take over the timers of ``previous`` (an operator of the same backend, closed),
-        before the first record or watermark."""
+        before the first record, watermark or timer."""
         self._before_input("take_timers")
         self.timer_service.take_timers(previous.timer_service)
 

@@ -197,7 +197,7 @@ def test_restore_after_the_first_record_is_an_error(
     op.clear_key_group(0)
     op(Record(("a", 1), 1.0))
     for late in (lambda: op.restore({}), lambda: op.clear_key_group(0)):
-        with pytest.raises(StateError, match="before the first record or watermark"):
+        with pytest.raises(StateError, match="before the first record, watermark or timer"):
             late()
     with pytest.raises(StateError, match="twice"):
         op.open()
