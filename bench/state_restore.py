@@ -1,6 +1,7 @@
 """Benchmark: a cold restore of keyed state, and the memory a restored partition holds.
 
-Run: ``python -m bench.state_restore`` (``--keys 1000000``, ``--repeat 3``).
+Run: ``python -m bench.state_restore`` (``--keys 1000000``, ``--repeat 3``,
+``--no-handover``, ``--no-memory``).
 
 The state: a running count (one ValueState) for N keys, each filed under the
 key group an engine named for it (as Spark does: ``pmod(hash(key columns),
@@ -26,6 +27,15 @@ the chains from the checkpoint on local disk (``ASYNCIO_OPS_PARKED=0``), or
 opens the database the other worker parked; the best of R runs of the whole
 task (restore, rows, snapshot, and for the parked case the next park), and,
 as a floor, the same micro-batch on the worker that committed it (warm).
+
+Then (``--memory``, on by default) the memory of one ``keyed_process``
+partition of N keys, per backend, each step in a process of its own: the bulk
+micro-batch (every key new, every key group's full snapshot written: the
+resident memory when its snapshot starts and the peak while it is written,
+sampled every 10 ms), then a small micro-batch (2,000 events) on a worker
+holding nothing, which restores the partition from that checkpoint (local
+disk, nothing parked): how much the process grew at its peak, and the task's
+time.
 """
 
 from __future__ import annotations
@@ -166,13 +176,86 @@ def handover(keys: int, repeat: int) -> dict[str, float]:
     return best
 
 
+def memory(kind: str, keys: int, root: str, step: str) -> dict[str, float]:
+    """One step of ``--memory`` in this process (see the module docstring)."""
+    import os
+    import random
+    import threading
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import _keyed_partition as partition
+
+    os.environ["ASYNCIO_OPS_PARKED"] = "0"
+    schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
+
+    class Counted(Count):
+        def process_element(self, value: Any, ctx: Any, out: Any) -> None:
+            super().process_element(value, ctx, out)
+            out.collect({"k": value["k"]})
+
+    def batch(ks: list[int]) -> pa.RecordBatch:
+        groups = [mmh3.hash(str(k), 42, signed=False) % MAXP for k in ks]
+        return pa.RecordBatch.from_pydict({"k": ks, KEY_GROUP_COLUMN: groups}, schema=schema)
+
+    def batches(ks: list[int]) -> list[pa.RecordBatch]:  # as Spark hands them: 10,000 rows
+        return [batch(ks[i : i + 10_000]) for i in range(0, len(ks), 10_000)]
+
+    spec = KeyedProcessSpec(
+        function=Counted(), key_columns=("k",), output_schema=pa.schema([("k", pa.int64())]),
+        max_parallelism=MAXP, checkpoint=CheckpointStorage(str(Path(root) / "ckpt"), "bench"),
+        state_backend=kind,
+    )  # fmt: skip
+    todo = (
+        batches(list(range(keys))) if step == "bulk"
+        else batches([random.Random(7).randrange(keys) for _ in range(2000)])
+    )  # fmt: skip
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], rss_mb())
+
+    out: dict[str, float] = {}
+    snapshot = partition._snapshot
+
+    def snapshotting(*a: Any, **kw: Any) -> Any:
+        out["before_snapshot_mb"] = rss_mb()
+        peak[0] = 0.0  # from here: the snapshot's own peak
+        return snapshot(*a, **kw)
+
+    if step == "bulk":
+        partition._snapshot = snapshotting  # type: ignore[assignment]
+    gc.collect()
+    out["start_mb"] = rss_mb()
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    for _ in partition.run_keyed_process(spec, todo, TaskInfo(0, 1, batch_id=int(step != "bulk"))):
+        pass
+    out["seconds"] = time.perf_counter() - t0
+    done.set()
+    thread.join()
+    out["peak_mb"] = max(peak[0], rss_mb())
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--case", help=argparse.SUPPRESS)  # kind,said: run one case, print JSON
     p.add_argument("--no-handover", dest="handover", action="store_false")
+    p.add_argument("--no-memory", dest="memory", action="store_false")
     args = p.parse_args()
+    if args.case and args.case.startswith("memory,"):
+        _, kind, root, step = args.case.split(",")
+        print(json.dumps(memory(kind, args.keys, root, step)))
+        return
     if args.case == "handover":
         print(json.dumps(handover(args.keys, args.repeat)))
         return
@@ -211,6 +294,36 @@ def main() -> None:
     print(f"| holds nothing, reads the checkpoint (local disk) | {h['cold']:.2f} s |")
     print(f"| holds nothing, opens the parked database | {h['parked']:.2f} s |")
     print(f"| committed the version before (warm) | {h['warm']:.2f} s |")
+    if args.memory:
+        print_memory(args.keys)
+
+
+def print_memory(keys: int) -> None:
+    """``--memory`` (see the module docstring), each step in a process of its own."""
+    import shutil
+    import tempfile
+
+    print()
+    print(f"One keyed_process partition of {keys:,} keys (resident memory, MB):")
+    print()
+    print("| backend | bulk: at its snapshot | peak writing it | small, cold: grew by | task |")
+    print("|---|---|---|---|---|")
+    for kind in ("heap", "rocksdb"):
+        root = tempfile.mkdtemp(prefix="bench-memory-")
+        try:
+            got = {}
+            for step in ("bulk", "cold"):
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.state_restore", "--keys", str(keys),
+                     "--case", f"memory,{kind},{root},{step}"],
+                    check=True, capture_output=True, text=True,
+                ).stdout  # fmt: skip
+                got[step] = json.loads(out.strip().splitlines()[-1])
+            bulk, cold = got["bulk"], got["cold"]
+            print(f"| {kind} | {bulk['before_snapshot_mb']:,.0f} | {bulk['peak_mb']:,.0f} | "
+                  f"{cold['peak_mb'] - cold['start_mb']:,.0f} | {cold['seconds']:.2f} s |")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
