@@ -32,7 +32,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage
-from .._container import Kind, Section
+from .._container import Kind
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
@@ -41,7 +41,7 @@ from ..state import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
-from ._versions import Chain, apply_chains, key_group_prefix
+from ._versions import Chain, apply_chains, key_group_prefix, noted_full
 
 SEED: Final = "initial-state"
 _MANIFEST_PREFIX: Final = "seed-manifest-"
@@ -108,7 +108,7 @@ def write_seed(
         extents = (
             storage.write_sections(
                 SEED, name, Kind.KEY_GROUPS,
-                _noted(itertools.chain([first], sections), groups),
+                noted_full(itertools.chain([first], sections), {}, groups),
             )
             if first is not None
             else []
@@ -129,13 +129,6 @@ def write_seed(
         op.close()
         backend.close()
     yield pa.RecordBatch.from_pydict({"keys": [len(rows)]})
-
-
-def _noted(sections: Iterable[Section], tags: list[int]) -> Iterator[Section]:
-    """``sections``, each one's key group noted in ``tags`` as it is taken."""
-    for section in sections:
-        tags.append(section.tag)
-        yield section
 
 
 def clear_seed(storage: CheckpointStorage) -> None:

@@ -694,7 +694,7 @@ def write_version(
     # which retention lists, _retention), and kept as a local copy (_local_copies)
     chained = kind == Kind.KEY_GROUPS
     taken: list[int] = []  # the key groups of ``full``, as they are written
-    fulls = _checked_full(full, sections, taken)
+    fulls = noted_full(full, sections, taken)
     first = next(fulls, None)
     if sections or chained or first is not None:
         # a full section starts at this version, the newest: it never lowers the floor
@@ -749,12 +749,12 @@ def write_version(
     return new
 
 
-def _checked_full(
+def noted_full(
     full: Iterable[Section], sections: dict[int, Section], taken: list[int]
 ) -> Iterator[Section]:
-    """``full``'s sections as :func:`write_version` takes them, each's key group noted
-    in ``taken``; CheckpointError for one that is not a key group's full section or
-    whose key group ``sections`` also names, or is named twice."""
+    """``full``'s sections as a writer takes them (:func:`write_version`, the seed's),
+    each's key group noted in ``taken``; CheckpointError for one that is not a key
+    group's full section, whose key group ``sections`` also names, or named twice."""
     for section in full:
         kg = section.tag
         if section.part != FULL or kg == SHARED or kg in sections or kg in taken:
