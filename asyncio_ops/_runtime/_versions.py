@@ -705,8 +705,7 @@ def write_version(
         written = {id(sections[kg]): sections[kg] for kg in groups}  # a shared one once
         places = storage.write_sections(
             version, name, kind,
-            itertools.chain(() if first is None else itertools.chain([first], fulls),
-                            written.values()),
+            itertools.chain([] if first is None else [first], fulls, written.values()),
             local=chained and (bool(groups) or first is not None),
         )  # fmt: skip
         for kg, (offset, length, size) in zip(taken, places[: len(taken)], strict=True):

@@ -139,13 +139,24 @@ def written(changes: Changes) -> list[Section]:
     return [*changes.full, *{id(s): s for _, s in sorted(changes.deltas.items())}.values()]
 
 
-def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) -> None:
+def counted(
+    make_backend: BackendFactory, timers: bool = False
+) -> tuple[KeyedStateBackend, InternalTimerService, Any]:
+    """A backend of every key group whose ValueState "v" holds each key of ``KEYS`` (and
+    an event-time timer per key at the key, with ``timers``), its timer service, the state."""
     a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
     t = timers_of(a)
     v = a.get_state(ValueStateDescriptor[int]("v"))
     for k in range(KEYS):
         a.set_current_key(k)
         v.update(k)
+        if timers:
+            t.register_event_time_timer(None, float(k))
+    return a, t, v
+
+
+def test_a_delta_holds_only_the_keys_made_current(make_backend: BackendFactory) -> None:
+    a, t, v = counted(make_backend)
     a.track_changes()
     a.set_current_key(7)
     v.update(70)
@@ -223,13 +234,7 @@ def test_full_sections_are_built_one_key_group_at_a_time_as_the_writer_takes_the
     """A snapshot's full sections are never all in memory: each key group's entries are
     dumped when its section is asked for, and the encoder keeps no table it has
     written but the last (so a state larger than memory is written)."""
-    a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
-    t = timers_of(a)
-    v = a.get_state(ValueStateDescriptor[int]("v"))
-    for k in range(KEYS):
-        a.set_current_key(k)
-        v.update(k)
-        t.register_event_time_timer(None, float(k))
+    a, t, _ = counted(make_backend, timers=True)
     a.track_changes()
     dumped: list[tuple[int, ...]] = []
     dump = a.dump
