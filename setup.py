@@ -1,8 +1,10 @@
-"""Build hook for the optional C accelerator of the heap state backend.
+"""Build hook for the optional C accelerators: the heap state backend's hot path, and
+the constructors of the objects built once per element (``asyncio_ops._construct``).
 
 Everything else is declared in pyproject.toml. ``optional=True``: without a C
-compiler the install succeeds and the pure-Python classes in
-``asyncio_ops/state/_heap.py`` are used instead (same behaviour, slower).
+compiler the install succeeds and the pure-Python code in
+``asyncio_ops/state/_heap.py`` and ``asyncio_ops/_construct.py`` is used instead
+(same behaviour, slower).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +15,11 @@ setup(
             "asyncio_ops.state._heapfast",
             ["asyncio_ops/state/_heapfast.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "asyncio_ops._slotsfast",
+            ["asyncio_ops/_slotsfast.c"],
+            optional=True,
+        ),
     ]
 )

@@ -88,7 +88,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "asyncio_ops.options", "asyncio_ops._results", "asyncio_ops._retry",
             "asyncio_ops._functions", "asyncio_ops._keygroups", "asyncio_ops._container",
             "asyncio_ops._checkpoint", "asyncio_ops._local_copies", "asyncio_ops._queues",
-            "asyncio_ops._snapshot",
+            "asyncio_ops._snapshot", "asyncio_ops._construct", "asyncio_ops._slotsfast",
             "asyncio_ops._limit", "asyncio_ops.testing",
         ),
     ),

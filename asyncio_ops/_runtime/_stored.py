@@ -31,11 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import repeat
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._construct import constructor
 from .._elements import Record, Watermark
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._snapshot import SnapshotEntry
@@ -292,6 +294,17 @@ def in_order(
         for name in ("row", "timestamp", "late", "results", "attempts", "deadline")
     )
     afters = table.column("after_watermark").to_pylist() if event_time else None
+    new_entry = constructor(SnapshotEntry, _ENTRY_FIELDS)
+    new_record = constructor(Record, _RECORD_FIELDS)
+    new_value = constructor(RowValue, _VALUE_FIELDS)
+    n = len(rows)
+    if afters is None and kind != ARROW:  # no watermarks between: built a column at a time
+        values = map(new_value, rows, lates, range(-1, -n - 1, -1))
+        outputs = [None if r is None else tuple(r) for r in done]
+        return list(map(
+            new_entry, map(new_record, values, timestamps), outputs, repeat(None, n),
+            attempts, deadlines,
+        ))  # fmt: skip
     out: list[SnapshotEntry] = []
     append = out.append
     last = -math.inf
@@ -306,11 +319,17 @@ def in_order(
             row = pa.RecordBatch.from_pylist(row, schema=input_schema)
             if results is not None:
                 results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
-        append(SnapshotEntry(
-            Record(RowValue(row, late, -(i + 1)), timestamp),
+        append(new_entry(
+            new_record(new_value(row, late, -(i + 1)), timestamp),
             None if results is None else tuple(results), None, tries, deadline,
         ))  # fmt: skip
     return out
+
+
+# a restored element's three objects, built without their __init__ (asyncio_ops._construct)
+_ENTRY_FIELDS: Final = ("element", "results", "key", "attempts", "deadline")
+_RECORD_FIELDS: Final = ("value", "timestamp")
+_VALUE_FIELDS: Final = ("row", "late", "position")
 
 
 _ORDER: Final = [("after_watermark", "ascending"), ("partition", "ascending"), ("seq", "ascending")]
