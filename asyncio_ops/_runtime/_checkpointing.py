@@ -291,7 +291,7 @@ class PartitionCheckpoint:
         stored = to_stored(remaining, self.partition, self.kind)
         sections: dict[int, Section] = {}
         if keyed:
-            sections = carry.snapshot_keyed([(_key_group(e.row, self.kind), e) for e in stored])
+            sections = carry.snapshot_keyed(stored, _key_groups(stored, self.kind))
         operator_state = carry.snapshot_operator(
             self.partition, p, watermarks, None if keyed else stored
         )
@@ -355,13 +355,16 @@ class PartitionCheckpoint:
         )
 
 
-def _key_group(row: Any, kind: str) -> int:
-    """The element's key group (keyed: every row of a chunk is of one key group)."""
-    first = row if kind == ROW else row[0] if row else None
-    kg = first.get(KEY_GROUP_COLUMN) if first is not None else None
-    if kg is None:
+def _key_groups(stored: Sequence[StoredElement], kind: str) -> list[Any]:
+    """Each element's key group (keyed: every row of a chunk is of one key group);
+    CheckpointError if a row has none."""
+    if kind == ROW:
+        kgs = [e.row.get(KEY_GROUP_COLUMN) for e in stored]
+    else:
+        kgs = [e.row[0].get(KEY_GROUP_COLUMN) if e.row else None for e in stored]
+    if None in kgs:
         raise CheckpointError(f"an in-flight row has no {KEY_GROUP_COLUMN} in keyed mode")
-    return int(kg)
+    return kgs
 
 
 # -- what a version carried over, as written (read_state) ----------------------------------------

@@ -186,28 +186,22 @@ class CarryOver:
         )  # fmt: skip
 
     # -- keyed --------------------------------------------------------------------------
-    def snapshot_keyed(self, elements: Sequence[tuple[int, StoredElement]]) -> dict[int, Section]:
-        """``{key_group: section}`` of ``(key group, element)`` pairs: ONE section (tag
-        ``SHARED``) for all the key groups, the table of the elements sorted by key
-        group (given order within one) with their key group in a ``key_group`` column:
-        a container of kind ``IN_FLIGHT`` holds it once, its manifest names it for each
-        key group (``_versions.write_version``)."""
-        by_kg: dict[int, list[StoredElement]] = {}
-        for kg, e in elements:
-            group = by_kg.get(kg)
-            if group is None:
-                by_kg[kg] = [e]
-            else:
-                group.append(e)
-        if not by_kg:
+    def snapshot_keyed(
+        self, elements: Sequence[StoredElement], key_groups: Sequence[int]
+    ) -> dict[int, Section]:
+        """``{key_group: section}`` of ``elements``, each of the key group at its index in
+        ``key_groups``: ONE section (tag ``SHARED``) for all the key groups, the table of
+        the elements sorted by key group (given order within one: a stable sort, by
+        Arrow) with their key group in a ``key_group`` column: a container of kind
+        ``IN_FLIGHT`` holds it once, its manifest names it for each key group
+        (``_versions.write_version``)."""
+        if not elements:
             return {}
-        groups = sorted(by_kg)
-        ordered = [e for kg in groups for e in by_kg[kg]]
-        batch = self.batches.to_batch(ordered, deadlines=True)
-        kgs = pa.array([kg for kg in groups for _ in by_kg[kg]], pa.int32())
-        table = pa.Table.from_batches([batch]).append_column(
-            pa.field(KEY_GROUP_FIELD, pa.int32(), nullable=False), kgs
-        )
+        kgs = pa.array(key_groups, pa.int32())
+        table = pa.Table.from_batches([self.batches.to_batch(elements, deadlines=True)])
+        table = table.append_column(pa.field(KEY_GROUP_FIELD, pa.int32(), nullable=False), kgs)
+        table = table.take(pc.sort_indices(kgs))
+        groups = pc.unique(table.column(KEY_GROUP_FIELD)).to_pylist()
         return dict.fromkeys(groups, Section(SHARED, table))
 
     def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:

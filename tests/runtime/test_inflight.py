@@ -88,6 +88,11 @@ def _split(sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt") -> 
     return [(name, one) for one in split_shared(shared, name)]
 
 
+def snapshot(carry: CarryOver, pairs: list[tuple[int, StoredElement]]) -> dict[int, Section]:
+    """``carry``'s keyed sections of ``(key group, element)`` pairs."""
+    return carry.snapshot_keyed([e for _, e in pairs], [kg for kg, _ in pairs])
+
+
 def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
     """Each element is filed under the key group Spark computed (not the core hash),
     its deadline travels with it, and a partition owning only that group gets exactly
@@ -96,8 +101,9 @@ def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
     other_kg = (spark_kg + 1) % 128
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     done = element(2, results=[{"score": 2.0}], deadline=None)
-    sections = carry.snapshot_keyed(
-        [(spark_kg, element(1, deadline=50.0)), (spark_kg, done), (other_kg, element(3))]
+    sections = snapshot(
+        carry,
+        [(spark_kg, element(1, deadline=50.0)), (spark_kg, done), (other_kg, element(3))],
     )
     assert sorted(sections) == sorted([spark_kg, other_kg])
     mine = KeyGroupRange(spark_kg, spark_kg)
@@ -111,7 +117,7 @@ def test_a_partitions_elements_are_one_shared_section() -> None:
     sorted by key group with it as a column; split, each key group's rows in order."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i)) for i in range(20)]
-    sections = carry.snapshot_keyed(todo)
+    sections = snapshot(carry, todo)
     assert len({id(s) for s in sections.values()}) == 1
     (section,) = {id(s): s for s in sections.values()}.values()
     assert section.tag == SHARED and section.part == FULL
@@ -123,7 +129,7 @@ def test_a_partitions_elements_are_one_shared_section() -> None:
 
 def test_a_key_group_section_that_is_not_a_table_of_elements_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    ((_, sec),) = _split(carry.snapshot_keyed([(5, element(1))]))
+    ((_, sec),) = _split(snapshot(carry, [(5, element(1))]))
     chunks = CarryOver(ElementSerializer(ROWS, OUT, IN), max_parallelism=128, key_groups=ALL)
     batch = chunks.batches.to_batch([element(1, kind=ROWS)], deadlines=True)
     named = r"checkpoint file /ck/kg-p00000-a\.ckpt: key group 5"
@@ -143,7 +149,7 @@ def test_a_key_group_section_that_is_not_a_table_of_elements_is_named() -> None:
 
 def test_a_shared_section_without_sorted_key_groups_is_named() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
-    sections = carry.snapshot_keyed([(5, element(1)), (6, element(2))])
+    sections = snapshot(carry, [(5, element(1)), (6, element(2))])
     table = sections[5].table
     where = "/ck/kg-p00001-b.ckpt"
     unsorted = table.take([1, 0])
@@ -171,7 +177,7 @@ def test_a_key_group_of_many_elements_is_one_table() -> None:
     as a column, and come back as written."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [element(i, deadline=1000.0 + i if i % 3 else None) for i in range(300)]
-    sections = carry.snapshot_keyed([(9, e) for e in todo])
+    sections = snapshot(carry, [(9, e) for e in todo])
     assert list(sections) == [9]
     ((_, one),) = _split(sections)
     assert one.table.num_rows == 300 and one.table.schema.equals(carry.batches.schema)
@@ -185,7 +191,7 @@ def test_rescale_moves_the_elements_by_key_group() -> None:
     restore reads it) or split by key group (as ``read_state`` does)."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i, deadline=50.0 + i)) for i in range(256)]
-    sections = carry.snapshot_keyed(todo)
+    sections = snapshot(carry, todo)
     (whole,) = {id(s): s for s in sections.values()}.values()
     halves = [KeyGroupRange(0, 63), KeyGroupRange(64, 127)]
     for half in halves:
@@ -267,3 +273,23 @@ def _restored(
 def _named(states: list[Any]) -> list[tuple[str, Any]]:
     """Operator states as the checkpoint hands them over: with their files."""
     return [(f"/ck/ops-{i:05d}.ckpt", state) for i, state in enumerate(states)]
+
+
+@pytest.mark.parametrize("kind", [ROW, ROWS])
+def test_a_keyed_carry_over_takes_each_elements_key_group_from_its_row(kind: str) -> None:
+    """Keyed, an element's key group is its row's (a chunk's first row's) key-group
+    column; a row without one is refused, naming the column."""
+    from asyncio_ops._runtime._checkpointing import _key_groups
+    from asyncio_ops._runtime._spec import KEY_GROUP_COLUMN
+
+    def of(seq: int, kg: int | None) -> StoredElement:
+        e = element(seq, kind=kind)
+        rows = [e.row] if kind == ROW else e.row
+        for r in rows:
+            r[KEY_GROUP_COLUMN] = kg
+        return e
+
+    assert _key_groups([of(1, 7), of(2, 3), of(3, 7)], kind) == [7, 3, 7]
+    assert _key_groups([], kind) == []
+    with pytest.raises(CheckpointError, match=f"no {KEY_GROUP_COLUMN} in keyed mode"):
+        _key_groups([of(1, 7), of(2, None)], kind)
