@@ -28,16 +28,16 @@ from types import MemberDescriptorType
 from typing import Any, TypeVar
 
 try:
-    from . import _slotsfast
+    from ._slotsfast import Constructor as _CConstructor
 except ImportError:  # not built (no compiler at install): the Python fallback below
-    _slotsfast = None  # type: ignore[assignment]
+    _CConstructor = None  # type: ignore[assignment,misc]
 
 _T = TypeVar("_T")
 
 
 def accelerated() -> bool:
     """True if constructors are built in C (see the module docstring)."""
-    return _slotsfast is not None and os.environ.get("ASYNCIO_OPS_PURE_PYTHON", "0") != "1"
+    return _CConstructor is not None and os.environ.get("ASYNCIO_OPS_PURE_PYTHON", "0") != "1"
 
 
 def constructor(cls: type[_T], fields: tuple[str, ...]) -> Callable[..., _T]:
@@ -64,7 +64,7 @@ def _constructor(cls: type[_T], fields: tuple[str, ...], in_c: bool) -> Callable
             f"of its __init__ {parameters}"
         )
     if in_c:
-        return _slotsfast.Constructor(cls, fields)
+        return _CConstructor(cls, fields)
     if cls.__dictoffset__:
         raise TypeError(f"{cls.__qualname__} has a __dict__: only slotted classes")
     for name in fields:

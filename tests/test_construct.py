@@ -26,7 +26,7 @@ ENTRY = ("element", "results", "key", "attempts", "deadline")
 @pytest.fixture(params=["c", "python"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "c":
-        if _construct._slotsfast is None:  # no compiler at install: the fallback serves
+        if _construct._CConstructor is None:  # no compiler at install: the fallback serves
             unavailable("asyncio_ops._slotsfast was not built (no C compiler?)")
         monkeypatch.delenv("ASYNCIO_OPS_PURE_PYTHON", raising=False)
     else:
@@ -111,9 +111,9 @@ def test_a_constructor_refuses_what_it_cannot_build(path: str) -> None:
 
 
 def test_the_c_constructor_takes_every_field_positionally() -> None:
-    if _construct._slotsfast is None:
+    if _construct._CConstructor is None:
         unavailable("asyncio_ops._slotsfast was not built (no C compiler?)")
-    make = _construct._slotsfast.Constructor(Record, ("value", "timestamp"))
+    make = _construct._CConstructor(Record, ("value", "timestamp"))
     assert make(1, 2.0) == Record(1, 2.0)
     with pytest.raises(TypeError, match="takes 2 arguments, got 1"):
         make(1)
