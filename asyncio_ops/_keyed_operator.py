@@ -272,10 +272,11 @@ class KeyedProcessOperator:
         return restore_key_groups(self.backend, self.timer_service, snapshot)
 
     # -- incremental snapshots (see ``_keyed_snapshot``) -----------------------------------
-    def track_changes(self) -> None:
+    def track_changes(self, keys: bool = True) -> None:
         """Record the keys made current from now on (state and timers): see
-        :meth:`snapshot_changes`."""
-        self.backend.track_changes()
+        :meth:`snapshot_changes` (``keys=False``: none, every key group will be
+        snapshotted in full; ``KeyedStateBackend.track_changes``)."""
+        self.backend.track_changes(keys)
 
     def snapshot_changes(self, full: Collection[int] = ()) -> Changes:
         """The full state of the non-empty key groups in ``full`` (built one key group

@@ -278,24 +278,28 @@ def main() -> None:
             r = json.loads(out.strip().splitlines()[-1])
             label = "said per task" if said else "pinned"
             print(f"| {kind} | {label} | {r['us_per_key']:.2f} µs | {r['rss_mb']:,.0f} MB |")
-    if not args.handover:
-        return
+    if args.handover:
+        print_handover(args.keys, args.repeat)
+    if args.memory:
+        print_memory(args.keys)
+
+
+def print_handover(keys: int, repeat: int) -> None:
+    """The handover table (see the module docstring), its cases in a process of their own."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.state_restore", "--keys", str(args.keys),
-         "--repeat", str(args.repeat), "--case", "handover"],
+        [sys.executable, "-m", "bench.state_restore", "--keys", str(keys),
+         "--repeat", str(repeat), "--case", "handover"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     h = json.loads(out.strip().splitlines()[-1])
     print()
-    print(f"A small micro-batch (2,000 events) of a RocksDB partition of {args.keys:,} keys:")
+    print(f"A small micro-batch (2,000 events) of a RocksDB partition of {keys:,} keys:")
     print()
     print("| the worker running it | task |")
     print("|---|---|")
     print(f"| holds nothing, reads the checkpoint (local disk) | {h['cold']:.2f} s |")
     print(f"| holds nothing, opens the parked database | {h['parked']:.2f} s |")
     print(f"| committed the version before (warm) | {h['warm']:.2f} s |")
-    if args.memory:
-        print_memory(args.keys)
 
 
 def print_memory(keys: int) -> None:

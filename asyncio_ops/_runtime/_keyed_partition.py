@@ -185,7 +185,9 @@ def run_keyed_process(
                 seed_chains(spec.checkpoint, op)
             if previous is not None:
                 restored = _watermarks(previous)
-            op.track_changes()
+            # a key group without a chain is written in full (_snapshot): when none has
+            # one (the first micro-batch, a bulk load), the keys made current are not kept
+            op.track_changes(keys=any(kg in chains for kg in op.backend.key_group_range))
         elif spec.seeded:
             assert spec.checkpoint is not None
             seed_chains(spec.checkpoint, op)

@@ -768,8 +768,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             for groups in table.namespaces.values():
                 groups[index].clear()
 
-    def track_changes(self) -> None:
-        super().track_changes()
+    def track_changes(self, keys: bool = True) -> None:
+        super().track_changes(keys)
         self._ctx.touched = self._touched
 
     def take_touched(self) -> set[Any]:

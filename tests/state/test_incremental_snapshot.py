@@ -186,6 +186,34 @@ def test_take_touched_needs_tracking(make_backend: BackendFactory) -> None:
         make_backend().take_touched()
 
 
+def test_tracking_without_keys_records_none_and_a_full_snapshot_still_holds_all(
+    make_backend: BackendFactory,
+) -> None:
+    """``track_changes(keys=False)`` (a micro-batch whose snapshot writes every key group
+    in full, as a bulk load's first): no key is recorded, and the full sections hold
+    every key; the next ``track_changes()`` records keys again."""
+    a = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    t = timers_of(a)
+    a.track_changes(keys=False)
+    v = a.get_state(ValueStateDescriptor[int]("v"))
+    for k in range(KEYS):
+        a.set_current_key(k)
+        v.update(k)
+    assert a.take_touched() == set() and a.take_touched() == set()
+    changes = snapshot_changes(a, t, full=range(MAXP))
+    assert changes.deltas == {}
+    b = make_backend(max_parallelism=MAXP, key_group_range=KeyGroupRange(0, MAXP - 1))
+    for section in changes.full:
+        apply_change(b, timers_of(b), section, "full")
+    vb = b.get_state(ValueStateDescriptor[int]("v"))
+    for k in range(KEYS):
+        b.set_current_key(k)
+        assert vb.value() == k
+    a.track_changes()
+    a.set_current_key(3)
+    assert a.take_touched() == {3}
+
+
 def test_a_delta_naming_every_key_in_rows_of_their_own_applies_the_same(
     make_backend: BackendFactory,
 ) -> None:
