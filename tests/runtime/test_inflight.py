@@ -293,3 +293,47 @@ def test_a_keyed_carry_over_takes_each_elements_key_group_from_its_row(kind: str
     assert _key_groups([], kind) == []
     with pytest.raises(CheckpointError, match=f"no {KEY_GROUP_COLUMN} in keyed mode"):
         _key_groups([of(1, 7), of(2, None)], kind)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
+def test_restored_elements_become_queue_entries_in_order(
+    pure: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of elements becomes queue entries in (after_watermark, partition, seq)
+    order, each a record of its row value (position -1, -2, ... in that order) with its
+    event time, results as a tuple, attempts and deadline: without event time a column
+    at a time (objects built by ``asyncio_ops._construct``'s constructors, in C or
+    not), with event time one element at a time, a watermark before each group; the
+    same entries either way."""
+    from asyncio_ops._elements import Record, Watermark
+    from asyncio_ops._runtime._stored import in_order
+
+    if pure:
+        monkeypatch.setenv("ASYNCIO_OPS_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("ASYNCIO_OPS_PURE_PYTHON", raising=False)
+    serializer = ElementBatchSerializer(ElementSerializer(ROW, OUT, IN))
+    written = [
+        element(seq, partition=part, after_watermark=after, attempts=seq % 3,
+                results=[{"score": seq / 2}] if seq % 2 else None,
+                deadline=None if seq % 2 else 100.0 + seq)
+        for part, seq, after in [
+            (1, 4, 5.0), (0, 9, -math.inf), (1, 2, -math.inf), (0, 3, 5.0), (0, 1, -math.inf),
+        ]
+    ]  # fmt: skip
+    table = pa.Table.from_batches([serializer.to_batch(written, deadlines=True)])
+    want = sorted(written, key=lambda e: (e.after_watermark, e.partition, e.seq))
+    for event_time in (False, True):
+        entries = in_order(table, ROW, IN, OUT, event_time)
+        if event_time:  # the elements that came after watermark 5.0 follow it
+            assert entries[3].element == Watermark(5.0)
+            entries = entries[:3] + entries[4:]
+        assert len(entries) == len(want)
+        for i, (entry, e) in enumerate(zip(entries, want, strict=True)):
+            record = entry.element
+            assert type(entry).__name__ == "SnapshotEntry" and type(record) is Record
+            assert record.timestamp == e.timestamp
+            value = record.value
+            assert (value.row, value.late, value.position) == (e.row, e.late, -(i + 1))
+            assert entry.results == (None if e.results is None else tuple(e.results))
+            assert (entry.key, entry.attempts, entry.deadline) == (None, e.attempts, e.deadline)
