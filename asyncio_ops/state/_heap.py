@@ -236,8 +236,7 @@ class _HeapTable(TableBase):
             for kg, pairs in keys.items():
                 d = groups[kg - start]
                 bucket = [(key_enc, d[key]) for key, key_enc in pairs if key in d]
-                if bucket:
-                    bucket.sort(key=_KEY_BYTES)
+                if bucket:  # in the order of pairs (encoded_keys: sorted by bytes)
                     yield kg, bucket
 
         return self._dump(buckets, enc)
