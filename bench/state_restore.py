@@ -270,12 +270,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for kind in ("heap", "rocksdb"):
         for said in (False, True):
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.state_restore", "--keys", str(args.keys),
-                 "--repeat", str(args.repeat), "--case", f"{kind},{int(said)}"],
-                check=True, capture_output=True, text=True,
-            ).stdout  # fmt: skip
-            r = json.loads(out.strip().splitlines()[-1])
+            r = run_case(args.keys, f"{kind},{int(said)}", args.repeat)
             label = "said per task" if said else "pinned"
             print(f"| {kind} | {label} | {r['us_per_key']:.2f} µs | {r['rss_mb']:,.0f} MB |")
     if args.handover:
@@ -284,14 +279,20 @@ def main() -> None:
         print_memory(args.keys)
 
 
-def print_handover(keys: int, repeat: int) -> None:
-    """The handover table (see the module docstring), its cases in a process of their own."""
+def run_case(keys: int, case: str, repeat: int | None = None) -> dict[str, Any]:
+    """One ``--case`` run in a process of its own: the JSON it prints last."""
     out = subprocess.run(
         [sys.executable, "-m", "bench.state_restore", "--keys", str(keys),
-         "--repeat", str(repeat), "--case", "handover"],
+         *([] if repeat is None else ["--repeat", str(repeat)]), "--case", case],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    h = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def print_handover(keys: int, repeat: int) -> None:
+    """The handover table (see the module docstring), its cases in a process of their own."""
+    h = run_case(keys, "handover", repeat)
     print()
     print(f"A small micro-batch (2,000 events) of a RocksDB partition of {keys:,} keys:")
     print()
@@ -317,12 +318,7 @@ def print_memory(keys: int) -> None:
         try:
             got = {}
             for step in ("bulk", "cold"):
-                out = subprocess.run(
-                    [sys.executable, "-m", "bench.state_restore", "--keys", str(keys),
-                     "--case", f"memory,{kind},{root},{step}"],
-                    check=True, capture_output=True, text=True,
-                ).stdout  # fmt: skip
-                got[step] = json.loads(out.strip().splitlines()[-1])
+                got[step] = run_case(keys, f"memory,{kind},{root},{step}")
             bulk, cold = got["bulk"], got["cold"]
             print(f"| {kind} | {bulk['before_snapshot_mb']:,.0f} | {bulk['peak_mb']:,.0f} | "
                   f"{cold['peak_mb'] - cold['start_mb']:,.0f} | {cold['seconds']:.2f} s |")

@@ -185,9 +185,10 @@ def run_keyed_process(
                 seed_chains(spec.checkpoint, op)
             if previous is not None:
                 restored = _watermarks(previous)
-            # a key group without a chain is written in full (_snapshot): when none has
-            # one (the first micro-batch, a bulk load), the keys made current are not kept
-            op.track_changes(keys=any(kg in chains for kg in op.backend.key_group_range))
+            # a key group without a chain is written in full (_snapshot): when none of
+            # this partition's has one (the first micro-batch, a bulk load), the keys made
+            # current are not kept
+            op.track_changes(keys=bool(chains))
         elif spec.seeded:
             assert spec.checkpoint is not None
             seed_chains(spec.checkpoint, op)

@@ -294,39 +294,33 @@ def in_order(
         for name in ("row", "timestamp", "late", "results", "attempts", "deadline")
     )
     afters = table.column("after_watermark").to_pylist() if event_time else None
-    new_entry = constructor(SnapshotEntry, _ENTRY_FIELDS)
-    new_record = constructor(Record, _RECORD_FIELDS)
-    new_value = constructor(RowValue, _VALUE_FIELDS)
+    if kind == ARROW:  # a chunk and its output as Arrow batches
+        rows = [pa.RecordBatch.from_pylist(r, schema=input_schema) for r in rows]
+        done = [
+            None if r is None else [pa.RecordBatch.from_pylist(r, schema=output_schema)]
+            for r in done
+        ]
     n = len(rows)
-    if afters is None and kind != ARROW:  # no watermarks between: built a column at a time
-        values = map(new_value, rows, lates, range(-1, -n - 1, -1))
-        outputs = [None if r is None else tuple(r) for r in done]
-        return list(map(
-            new_entry, map(new_record, values, timestamps), outputs, repeat(None, n),
-            attempts, deadlines,
-        ))  # fmt: skip
+    # a column at a time, each object built without its __init__ (asyncio_ops._construct)
+    values = map(constructor(RowValue, _VALUE_FIELDS), rows, lates, range(-1, -n - 1, -1))
+    entries = list(map(
+        constructor(SnapshotEntry, _ENTRY_FIELDS),
+        map(constructor(Record, _RECORD_FIELDS), values, timestamps),
+        [None if r is None else tuple(r) for r in done], repeat(None, n), attempts, deadlines,
+    ))  # fmt: skip
+    if afters is None:
+        return entries
     out: list[SnapshotEntry] = []
-    append = out.append
     last = -math.inf
-    arrow = kind == ARROW
-    for i, (row, late, timestamp, results, tries, deadline) in enumerate(
-        zip(rows, lates, timestamps, done, attempts, deadlines, strict=True)
-    ):
-        if afters is not None and afters[i] > last:
-            last = afters[i]
-            append(SnapshotEntry(Watermark(last)))
-        if arrow:
-            row = pa.RecordBatch.from_pylist(row, schema=input_schema)
-            if results is not None:
-                results = [pa.RecordBatch.from_pylist(results, schema=output_schema)]
-        append(new_entry(
-            new_record(new_value(row, late, -(i + 1)), timestamp),
-            None if results is None else tuple(results), None, tries, deadline,
-        ))  # fmt: skip
+    for after, entry in zip(afters, entries, strict=True):
+        if after > last:  # the watermark the elements after it came behind
+            last = after
+            out.append(SnapshotEntry(Watermark(last)))
+        out.append(entry)
     return out
 
 
-# a restored element's three objects, built without their __init__ (asyncio_ops._construct)
+# the fields of a restored element's three objects, in their __init__'s order
 _ENTRY_FIELDS: Final = ("element", "results", "key", "attempts", "deadline")
 _RECORD_FIELDS: Final = ("value", "timestamp")
 _VALUE_FIELDS: Final = ("row", "late", "position")
