@@ -4,10 +4,10 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
 
     <uid>/v<version>/subtask-<i>.ckpt   manifest of partition i, written last: per key group
                                         its chain (files, offsets, lengths), element kind,
-                                        input schema
+                                        input schema, watermark state
     <uid>/v<version>/ops-p<i>-<attempt>.ckpt
-                                        operator state of partition i (the async operator):
-                                        watermark state, its in-flight elements (unkeyed)
+                                        operator state of partition i (the async operator,
+                                        unkeyed): its in-flight elements
     <uid>/v<version>/kg-p<i>-<attempt>[-from<v>].ckpt
                                         partition i's key groups that changed, a section
                                         each: full, or a delta of some keys (keyed state

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
-from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, manifest_watermark, run_keyed_process
+from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, required_watermark, run_keyed_process
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
 from ._metrics import RunMetrics
 from ._partition import run_partition
@@ -91,7 +91,6 @@ __all__ = [
     "carried_format",
     "check_restore",
     "clear_seed",
-    "manifest_watermark",
     "micros",
     "named_version",
     "open_run",
@@ -99,6 +98,7 @@ __all__ = [
     "read_segment",
     "read_version",
     "recorded_key_schema",
+    "required_watermark",
     "run_keyed_process",
     "run_partition",
     "segment_of",

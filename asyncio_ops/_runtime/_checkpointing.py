@@ -16,7 +16,8 @@ What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``
 
 - ``results-p<i>-<token>-<seq>``: the replay log (``_replay_log``).
 - streaming: the carried-over elements, per key group (keyed) or in the
-  partition's operator state, and the manifest (``_versions``).
+  partition's operator state (unkeyed), and the manifest, which holds the
+  partition's watermark state (``_versions``, ``_inflight``).
 - ``fnstate-p<i>``: the function's own state (:class:`CheckpointedFunction`).
 
 What a version carried over is read back two ways, with the same readers
@@ -48,7 +49,13 @@ from .._keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from .._snapshot import SnapshotEntry
-from ._inflight import CarryOver, WatermarkState, restore_operator_state
+from ._inflight import (
+    WATERMARK_META,
+    CarryOver,
+    WatermarkState,
+    manifest_watermark,
+    restore_operator_state,
+)
 from ._replay_log import ReplayLog, read_segment
 from ._retention import prune_versions
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
@@ -184,9 +191,8 @@ class PartitionCheckpoint:
     def _narrow(self) -> bool:
         """Keyed, without event time: of the previous version a partition needs the
         manifests of partition 0 and of its key groups' old owners (its own, at the same
-        number of partitions), not every partition's, and no operator state file (which
-        then holds only watermarks no one reads): its requests do not grow with the
-        number of partitions."""
+        number of partitions), not every partition's (whose watermarks no one reads): its
+        requests do not grow with the number of partitions."""
         return bool(self.spec.key_columns) and self.spec.event_time is None
 
     def _previous_files(self) -> VersionFiles | None:
@@ -233,13 +239,15 @@ class PartitionCheckpoint:
         written = carried_format(found, keyed, self.kind)
         input_schema, kind = written.input_schema, written.kind
         carry = self._carry_over(input_schema, p_new, kind)
-        where = self.storage.path(previous, "")
-        watermarks, stored = (
-            (WatermarkState(), None) if self._narrow()
-            else carry.restore_operator(self.partition, p_new, found.operator_states(), where)
-        )  # fmt: skip
+        from_files: WatermarkState | None = None  # unkeyed: the operator-state files'
         if keyed:
             stored = self._restore_keyed(found, carry)
+        else:
+            where = self.storage.path(previous, "")
+            from_files, stored = carry.restore_operator(
+                self.partition, p_new, found.operator_states(), where
+            )
+        watermarks = WatermarkState() if self._narrow() else old_watermarks(found, from_files)
         if stored is None or not stored.num_rows:
             return Restored((), watermarks, input_schema)
         if kind != self.kind:  # rows carried into chunks, or chunks into rows
@@ -292,9 +300,7 @@ class PartitionCheckpoint:
         sections: dict[int, Section] = {}
         if keyed:
             sections = carry.snapshot_keyed(stored, _key_groups(stored, self.kind))
-        operator_state = carry.snapshot_operator(
-            self.partition, p, watermarks, None if keyed else stored
-        )
+        operator_state = None if keyed else carry.snapshot_operator(self.partition, p, stored)
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         output = self.spec.output_schema.serialize().to_pybytes()
         assert isinstance(self.version, int)
@@ -302,7 +308,7 @@ class PartitionCheckpoint:
             self.storage, self.version, self.partition, p, keyed,
             sections, operator_state,
             {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, OUTPUT_SCHEMA: output,
-             IN_FLIGHT: b"1",
+             IN_FLIGHT: b"1", WATERMARK_META: watermarks.encoded(),
              **({_LIMIT: str(limit).encode()} if limit is not None else {})},
             kind=Kind.IN_FLIGHT,
         )  # fmt: skip
@@ -492,8 +498,29 @@ def carried_elements(
 
 
 def version_watermarks(found: VersionFiles, partition: int) -> WatermarkState:
-    """Old partition ``partition``'s watermark state (union operator state ``watermark``
-    of its operator-state file), read as a restore reads it."""
+    """Old partition ``partition``'s watermark state, read as a restore reads it: its
+    manifest's, else (earlier releases) the union operator state ``watermark`` of its
+    operator-state file."""
+    manifest = found.manifest_of(partition)
+    if manifest is not None:
+        path = found.paths[found.partitions.index(partition)]
+        if (mark := manifest_watermark(manifest, path)) is not None:
+            return mark
     where = found.storage.path(found.version, "")
     marks, _ = restore_operator_state(0, 1, [found.operator_state(partition)], where)
     return marks
+
+
+def old_watermarks(found: VersionFiles, from_files: WatermarkState | None) -> WatermarkState:
+    """The union of the old partitions' watermark states (every manifest read): each
+    manifest's; one of an earlier release holds none, its operator-state file does:
+    ``from_files`` when the caller read them all already (unkeyed: they hold its
+    elements; a file of this release adds ``-inf``), else that file is read."""
+    marks = [] if from_files is None else [from_files]
+    for index, (manifest, path) in enumerate(zip(found.manifests, found.paths, strict=True)):
+        mark = manifest_watermark(manifest, path)
+        if mark is None and from_files is None:
+            mark = version_watermarks(found, found.partitions[index])
+        if mark is not None:
+            marks.append(mark)
+    return WatermarkState.highest(marks)

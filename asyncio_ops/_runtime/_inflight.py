@@ -23,9 +23,12 @@ elements follow their key group; unkeyed, operator list state):
   them in partition order cut into near-equal parts (the even split, per
   element). The deadline travels inside the element as keyed.
 - **Watermarks**: the highest event time seen and the current watermark are
-  union operator state ``"watermark"``: every new partition receives every old
-  partition's and takes the maximum (Spark's watermark is global). They are
-  restored before any element.
+  in the partition's manifest (``aops.watermark``, as ``keyed_process`` keeps
+  them: :func:`manifest_watermark`): every new partition reads every old
+  partition's and takes the maximum (Spark's watermark is global), before any
+  element. So a keyed partition writes two files per version (its elements and
+  its manifest), not three. Earlier releases kept them as union operator state
+  ``"watermark"`` in the operator-state file, still read.
 
 During a micro-batch the operator's timeouts are slot timers of its own
 ``"async-timeouts"`` service (one per 10 ms of deadlines, see
@@ -103,6 +106,10 @@ class WatermarkState:
     max_seen: float = -math.inf
     current: float = -math.inf
 
+    def encoded(self) -> bytes:
+        """As a manifest holds it (:data:`WATERMARK_META`): ``b"<max_seen>,<current>"``."""
+        return f"{self.max_seen!r},{self.current!r}".encode()
+
     @staticmethod
     def highest(marks: Iterable[WatermarkState]) -> WatermarkState:
         """The union of partitions' watermark states: the highest of each."""
@@ -111,6 +118,24 @@ class WatermarkState:
             max((m.max_seen for m in marks), default=-math.inf),
             max((m.current for m in marks), default=-math.inf),
         )
+
+
+WATERMARK_META: Final = b"aops.watermark"
+"""A partition's watermark state in its manifest's metadata (:meth:`WatermarkState.encoded`)."""
+
+
+def manifest_watermark(manifest: pa.Table, path: str) -> WatermarkState | None:
+    """The watermark state one partition's manifest holds; None if it holds none (the
+    async operator's manifests of earlier releases: its operator-state file holds it).
+    CheckpointError naming the file if it is unreadable."""
+    raw = (manifest.schema.metadata or {}).get(WATERMARK_META)
+    if raw is None:
+        return None
+    try:
+        max_seen, current = (float(x) for x in raw.decode().split(","))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
+    return WatermarkState(max_seen, current)
 
 
 class _Float2:
@@ -286,24 +311,18 @@ class CarryOver:
             timers.close()
             backend.close()
 
-    # -- operator state (watermarks; unkeyed elements) ----------------------------------
+    # -- operator state (unkeyed elements; watermarks of earlier releases) ----------------
     def snapshot_operator(
-        self,
-        index: int,
-        parallelism: int,
-        watermarks: WatermarkState,
-        elements: Sequence[StoredElement] | None = (),
+        self, index: int, parallelism: int, elements: Sequence[StoredElement]
     ) -> list[Any]:
-        """Partition ``index``'s operator state (``OperatorStateBackend.dump``):
-        watermarks, and (unless ``elements`` is None: keyed) its elements as one record
-        batch, deadlines inside."""
-        if elements is None:
-            return snapshot_operator_state(index, parallelism, watermarks)
+        """Partition ``index``'s operator state (``OperatorStateBackend.dump``), unkeyed:
+        its elements as one record batch, deadlines inside (the watermarks are in the
+        manifest)."""
         # none: empty bytes, as a partition that saw no input knows no input schema
         batch = b""
         if elements:
             batch = self.batches.dumps(self.batches.to_batch(elements, deadlines=True))
-        return snapshot_operator_state(index, parallelism, watermarks, batch)
+        return snapshot_operator_state(index, parallelism, None, batch)
 
     def restore_operator(
         self, index: int, parallelism: int, states: Sequence[tuple[str, list[Any]]], where: str
@@ -330,14 +349,17 @@ def make_backend(kind: str, max_parallelism: int, key_groups: KeyGroupRange) -> 
 def snapshot_operator_state(
     index: int,
     parallelism: int,
-    watermarks: WatermarkState,
+    watermarks: WatermarkState | None,
     elements: bytes | None = None,
 ) -> list[Any]:
-    """Partition ``index``'s operator state (``OperatorStateBackend.dump``): the watermark
-    state (union) and, given ``elements`` (one record batch's bytes), its in-flight
-    elements as the one item of the union list state ``"in-flight-batch"``."""
+    """Partition ``index``'s operator state (``OperatorStateBackend.dump``): given
+    ``elements`` (one record batch's bytes), its in-flight elements as the one item of
+    the union list state ``"in-flight-batch"``; given ``watermarks``, the watermark
+    state (union ``"watermark"``), as earlier releases wrote it (this one keeps it in
+    the manifest and passes None)."""
     ops = OperatorStateBackend(index=index, parallelism=parallelism)
-    ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
+    if watermarks is not None:
+        ops.get_union_list_state(WATERMARK, serializer=_Float2()).update([watermarks])
     if elements is not None:
         ops.get_union_list_state(IN_FLIGHT_BATCH, serializer=_BYTES).update([elements])
     return ops.dump()
@@ -351,7 +373,8 @@ def restore_operator_state(
     batches: ElementBatchSerializer | None = None,
 ) -> tuple[WatermarkState, pa.Table | None]:
     """This partition's share of every old partition's operator state (``(file, state)``,
-    in partition order): the highest watermark state, and (with ``batches``) the table
+    in partition order): the highest watermark state of those that hold one (earlier
+    releases; none: ``-inf``), and (with ``batches``) the table
     of its part of the in-flight elements (see :meth:`CarryOver.restore_operator`; None
     without ``batches`` or elements). ``where``: the checkpoint directory, for errors."""
     ops = OperatorStateBackend(index=index, parallelism=parallelism)

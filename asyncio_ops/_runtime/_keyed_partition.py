@@ -76,10 +76,7 @@ from ..state._schema import types_json
 from . import _parked, _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds
-from ._inflight import (
-    WatermarkState,
-    make_backend,
-)
+from ._inflight import WATERMARK_META, WatermarkState, make_backend, manifest_watermark
 from ._retention import KEPT_FROM, delete_before, retained_from
 from ._seed import seed_chains
 from ._sink import ArrowSink
@@ -97,7 +94,6 @@ from ._versions import (
 )
 
 OPERATOR: bytes = b"keyed_process"
-_WATERMARK = b"aops.watermark"  # the partition's watermark state, in its manifest
 # the key columns' names and Spark types (a StructType's JSON), for read_state
 KEY_SCHEMA: bytes = b"aops.key_schema"
 # every state's kind and declared types (``state._schema.types_json``): read_state's typed
@@ -389,20 +385,18 @@ def _sync(
 def _watermarks(previous: VersionFiles) -> WatermarkState:
     """The highest watermark state of the old partitions (union), from their manifests."""
     return WatermarkState.highest(
-        manifest_watermark(manifest, path)
+        required_watermark(manifest, path)
         for manifest, path in zip(previous.manifests, previous.paths, strict=True)
     )
 
 
-def manifest_watermark(manifest: pa.Table, path: str) -> WatermarkState:
-    """The watermark state one partition's manifest holds (CheckpointError naming the
-    file if it is unreadable)."""
-    raw = (manifest.schema.metadata or {}).get(_WATERMARK)
-    try:
-        max_seen, current = (float(x) for x in (raw or b"").decode().split(","))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint file {path}: unreadable watermark {raw!r}") from exc
-    return WatermarkState(max_seen, current)
+def required_watermark(manifest: pa.Table, path: str) -> WatermarkState:
+    """The watermark state a ``keyed_process`` manifest holds (every one does):
+    CheckpointError naming the file if it holds none or an unreadable one."""
+    mark = manifest_watermark(manifest, path)
+    if mark is None:
+        raise CheckpointError(f"checkpoint file {path}: no watermark ({WATERMARK_META!r})")
+    return mark
 
 
 def _warn_unclaimed(spec: KeyedProcessSpec, task: TaskInfo, backend: KeyedStateBackend) -> None:
@@ -446,8 +440,7 @@ def _snapshot(
     p = task.num_partitions or 1
     writer = uuid.uuid4().hex[:12]
     kept = {kg: chain for kg, chain in chains.items() if kg not in full}
-    mark = f"{watermarks.max_seen!r},{watermarks.current!r}".encode()
-    meta = {_WATERMARK: mark}
+    meta = {WATERMARK_META: watermarks.encoded()}
     if spec.key_schema:
         meta[KEY_SCHEMA] = spec.key_schema.encode()
     meta[STATE_TYPES] = types_json(op.backend.state_types()).encode()

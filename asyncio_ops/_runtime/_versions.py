@@ -23,11 +23,12 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   group, or a key group's elements as keyed state, kind ``KEY_GROUPS``, and
   are still read). The
   token is the attempt's, so two attempts never write one name.
-- ``ops-p<i>-<token>`` (the async operator, kind ``OPERATOR_STATE``):
-  partition i's operator state: the watermark state (union) and, unkeyed, its
-  in-flight elements (even split); the manifest names it (``aops.ops``).
-  ``keyed_process`` keeps its watermark state in its manifest
-  (``aops.watermark``) and writes no such file.
+- ``ops-p<i>-<token>`` (the async operator, unkeyed, kind ``OPERATOR_STATE``):
+  partition i's operator state, its in-flight elements (even split); the
+  manifest names it (``aops.ops``). Both operators keep the partition's
+  watermark state in its manifest (``aops.watermark``); the async operator's
+  earlier releases kept it in this file (union state ``watermark``), and
+  wrote one keyed too.
 - ``subtask-<i>`` (kind ``MANIFEST``): the manifest, written last (the
   partition's commit record: its data files are attempt-unique and only the
   manifest names them, so of two attempts that both finish, the one whose

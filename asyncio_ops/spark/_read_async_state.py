@@ -29,8 +29,9 @@ Contract:
 - ``watermarks=True`` (either operator): one row per old partition:
   ``partition``, ``max_seen`` (the highest event time it saw) and ``current``
   (its watermark), timestamps, null for none yet; a restore starts every new
-  partition from the highest of each (union state ``watermark``; a
-  ``keyed_process`` keeps it in its manifests).
+  partition from the highest of each (both operators keep it in their
+  manifests; the async operator's earlier releases, as union operator state
+  ``watermark``).
 - ``replay_log=True``: the replay log of one version or batch run (every
   attempt's completed lookups, ``_replay_log``), one row per logged lookup:
   ``partition``, ``attempt`` (the attempt's token, from the file's name),
@@ -82,9 +83,9 @@ from .._runtime import (
     VersionFiles,
     carried_elements,
     carried_format,
-    manifest_watermark,
     micros,
     read_segment,
+    required_watermark,
     segment_of,
     version_watermarks,
 )
@@ -197,14 +198,14 @@ def _elements_batch(pairs: list[tuple[int | None, Any]], schema: pa.Schema) -> p
 
 def read_watermarks(spark: SparkSession, found: VersionFiles, where: str) -> DataFrame:
     """Every old partition's watermark state at ``found`` (module docstring); read on the
-    driver (one small file per partition of the async operator, the manifests of a
-    ``keyed_process``)."""
+    driver, from the manifests (the async operator's of earlier releases: one small
+    operator-state file per partition)."""
     operator = found.written_by()
     try:
         found.check_operator(operator if operator in (ASYNC_WAIT, KEYED_PROCESS) else ASYNC_WAIT)
         marks = [
             version_watermarks(found, index) if operator == ASYNC_WAIT
-            else manifest_watermark(found.manifests[index], found.paths[index])
+            else required_watermark(found.manifests[index], found.paths[index])
             for index in range(found.num_partitions)
         ]  # fmt: skip
     except CheckpointError as exc:

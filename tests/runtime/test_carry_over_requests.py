@@ -2,10 +2,12 @@
 reads of the previous version, counted from the server's own log.
 
 Keyed and without event time, a partition reads partition 0's manifest and those of its
-key groups' old owners (its own, at the same number of partitions) and no operator state
-file (which then holds only watermarks): its requests do not grow with the number of
-partitions. Unkeyed, or with event time, it reads every partition's manifest and
-operator state (the watermarks' union, and the even split of unkeyed elements).
+key groups' old owners (its own, at the same number of partitions): its requests do not
+grow with the number of partitions. With event time it reads every partition's manifest
+(the watermarks' union is in them); unkeyed, also every partition's operator state (the
+even split of unkeyed elements). A keyed partition writes no operator state; a version
+an earlier release wrote (the watermarks in an operator-state file per partition) is
+still read.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import pyarrow as pa
 import pytest
 
 from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._container import Kind
 from asyncio_ops._elements import Record
 from asyncio_ops._functions import as_async_function
 from asyncio_ops._operator import OutputMode
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from asyncio_ops._runtime._adapters import RowValue
 from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
-from asyncio_ops._runtime._inflight import WatermarkState
+from asyncio_ops._runtime._inflight import WatermarkState, snapshot_operator_state
+from asyncio_ops._runtime._versions import write_version
 from asyncio_ops._snapshot import SnapshotEntry
 
 IN = pa.schema([("id", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
@@ -83,12 +87,41 @@ def test_a_keyed_partition_reads_two_manifests_and_no_operator_state_at_any_para
 def test_with_event_time_a_keyed_partition_reads_every_watermark(s3_server: Any) -> None:
     spec = _spec(s3_server(f"carry-et-{uuid.uuid4().hex[:8]}"), True, event_time="ts")
     parts = 4
+    s3_server.requests.clear()
     for p in range(parts):
         PartitionCheckpoint(spec, TaskInfo(p, parts, batch_id=1), RESULTS).finish(
             [], WatermarkState(100.0 + p, 90.0 + p), IN
         )
+    # each partition wrote its manifest alone: no elements, and the watermarks in it
+    assert [r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
+            for r in s3_server.requests] == ["PUT subtask"] * parts  # fmt: skip
     s3_server.requests.clear()
     restored = PartitionCheckpoint(spec, TaskInfo(1, parts, batch_id=2), RESULTS).restore()
     assert restored is not None
     assert (restored.watermarks.max_seen, restored.watermarks.current) == (103.0, 93.0)
-    assert sum("/ops-p" in r for r in s3_server.requests) == 2 * parts
+    read = sorted(r.split(" ")[0] + " " + r.rsplit("/", 1)[1].split("-")[0]
+                  for r in s3_server.requests)  # fmt: skip
+    assert read == sorted(["HEAD subtask", "GET subtask"] * parts)
+
+
+def test_watermarks_of_an_earlier_release_are_read_from_its_operator_state_files(
+    s3_server: Any,
+) -> None:
+    """An earlier release kept a keyed partition's watermarks in an operator-state file
+    the manifest names, and none in the manifest: a restore reads those files."""
+    spec = _spec(s3_server(f"carry-old-{uuid.uuid4().hex[:8]}"), True, event_time="ts")
+    assert spec.checkpoint is not None
+    parts = 4
+    for p in range(parts):
+        write_version(
+            spec.checkpoint, 1, p, parts, True, {},
+            snapshot_operator_state(p, parts, WatermarkState(100.0 + p, 90.0 + p)),
+            {b"aops.element": b"row", b"aops.input_schema": IN.serialize().to_pybytes(),
+             b"aops.in_flight": b"1"},
+            kind=Kind.IN_FLIGHT,
+        )  # fmt: skip
+    s3_server.requests.clear()
+    restored = PartitionCheckpoint(spec, TaskInfo(1, parts, batch_id=2), RESULTS).restore()
+    assert restored is not None and restored.entries == ()
+    assert (restored.watermarks.max_seen, restored.watermarks.current) == (103.0, 93.0)
+    assert sum("GET" in r and "/ops-p" in r for r in s3_server.requests) == parts

@@ -12,7 +12,7 @@ import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
 from asyncio_ops._container import DELTA, FULL, SHARED, Section
-from asyncio_ops._runtime._inflight import CarryOver, WatermarkState
+from asyncio_ops._runtime._inflight import CarryOver, WatermarkState, snapshot_operator_state
 from asyncio_ops._runtime._stored import (
     ARROW,
     ROW,
@@ -160,16 +160,28 @@ def test_a_shared_section_without_sorted_key_groups_is_named() -> None:
         split_shared(Section(SHARED, without), where)
 
 
-def test_unkeyed_elements_split_evenly_and_watermarks_are_the_maximum() -> None:
+def test_unkeyed_elements_split_evenly_and_earlier_files_watermarks_are_the_maximum() -> None:
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     olds = [
-        carry.snapshot_operator(0, 2, WatermarkState(10.0, 5.0), [element(1), element(2)]),
-        carry.snapshot_operator(1, 2, WatermarkState(30.0, 20.0), [element(3, partition=1)]),
+        carry.snapshot_operator(0, 2, [element(1), element(2)]),
+        carry.snapshot_operator(1, 2, [element(3, partition=1)]),
     ]
     parts = [_restored(carry, i, 3, _named(olds)) for i in range(3)]
-    assert {p[0] for p in parts} == {WatermarkState(30.0, 20.0)}
+    assert {p[0] for p in parts} == {WatermarkState()}  # the watermarks: in the manifests
     assert [[e.seq for e in p[1]] for p in parts] == [[1], [2], [3]]
     assert parts[0][1][0].deadline == 100.0  # unkeyed: the deadline travels in the element
+
+    def batch(elements: list[StoredElement]) -> bytes:
+        return carry.batches.dumps(carry.batches.to_batch(elements, deadlines=True))
+
+    # an earlier release's files: the watermark state (union) beside the elements
+    earlier = [
+        snapshot_operator_state(0, 2, WatermarkState(10.0, 5.0), batch([element(1), element(2)])),
+        snapshot_operator_state(1, 2, WatermarkState(30.0, 20.0), batch([element(3, partition=1)])),
+    ]
+    parts = [_restored(carry, i, 3, _named(earlier)) for i in range(3)]
+    assert {p[0] for p in parts} == {WatermarkState(30.0, 20.0)}
+    assert [[e.seq for e in p[1]] for p in parts] == [[1], [2], [3]]
 
 
 def test_a_key_group_of_many_elements_is_one_table() -> None:
@@ -241,8 +253,6 @@ def test_a_corrupt_element_batch_is_an_error_naming_the_file() -> None:
     data = pa.RecordBatch.from_arrays(arrays, schema=batch.schema).serialize().to_pybytes()
     with pytest.raises(CheckpointError, match=r"not a record batch of"):
         carry.batches.loads(data)
-    from asyncio_ops._runtime._inflight import snapshot_operator_state
-
     state = snapshot_operator_state(0, 1, WatermarkState(), data)
     with pytest.raises(CheckpointError, match=r"checkpoint file /ck/ops-00000\.ckpt: in-flight"):
         carry.restore_operator(0, 1, [("/ck/ops-00000.ckpt", state)], "/ck/")
@@ -252,8 +262,7 @@ def test_unkeyed_batches_keep_their_partition_or_split_evenly() -> None:
     carry = CarryOver(ElementSerializer(ROWS, OUT, IN), max_parallelism=128, key_groups=ALL)
     a = [element(i, kind=ROWS) for i in range(5)]
     b = [element(i, kind=ROWS, partition=1) for i in range(2)]
-    olds = [carry.snapshot_operator(0, 2, WatermarkState(), a),
-            carry.snapshot_operator(1, 2, WatermarkState(), b)]  # fmt: skip
+    olds = [carry.snapshot_operator(0, 2, a), carry.snapshot_operator(1, 2, b)]
     named = _named(olds)
     assert [_restored(carry, i, 2, named)[1] for i in range(2)] == [a, b]
     parts = [_restored(carry, i, 3, named)[1] for i in range(3)]

@@ -213,7 +213,7 @@ def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Pat
     group's elements keyed state, deadlines timers, a KEY_GROUPS file, a manifest
     without ``aops.in_flight``): micro-batch 1 restores it and every row leaves once."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._inflight import CarryOver
+    from asyncio_ops._runtime._inflight import CarryOver, WatermarkState, snapshot_operator_state
     from asyncio_ops._runtime._stored import ROW, ElementSerializer
     from asyncio_ops._runtime._versions import (
         _ELEMENT,
@@ -241,7 +241,7 @@ def test_a_keyed_carry_over_written_by_an_earlier_release_restores(tmp_path: Pat
     )
     assert len(elements) == 40 and all(e.deadline is not None for e in elements)
     pairs = [(assign_to_key_group(e.row["id"], MAXP), e) for e in elements]
-    ops = found.operator_states()[0][1]
+    ops = snapshot_operator_state(0, 1, WatermarkState())  # its watermarks, as then written
     storage.delete_versions([0])
     write_version(storage, 0, 0, 1, True, keyed_carry_over_as_earlier_releases_wrote(carry, pairs),
                   ops, {_ELEMENT: meta[_ELEMENT], _INPUT_SCHEMA: meta[_INPUT_SCHEMA]})  # fmt: skip
@@ -286,7 +286,7 @@ def test_a_shared_section_is_read_once_whole_and_each_partition_keeps_its_key_gr
     named = sorted(set(shared.table.column("key_group").to_pylist()))
     gone = named[0]
     without = shared.table.filter(pa.compute.not_equal(shared.table.column("key_group"), gone))
-    ops = found.operator_states()[0][1]
+    ops = None  # keyed: no operator state (the watermarks are in the manifest)
     storage.delete_versions([0])
     write_version(storage, 0, 0, 1, True, dict.fromkeys(named, Section(SHARED, without)), ops,
                   dict(meta), kind=Kind.IN_FLIGHT)  # fmt: skip
