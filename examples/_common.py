@@ -38,17 +38,38 @@ def add_batch_options(
     p.add_argument("--json", action="store_true", help="print one RESULT {...} line")
 
 
+# The sessions spark_session() started (not found running); stop_session() stops only these.
+_STARTED: list[SparkSession] = []
+
+
 def spark_session(
     master: str | None, app_name: str, partitions: int | None = None
 ) -> SparkSession:
-    """A local (or given) SparkSession with quiet logs and UTC time."""
+    """A local (or given) SparkSession with quiet logs and UTC time.
+
+    A script run where a SparkSession is already active (a notebook's, a test's) gets
+    that session, as ``asyncio_ops.spark.session()`` gives it: its master and other
+    static settings stay as they are, and only the runtime SQL settings asked here
+    (time zone, shuffle partitions) are set on it. :func:`stop_session` then leaves it
+    running: a script stops only a session it started itself.
+    """
+    running = SparkSession.getActiveSession()
     conf = {"spark.sql.session.timeZone": "UTC"}
     if partitions:
         conf["spark.default.parallelism"] = str(partitions)
         conf["spark.sql.shuffle.partitions"] = str(partitions)
     spark = session(master, app_name=app_name, conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
+    if running is None:
+        _STARTED.append(spark)
     return spark
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop ``spark`` if :func:`spark_session` started it; leave one that was running."""
+    if any(started is spark for started in _STARTED):
+        _STARTED[:] = [started for started in _STARTED if started is not spark]
+        spark.stop()
 
 
 def orders(spark: SparkSession, n: int, customers: int, partitions: int) -> DataFrame:

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from examples._common import add_batch_options, orders, report, spark_session, timed
+from examples._common import add_batch_options, orders, report, spark_session, stop_session, timed
 from examples.http_service.app import ServiceThread
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     }
     report(result, as_json=args.json)
     enriched.unpersist()
-    spark.stop()
+    stop_session(spark)
     if service is not None:
         service.stop()
     return result

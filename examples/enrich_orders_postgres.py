@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, ordered_wait
 from examples import _pg
-from examples._common import add_batch_options, orders, report, spark_session, timed
+from examples._common import add_batch_options, orders, report, spark_session, stop_session, timed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     }
     report(result, as_json=args.json)
     enriched.unpersist()
-    spark.stop()
+    stop_session(spark)
     return result
 
 

@@ -29,7 +29,7 @@ from asyncio_ops.connectors.openai import ChatLookup
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from examples._common import report, spark_session, timed
+from examples._common import report, spark_session, stop_session, timed
 from examples.openai_service.app import OpenAIServiceThread
 
 WORDS = ("good", "broken", "great", "late", "excellent", "noisy", "love", "cheap")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if service is not None:
         result["server"] = {k: v for k, v in service.stats.items() if k != "batches"}
         service.stop()
-    spark.stop()
+    stop_session(spark)
     report(result, as_json=args.json)
     if "server" in result:
         print("      server:", result["server"])

@@ -1,10 +1,13 @@
-"""Fixtures for the example tests: a real PostgreSQL, and a runner for the example scripts.
+"""Fixtures for the example tests: a real PostgreSQL, and runners for the example scripts.
 
-The examples run as subprocesses, exactly as a user runs them
+Each example script runs at least once as a subprocess, exactly as a user runs it
 (``python examples/NAME.py ...``), from a temporary working directory, with
-small sizes. Postgres comes from ``ASYNCIO_OPS_PG_DSN`` (default: trust auth on
-127.0.0.1:5432, database ``test``); when it cannot be reached the Postgres
-tests are skipped with the reason, except under ``CI=true``, where they fail.
+small sizes. Further runs of a script with other options call its ``main(argv)``
+in this process, on the test session's SparkSession (``spark_in_process``): the
+script finds that session running, uses it and leaves it running. Postgres comes
+from ``ASYNCIO_OPS_PG_DSN`` (default: trust auth on 127.0.0.1:5432, database
+``test``); when it cannot be reached the Postgres tests are skipped with the
+reason, except under ``CI=true``, where they fail.
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from examples import _pg
 from examples._common import JSON_MARKER
 from tests.helpers import unavailable
+from tests.spark.conftest import spark
+
+__all__ = ["spark"]
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -96,5 +103,40 @@ def run_example(tmp_path: Path) -> Any:
             check=False,
         )
         return Run(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@dataclass(frozen=True)
+class InProcessRun:
+    """A finished in-process run: what ``main(argv)`` returned and what it printed."""
+
+    result: dict[str, Any]
+    stdout: str
+
+
+@pytest.fixture
+def spark_in_process(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., InProcessRun]:
+    """``spark_in_process(enrich_http.main, "--batch", ...)`` -> :class:`InProcessRun`:
+    the script's ``main`` on the test session's SparkSession, which it must leave
+    running; the runtime settings it set on that session are put back afterwards."""
+
+    def run(main: Callable[[list[str]], dict[str, Any]], *args: str) -> InProcessRun:
+        before = dict(spark.conf.getAll)
+        capsys.readouterr()
+        try:
+            result = main(list(args))
+        finally:
+            after = dict(spark.conf.getAll)
+            for key in after.keys() - before.keys():
+                spark.conf.unset(key)
+            for key, value in before.items():
+                if after.get(key) != value:
+                    spark.conf.set(key, value)
+        assert spark.range(3).count() == 3, "the script stopped the session"
+        # the types a program reads from the RESULT line, as in a subprocess run
+        return InProcessRun(json.loads(json.dumps(result, default=str)), capsys.readouterr().out)
 
     return run

@@ -1,4 +1,5 @@
-"""The HTTP customer service, and the HTTP and streaming examples run as a user runs them."""
+"""The HTTP customer service, and the HTTP and streaming examples: each script run as a user
+runs it, and again with other options in this process (tests/examples/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from examples import enrich_http, enrich_with_llm
 from examples.http_service.app import ServiceThread, customer
 
 
@@ -82,13 +84,10 @@ def check_sample(result: dict[str, Any], n: int) -> None:
         assert {k: row[k] for k in expected} == expected, row
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("batch", [False, True], ids=["per-row", "batch-endpoint"])
-def test_enrich_http_example(run_example: Any, batch: bool) -> None:
-    args = ["--orders", "3000", "--customers", "2000", "--partitions", "2", "--latency-ms", "2"]
-    run = run_example("enrich_http.py", *args, *(["--batch"] if batch else []), "--json")
-    assert run.returncode == 0, run.describe()
-    result = run.result
+ENRICH_HTTP = ["--orders", "3000", "--customers", "2000", "--partitions", "2", "--latency-ms", "2"]
+
+
+def check_enrich_http(result: dict[str, Any], batch: bool) -> None:
     assert result["local_service"] is True and result["batch"] is batch
     assert result["rows"] == 3000 and result["missing"] == 0 and result["mismatches"] == 0
     check_sample(result, 5)
@@ -101,14 +100,28 @@ def test_enrich_http_example(run_example: Any, batch: bool) -> None:
 
 
 @pytest.mark.spark
-def test_enrich_http_against_a_given_url(run_example: Any) -> None:
+def test_enrich_http_example(run_example: Any) -> None:
+    """A request per row, the script run as a user runs it."""
+    run = run_example("enrich_http.py", *ENRICH_HTTP, "--json")
+    assert run.returncode == 0, run.describe()
+    check_enrich_http(run.result, batch=False)
+
+
+@pytest.mark.spark
+def test_enrich_http_example_with_the_batch_endpoint(spark_in_process: Any) -> None:
+    """The same orders through the batch endpoint (the columnar path), in this process."""
+    run = spark_in_process(enrich_http.main, *ENRICH_HTTP, "--batch", "--json")
+    check_enrich_http(run.result, batch=True)
+
+
+@pytest.mark.spark
+def test_enrich_http_against_a_given_url(spark_in_process: Any) -> None:
     with ServiceThread(customers=100, latency=0.001) as service:
         # Customers 1..100 exist; orders ask for 1..150: a third is missing (404 -> dropped).
-        run = run_example(
-            "enrich_http.py", "--url", service.url, "--orders", "300", "--customers", "150",
+        run = spark_in_process(
+            enrich_http.main, "--url", service.url, "--orders", "300", "--customers", "150",
             "--partitions", "2", "--json",
         )  # fmt: skip
-    assert run.returncode == 0, run.describe()
     result = run.result
     assert result["local_service"] is False
     assert result["rows"] == 200 and result["missing"] == 100 and result["mismatches"] == 0
@@ -150,18 +163,29 @@ def test_sessionize_stream_example(run_example: Any) -> None:
     assert result["tiers_missing"] == 0
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("shared", [False, True], ids=["per-worker", "shared-redis"])
-def test_enrich_with_llm_example(run_example: Any, shared: bool) -> None:
-    """The LLM example against its own model server: every review labelled, typed, half
-    of them positive, within the quota (no 429), the limit per worker or through Redis."""
-    redis = ["--redis", "redis://127.0.0.1:6379/0"] if shared else []
-    run = run_example("enrich_with_llm.py", "--reviews", "60", "--tpm", "600000", *redis,
-                      "--json")  # fmt: skip
-    assert run.returncode == 0, run.describe()
-    result = run.result
+def check_enrich_with_llm(result: dict[str, Any]) -> None:
     assert result["local_service"] is True
     assert result["rows"] == 60 and result["positive"] == 30
     assert result["server"]["rejected"] == 0 and result["server"]["requests"] == 60
     assert {r["label"] for r in result["sample"]} <= {"positive", "negative"}
     assert all(isinstance(r["score"], float) for r in result["sample"])
+
+
+@pytest.mark.spark
+def test_enrich_with_llm_example(run_example: Any) -> None:
+    """The LLM example against its own model server, run as a user runs it: every review
+    labelled, typed, half of them positive, within the quota (no 429), the limit per
+    worker."""
+    run = run_example("enrich_with_llm.py", "--reviews", "60", "--tpm", "600000", "--json")
+    assert run.returncode == 0, run.describe()
+    check_enrich_with_llm(run.result)
+
+
+@pytest.mark.spark
+def test_enrich_with_llm_example_sharing_the_limit_through_redis(spark_in_process: Any) -> None:
+    """The same, the limit shared by the workers through Redis, in this process."""
+    run = spark_in_process(
+        enrich_with_llm.main, "--reviews", "60", "--tpm", "600000",
+        "--redis", "redis://127.0.0.1:6379/0", "--json",
+    )  # fmt: skip
+    check_enrich_with_llm(run.result)

@@ -1,4 +1,5 @@
-"""The Postgres example, run as a user runs it, against a real PostgreSQL."""
+"""The Postgres example against a real PostgreSQL: run as a user runs it, and with a given
+DSN in this process (tests/examples/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from asyncio_ops.connectors.postgres.testing import ThrowawayPostgres, find_server_bin
 
-from examples import _pg
+from examples import _pg, enrich_orders_postgres
 from examples.http_service.app import customer
 
 from .conftest import unavailable
@@ -61,15 +62,16 @@ def test_seeded_customers_equal_the_http_service_records(pg_dsn: str, customers_
 @pytest.mark.spark
 @pytest.mark.postgres
 def test_enrich_orders_postgres_example(
-    pg_dsn: str, customers_table: str, run_example: Any
+    pg_dsn: str, customers_table: str, spark_in_process: Any
 ) -> None:
-    run = run_example(
-        "enrich_orders_postgres.py",
+    """With a given DSN, in this process (the script's run as a user runs it is
+    test_example_without_dsn_uses_a_throwaway_postgres's)."""
+    run = spark_in_process(
+        enrich_orders_postgres.main,
         "--dsn", pg_dsn, "--table", customers_table, "--seed",
         "--orders", "5000", "--customers", "1200", "--partitions", "2",
         "--capacity", "200", "--batch-size", "100", "--json",
     )  # fmt: skip
-    assert run.returncode == 0, run.describe()
     result = run.result
     assert result["rows"] == 5000
     assert result["missing"] == 0
