@@ -19,6 +19,8 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from tests.helpers import short_lived_jvm
+
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -35,7 +37,7 @@ def _env() -> dict[str, str]:
                PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
     for name in ("SPARK_MASTER", "MASTER", "PYSPARK_SUBMIT_ARGS"):
         env.pop(name, None)
-    return env
+    return short_lived_jvm(env)
 
 
 def _start(

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.helpers import short_lived_jvm
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROWS_PER_FILE = 40
@@ -24,7 +26,7 @@ FILES = 12
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = short_lived_jvm(dict(os.environ, PYTHONUNBUFFERED="1"))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.stream_job", *args],

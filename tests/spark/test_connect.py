@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import short_lived_jvm
 
 pytestmark = pytest.mark.spark
 
@@ -17,7 +20,8 @@ def test_ordered_and_keyed_unordered_work_over_spark_connect() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_job"],
-        cwd=root, capture_output=True, text=True, timeout=220, check=False,
+        cwd=root, env=short_lived_jvm(dict(os.environ)), capture_output=True, text=True,
+        timeout=220, check=False,
     )  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
