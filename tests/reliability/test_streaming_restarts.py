@@ -1,6 +1,7 @@
 """A streaming query killed mid-batch (SIGKILL, JVM and workers included) and restarted
-from its checkpoint, several times in a row: the sink holds every row exactly once, and
-rows in flight at the end of a micro-batch survive the restarts."""
+from its checkpoint, twice in a row (the second run restores the first's checkpoint, the
+last run the second's): the sink holds every row exactly once, and rows in flight at the
+end of a micro-batch survive the restarts."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_killed_and_restarted_query_writes_each_row_exactly_once(
     args = [str(src), str(sink), str(work)]
 
     kills = 0
-    for _ in range(3):
+    for _ in range(2):
         before = _commits(work)
         proc = _start([*args, "forever"], log)
         deadline = time.monotonic() + 90
@@ -72,7 +73,7 @@ def test_killed_and_restarted_query_writes_each_row_exactly_once(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         kills += 1
-    assert kills == 3 and _commits(work) < FILES  # we really stopped mid-stream
+    assert kills == 2 and _commits(work) < FILES  # we really stopped mid-stream
 
     final = _start([*args, "available-now"], log)
     assert final.wait(180) == 0, log.read_text()[-3000:]
