@@ -112,9 +112,11 @@ class _Cluster:
         os.killpg(self.workers[i].pid, signal.SIGKILL)
         self.workers[i].wait(timeout=20)
 
-    def restart_worker(self, i: int) -> None:
-        if self.workers[i].poll() is not None:
-            self.workers[i] = self._worker(i)
+    def restart_lost_workers(self) -> None:
+        """Start again each worker that was killed, and wait until all have registered."""
+        for i, worker in enumerate(self.workers):
+            if worker.poll() is not None:
+                self.workers[i] = self._worker(i)
         self.wait_for_workers()
 
     def stop(self) -> None:
@@ -123,37 +125,31 @@ class _Cluster:
         _stop(self.master)
 
 
-_RUNNING: list[_Cluster] = []
-
-
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``(master URL, the directory of the workers' work directories)`` of a running
-    master with two workers of one core each."""
+def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Cluster]:
+    """The session's master and two workers of one core each, started (not yet waited
+    for: ``cluster`` waits)."""
     running = _Cluster(tmp_path_factory.mktemp("cluster"))
-    _RUNNING.append(running)
     try:
-        running.wait_for_workers()
-        yield running.url, running.work
+        yield running
     finally:
-        _RUNNING.remove(running)
         running.stop()
 
 
 @pytest.fixture
-def lose_a_worker(cluster: tuple[str, Path]) -> Iterator[Callable[[int], None]]:
-    """``kill(i)``: SIGKILL worker ``i`` of the session's cluster (and its executors);
-    afterwards it is started again, so the other tests have both."""
-    (running,) = _RUNNING
-    killed: list[int] = []
+def cluster(running_cluster: _Cluster) -> tuple[str, Path]:
+    """``(master URL, the directory of the workers' work directories)`` of the running
+    master with two workers of one core each: a worker a test before killed
+    (``lose_a_worker``) is started again first, and both have registered."""
+    running_cluster.restart_lost_workers()
+    return running_cluster.url, running_cluster.work
 
-    def kill(i: int) -> None:
-        killed.append(i)
-        running.kill_worker(i)
 
-    yield kill
-    for i in killed:
-        running.restart_worker(i)
+@pytest.fixture
+def lose_a_worker(running_cluster: _Cluster, cluster: tuple[str, Path]) -> Callable[[int], None]:
+    """``kill(i)``: SIGKILL worker ``i`` of the session's cluster (and its executors).
+    The next test that uses the cluster starts it again (``cluster``)."""
+    return running_cluster.kill_worker
 
 
 @pytest.fixture(scope="session")
