@@ -19,7 +19,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.helpers import short_lived_jvm
+from tests.helpers import with_jvm_options
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -37,7 +37,7 @@ def _env() -> dict[str, str]:
                PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
     for name in ("SPARK_MASTER", "MASTER", "PYSPARK_SUBMIT_ARGS"):
         env.pop(name, None)
-    return short_lived_jvm(env)
+    return with_jvm_options(env)
 
 
 def _start(

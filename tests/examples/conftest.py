@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from examples import _pg
 from examples._common import JSON_MARKER
-from tests.helpers import short_lived_jvm, unavailable
+from tests.helpers import unavailable, with_jvm_options
 from tests.spark.conftest import spark
 
 __all__ = ["spark"]
@@ -96,7 +96,7 @@ def run_example(tmp_path: Path) -> Any:
         proc = subprocess.run(
             [sys.executable, str(EXAMPLES / script), *args],
             cwd=tmp_path,
-            env=short_lived_jvm(environ),
+            env=with_jvm_options(environ),
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.helpers import short_lived_jvm
+from tests.helpers import with_jvm_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ FILES = 12
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = short_lived_jvm(dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = with_jvm_options(dict(os.environ, PYTHONUNBUFFERED="1"))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.stream_job", *args],

@@ -9,6 +9,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import session
+from tests.helpers import JVM_OPTIONS
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,7 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.session.timeZone": "UTC",
             # session() leaves the UI on, as Spark does; the tests need none
             "spark.ui.enabled": "false",
+            "spark.driver.extraJavaOptions": JVM_OPTIONS,
         },
     )
     s.sparkContext.setLogLevel("ERROR")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import short_lived_jvm
+from tests.helpers import with_jvm_options
 
 pytestmark = pytest.mark.spark
 
@@ -20,7 +20,7 @@ def test_ordered_and_keyed_unordered_work_over_spark_connect() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_job"],
-        cwd=root, env=short_lived_jvm(dict(os.environ)), capture_output=True, text=True,
+        cwd=root, env=with_jvm_options(dict(os.environ)), capture_output=True, text=True,
         timeout=220, check=False,
     )  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
