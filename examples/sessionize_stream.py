@@ -47,7 +47,7 @@ from asyncio_ops.state import (
     KeyedRuntimeContext,
     ValueStateDescriptor,
 )
-from examples._common import report, spark_session
+from examples._common import report, spark_session, stop_session
 from examples.http_service.app import ServiceThread
 
 SECONDS_PER_FILE = 10.0
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         f"(duplicates: {result['duplicates']}, unexpected: {result['not_expected']}, "
         f"missing: {result['missing']})"
     )
-    spark.stop()
+    stop_session(spark)
     service.stop()
     if not keep:
         shutil.rmtree(root, ignore_errors=True)

@@ -40,7 +40,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from examples._common import report, spark_session
+from examples._common import report, spark_session, stop_session
 from examples.http_service.app import ServiceThread
 
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         f"(duplicates: {result['duplicates']}, lost: {result['lost']}, "
         f"late: {result['late_rows']})"
     )
-    spark.stop()
+    stop_session(spark)
     if service is not None:
         service.stop()
     if not keep:
