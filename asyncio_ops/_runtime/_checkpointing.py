@@ -506,6 +506,12 @@ def version_watermarks(found: VersionFiles, partition: int) -> WatermarkState:
         path = found.paths[found.partitions.index(partition)]
         if (mark := manifest_watermark(manifest, path)) is not None:
             return mark
+    return _file_watermarks(found, partition)
+
+
+def _file_watermarks(found: VersionFiles, partition: int) -> WatermarkState:
+    """Old partition ``partition``'s watermark state as earlier releases kept it: the
+    union operator state ``watermark`` of its operator-state file."""
     where = found.storage.path(found.version, "")
     marks, _ = restore_operator_state(0, 1, [found.operator_state(partition)], where)
     return marks
@@ -520,7 +526,7 @@ def old_watermarks(found: VersionFiles, from_files: WatermarkState | None) -> Wa
     for index, (manifest, path) in enumerate(zip(found.manifests, found.paths, strict=True)):
         mark = manifest_watermark(manifest, path)
         if mark is None and from_files is None:
-            mark = version_watermarks(found, found.partitions[index])
+            mark = _file_watermarks(found, found.partitions[index])
         if mark is not None:
             marks.append(mark)
     return WatermarkState.highest(marks)
