@@ -174,10 +174,15 @@ def test_the_spark_layer_imports_the_faces_below_it_not_their_private_modules() 
     assert offences == [], "the Spark layer behind a face:\n" + "\n".join(offences)
 
 
-def test_every_module_imports_first() -> None:
+def test_every_module_imports_first(tmp_path: Path) -> None:
     """Each module imports in an interpreter that has imported nothing of the package yet
     (a circle the usual import order hides fails here: a Spark worker unpickling a user's
-    function may import any module first)."""
+    function may import any module first). The interpreter writes the bytecode it compiles
+    to a directory of this test's own and reads it back on the next import, so each
+    module's source is compiled once, not once per module that imports it (under
+    ``PYTHONDONTWRITEBYTECODE``, every time): the modules run again from scratch all the
+    same."""
+    import os
     import subprocess
     import sys
 
@@ -192,8 +197,10 @@ def test_every_module_imports_first() -> None:
         "    except Exception as exc:\n"
         "        print(f'{name}: {type(exc).__name__}: {exc}')\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=PACKAGE.parent, timeout=300)  # fmt: skip
+                         cwd=PACKAGE.parent, env=env, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == "", "modules that cannot be imported first:\n" + run.stdout
 
