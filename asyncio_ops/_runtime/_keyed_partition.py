@@ -86,6 +86,7 @@ from ._versions import (
     VersionFiles,
     apply_chains,
     extends,
+    full_due,
     key_group_prefix,
     manifest_name,
     read_previous,
@@ -433,8 +434,7 @@ def _snapshot(
     interval = spec.full_snapshot_interval
     full = {
         kg for kg in op.backend.key_group_range
-        if kg not in chains or len(chains[kg]) >= interval or (version + kg) % interval == 0
-        or sum(c[4] for c in chains[kg][1:]) >= chains[kg][0][4] > 0
+        if kg not in chains or full_due(chains[kg], kg, version, interval)
     }  # fmt: skip
     changes = op.snapshot_changes(full)
     p = task.num_partitions or 1

@@ -50,13 +50,17 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   reads its chain.
 
 Incremental checkpoints (keyed_process): a version writes, per key group,
-the keys its micro-batch made current (a delta) and, once every
-``full_snapshot_interval`` versions per key group (staggered: key group
-``kg`` at the versions where ``(version + kg) % interval == 0``), when it has
-no chain yet, or when its chain's deltas hold as many bytes as its full
-section, its full state instead, so a micro-batch writes what it touched plus
-``1/interval`` of the state, a chain holds at most ``interval`` sections, and
-reading one costs at most about twice its full section. Retention (which
+the keys its micro-batch made current (a delta) and, when it has no chain
+yet, when its chain's deltas hold as many bytes as its full section, or at
+its turn, its full state instead (:func:`full_due`). Its turn: the versions
+where ``(version + kg) % interval == 0`` (``full_snapshot_interval``,
+staggered by key group), once its chain started at least ``interval // 2``
+versions before (a turn that comes sooner is skipped: a bulk micro-batch
+writes every key group in full, and the turns after it would rewrite half
+the state within ``interval / 2`` versions). So a micro-batch writes what it
+touched plus ``1/interval`` of the state, a chain holds ``interval``
+sections once past its first turn and at most ``interval + interval // 2``,
+and reading one costs at most about twice its full section. Retention (which
 versions partition 0 deletes): ``asyncio_ops._runtime._retention``. Key-group
 files a worker writes to a remote location are also kept on its local disk
 (``asyncio_ops._local_copies``), and a restore's reads of chains prefer those
@@ -231,6 +235,19 @@ def extends(chain: Chain, held: Chain) -> bool:
     return len(chain) >= len(held) and all(
         a[:4] == b[:4] for a, b in zip(chain, held, strict=False)
     )
+
+
+def full_due(chain: Chain, kg: int, version: int, interval: int) -> bool:
+    """Whether key group ``kg``, whose chain is ``chain`` (non-empty), writes its full
+    state at ``version`` (module docstring, "Incremental checkpoints"): at its turn,
+    ``(version + kg) % interval == 0``, if the chain started ``interval // 2`` or more
+    versions before; once the chain holds ``interval + interval // 2`` sections; or once
+    its deltas hold as many bytes as its full section."""
+    turn = (version + kg) % interval == 0 and version - chain[0][0] >= interval // 2
+    return (
+        turn or len(chain) >= interval + interval // 2
+        or sum(link[4] for link in chain[1:]) >= chain[0][4] > 0
+    )  # fmt: skip
 
 
 def _extended(chain: Chain, link: Link, part: int) -> Chain:

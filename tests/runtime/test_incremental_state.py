@@ -32,7 +32,7 @@ from asyncio_ops._keygroups import (
 from asyncio_ops._local_copies import LocalCopies
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
-from asyncio_ops._runtime._versions import concurrently
+from asyncio_ops._runtime._versions import Chain, concurrently, full_due
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -193,6 +193,46 @@ def test_warm_caught_up_or_cold_every_row_matches_the_model(
             assert len(got) == len(expected)
     finally:
         workers.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(interval=st.integers(1, 64), groups=st.integers(1, 300), versions=st.integers(1, 250))
+def test_full_snapshots_are_staggered_and_never_follow_a_bulk_one_within_half_the_interval(
+    interval: int, groups: int, versions: int
+) -> None:
+    """Every key group full at version 0 (a bulk micro-batch), then touched by every
+    version with small deltas: no key group's full snapshot comes within ``interval // 2``
+    versions of its last, no chain grows past ``interval + interval // 2`` sections, no
+    version writes more than its share of the key groups in full, and from version
+    ``interval + interval // 2`` on each key group's chain is exactly ``interval`` long
+    when its turn comes."""
+    chains: dict[int, Chain] = {kg: ((0, "f", 0, 1, 1000),) for kg in range(groups)}
+    last_full = dict.fromkeys(range(groups), 0)
+    for version in range(1, versions + 1):
+        due = {kg for kg, chain in chains.items() if full_due(chain, kg, version, interval)}
+        assert len(due) <= -(-groups // interval)  # a turn is every interval-th key group
+        for kg in range(groups):
+            if kg in due:
+                since = version - last_full[kg]
+                assert since >= max(1, interval // 2)
+                if last_full[kg] > 0:  # past its first turn: every interval versions
+                    assert since == interval
+                else:
+                    assert since <= max(1, interval + interval // 2 - 1)
+                chains[kg], last_full[kg] = ((version, "f", 0, 1, 1000),), version
+            else:
+                chains[kg] = (*chains[kg], (version, "f", 0, 1, 0))
+            assert len(chains[kg]) <= interval + interval // 2
+
+
+def test_a_key_group_whose_deltas_outgrow_its_full_snapshot_starts_a_new_chain() -> None:
+    """The bytes rule holds whatever the turn: deltas as large as the full section (their
+    first link carries their sum) restart the chain at the next version."""
+    full = (0, "f", 0, 1, 1000)
+    assert not full_due((full, (1, "f", 0, 1, 999)), 5, 2, 50)
+    assert full_due((full, (1, "f", 0, 1, 1000)), 5, 2, 50)
+    assert full_due((full, (1, "f", 0, 1, 600), (2, "f", 0, 1, 0)), 5, 3, 50) is False
+    assert full_due((full, (1, "f", 0, 1, 1000), (2, "f", 0, 1, 0)), 5, 3, 50)
 
 
 def test_a_small_micro_batch_writes_only_the_keys_it_touched(tmp_path: Path) -> None:
@@ -566,6 +606,9 @@ def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_
     model = Model()
     mine = compute_key_group_range_for_operator_index(MAXP, 2, 1)
     keys = [k for k in range(60) if assign_to_key_group(k, MAXP) in mine]
+    # one key of three key groups (of several keys each) per version: every delta stays
+    # smaller than its key group's full snapshot, so no chain restarts
+    keys = [next(k for k in keys if assign_to_key_group(k, MAXP) == kg) for kg in (12, 8, 11)]
     history = [[(k, 1) for k in range(60)], [(keys[0], 2)], [(keys[1], 0)], [(keys[2], 4)]]
     try:
         for batch_id, events in enumerate(history):
@@ -583,10 +626,11 @@ def test_a_cold_partition_reads_its_chains_from_the_local_copies_of_the_machine_
             workers.use(2)
             if machine != "same":
                 monkeypatch.setattr(storage, "local", other)
+            named = _chain_files(storage.read(batch_id - 1, "subtask-00001.ckpt", Kind.MANIFEST))
             s3_server.requests.clear()
             rows = run_partition(spec, batch_id, 1, 2, events)
             assert rows == [model.apply(k, v) for k, v in events]
-            chain_reads = (["GET kg", "HEAD kg"] * (len(files) + 1)) if machine == "other" else []
+            chain_reads = (["GET kg", "HEAD kg"] * len(named)) if machine == "other" else []
             assert _requests(s3_server) == sorted(
                 ["HEAD subtask", "GET subtask"] * 2 + ["PUT kg", "PUT subtask"] + chain_reads
             ), machine
