@@ -122,6 +122,16 @@ _PARTS: Final = (FULL, DELTA)
 # Level 3 (zstd's own default): on a million keys' state 3.4x smaller than level 1 at the
 # same speed, since its window reaches across key groups.
 _ZSTD: Final = pa.Codec("zstd", compression_level=3) if pa.Codec.is_available("zstd") else None
+# A manifest's or key-group file's frame of less than _SMALL_FRAME bytes (a small
+# micro-batch's chains and deltas, rewritten every version and kept for many) at level
+# 19: 6% to 20% smaller than at level 3 (a manifest 1,355 -> 1,221 bytes, a delta of
+# 63 KB 3,510 -> 3,167) for a few milliseconds (3.3 ms for 63 KB); a larger frame, and
+# every other kind's (a carry-over, written and read once), at level 3, where level 19
+# would cost seconds per hundred megabytes.
+_ZSTD_SMALL: Final = (
+    pa.Codec("zstd", compression_level=19) if pa.Codec.is_available("zstd") else None
+)
+_SMALL_FRAME: Final = 128 << 10
 _MAX_RAW: Final = 1 << 31  # a section's Arrow stream is never this large
 
 
@@ -135,6 +145,9 @@ class Kind(IntEnum):
     FUNCTION_STATE = 5  # a function's own state (``_runtime._checkpointing``)
     KEYED_STATE = 6  # one key group's keyed state, without timers (``state._payloads``)
     IN_FLIGHT = 7  # a partition's carried-over elements, a SHARED section (``_runtime._inflight``)
+
+
+_KEPT: Final = frozenset({Kind.MANIFEST, Kind.KEY_GROUPS})  # small frames at level 19
 
 
 @dataclass(frozen=True)
@@ -298,8 +311,10 @@ def encode(
         raw_bytes = b"".join(parts)
         parts.clear()
         stored, raw = raw_bytes, 0
-        if _ZSTD is not None:
-            packed: bytes = _ZSTD.compress(raw_bytes, asbytes=True)
+        small = kind in _KEPT and len(raw_bytes) < _SMALL_FRAME
+        codec = _ZSTD_SMALL if small else _ZSTD
+        if codec is not None:
+            packed: bytes = codec.compress(raw_bytes, asbytes=True)
             if len(packed) < len(raw_bytes):
                 stored, raw = packed, len(raw_bytes)
         head = _FRAME.pack(count, len(stored), raw, _crc(kind, count, raw, stored))
