@@ -148,7 +148,7 @@ class CheckpointStorage:
         self.fs: pafs.FileSystem = fs
         self.root = f"{root.rstrip('/')}/{uid}"
         # objects appear whole once uploaded: no temporary name, no directories
-        self._object_store = fs.type_name in _OBJECT_STORES
+        self.object_store = fs.type_name in _OBJECT_STORES
         # every request waits on a network: independent reads are worth making at once
         self.remote = fs.type_name != "local"
         # the key-group files this machine wrote, kept on its disk (asyncio_ops._local_copies)
@@ -223,7 +223,7 @@ class CheckpointStorage:
         final = self.path(version, name)
         data, extents = encode(kind, sections, self.identity(version, name))
         try:
-            if self._object_store:
+            if self.object_store:
                 with self.fs.open_output_stream(final) as out:
                     out.write(data)
             else:
@@ -410,6 +410,12 @@ class CheckpointStorage:
                 key = (1, int(m.group(1)), int(m.group(2)), run) if m else (0, 0, 0, run)
                 found.append((key, run))
         return [run for _, run in sorted(found)]
+
+    def delete_file(self, version: Version, name: str) -> None:
+        """Delete ``<version dir>/<name>`` if it is there (another task may have deleted
+        its version first)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.path(version, name))
 
     def delete_versions(self, versions: Iterable[Version]) -> None:
         for v in versions:

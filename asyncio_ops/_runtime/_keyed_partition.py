@@ -77,7 +77,7 @@ from . import _parked, _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import WATERMARK_META, WatermarkState, make_backend, manifest_watermark
-from ._retention import KEPT_FROM, delete_before, retained_from
+from ._retention import KEPT_FROM, delete_before, drop_manifest, retained_from
 from ._seed import seed_chains
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
@@ -428,7 +428,8 @@ def _snapshot(
     """Write version ``N``: deltas, and the full state of the key groups whose turn it is
     (or that have no chain); returns the attempt's token and the chains written.
     Partition 0 then deletes what retention no longer keeps (``previous``: the version
-    restored, whose partition 0 manifest says what was deleted before)."""
+    restored, whose partition 0 manifest says what was deleted before), and each
+    partition its manifest of the version no longer restored (``drop_manifest``)."""
     assert spec.checkpoint is not None and task.batch_id is not None
     version = task.batch_id
     interval = spec.full_snapshot_interval
@@ -453,6 +454,8 @@ def _snapshot(
     )  # fmt: skip
     if task.partition_id == 0:
         delete_before(spec.checkpoint, keep_from, _kept_from(previous))
+    restorable = max(spec.retain_versions, _parked.PARK_EVERY)
+    drop_manifest(spec.checkpoint, version, task.partition_id, restorable)
     return writer, written
 
 

@@ -15,6 +15,17 @@ and deletes from the one its previous manifest records, so the versions are
 listed only when no manifest says (the first time). The async operator's
 versions hold their elements whole: it keeps exactly the newest
 ``retain_versions``.
+
+A ``keyed_process`` version older than the newest ``retain_versions`` stays
+only for the files its successors' chains name: it is never restored again,
+so each partition, after writing version ``N``, deletes its own manifest of
+version ``N - max(retain_versions, PARK_EVERY)`` (:func:`drop_manifest`; a
+parked RocksDB copy up to ``PARK_EVERY`` versions old proves itself against
+its version's manifest, ``_parked``). Not on an object store (S3, GCS): there
+pyarrow deletes a file in three requests (a HEAD, the DELETE, a PUT of the
+directory's marker), half again a micro-batch's requests, to save a few KB
+that the version directory's deletion takes with it later. A restore or
+``read_state`` of such a version finds no manifest, and its error says why.
 """
 
 from __future__ import annotations
@@ -39,6 +50,14 @@ def prune_versions(
     operator's never do (each version holds its elements whole)."""
     keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
     delete_before(storage, keep_from)
+
+
+def drop_manifest(storage: CheckpointStorage, version: int, partition: int, kept: int) -> None:
+    """Delete ``partition``'s manifest of the version ``kept`` before ``version`` (which
+    it has just written), if there is one: that version is no longer restored (module
+    docstring); not on an object store."""
+    if version - kept >= 0 and not storage.object_store:
+        storage.delete_file(version - kept, manifest_name(partition))
 
 
 def retained_from(storage: CheckpointStorage, version: int, retain: int) -> int:

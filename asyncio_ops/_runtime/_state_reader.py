@@ -124,7 +124,9 @@ def open_version(storage: CheckpointStorage, version: int | None) -> VersionFile
         if found is None:
             raise CheckpointError(
                 f"checkpoint version {version} under {where} holds no manifest: it is "
-                "incomplete or being written"
+                "incomplete, being written, or older than the versions retained "
+                "(retain_versions: their manifests are deleted, their files stay while later "
+                "versions name them)"
             )
         return found
     for v in reversed(present):

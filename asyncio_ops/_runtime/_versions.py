@@ -650,8 +650,10 @@ def read_previous(
         raise CheckpointError(
             f"checkpoint version {version} of {storage.describe(storage.root)} holds files "
             f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) but no manifest "
-            f"(subtask-*.ckpt) in {storage.path(version, '')}: it is damaged, and micro-batch "
-            f"{version + 1} cannot start from it"
+            f"(subtask-*.ckpt) in {storage.path(version, '')}: it is damaged, or older than "
+            "the versions retained (retain_versions: their manifests are deleted, their files "
+            f"stay while later versions name them), and micro-batch {version + 1} cannot "
+            "start from it"
         )
     earlier = [v for v in storage.versions() if v < version]
     for older in sorted(earlier, reverse=True):

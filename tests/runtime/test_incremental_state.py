@@ -32,7 +32,7 @@ from asyncio_ops._keygroups import (
 from asyncio_ops._local_copies import LocalCopies
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
-from asyncio_ops._runtime._versions import Chain, concurrently, full_due
+from asyncio_ops._runtime._versions import Chain, concurrently, full_due, read_previous
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -951,3 +951,44 @@ def test_timers_travel_with_the_parked_database(
         ]
     finally:
         workers.close()
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_version_no_longer_restored_keeps_the_files_chains_name_and_not_its_manifests(
+    s3_server: Any, tmp_path: Path, store: str
+) -> None:
+    """``retain_versions=3``, 2 partitions, 13 versions, the chains all starting at
+    version 0. On local disk a partition deletes its manifest of the version
+    ``max(retain_versions, PARK_EVERY)`` before the one it wrote, so versions 0 to 2 keep
+    their key-group files (the chains name version 0's) and no manifest, and restoring
+    one is an error that says why. On S3 the manifests stay, and a micro-batch makes
+    no request more than one that deletes nothing. Every row is the model's."""
+    if store == "s3":
+        spec = _s3_spec(s3_server, "manifests", interval=64)
+    else:
+        spec = spec_for(tmp_path, "heap", interval=64, retain=3)
+    storage = spec.checkpoint
+    assert storage is not None
+    model = Model()
+    made = []
+    for batch_id in range(13):
+        events = [(k, 1) for k in range(40)] if batch_id == 0 else [(batch_id, 2)]
+        s3_server.requests.clear()
+        for p in range(2):
+            rows = run_partition(spec, batch_id, p, 2, events)
+            mine = compute_key_group_range_for_operator_index(MAXP, 2, p)
+            assert rows == [model.apply(k, v) for k, v in events
+                            if assign_to_key_group(k, MAXP) in mine]  # fmt: skip
+        made.append(_requests(s3_server))
+    held = {v: storage.list_files(v) for v in storage.versions()}
+    assert sorted(held) == list(range(13))  # every chain still starts at version 0
+    dropped = 3 if store == "local" else 0
+    for v, names in held.items():
+        manifests = [n for n in names if n.startswith("subtask-")]
+        assert manifests == ([] if v < dropped else ["subtask-00000.ckpt", "subtask-00001.ckpt"])
+        assert len([n for n in names if n.startswith("kg-")]) == 2
+    if store == "local":
+        with pytest.raises(CheckpointError, match="retain_versions"):
+            read_previous(storage, 1, None)
+    else:  # micro-batch 12 would drop version 2's manifests: the same requests as 9's
+        assert made[12] == made[9] and made[9]
