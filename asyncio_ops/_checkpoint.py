@@ -196,10 +196,12 @@ class CheckpointStorage:
                 f"checkpoint_location {shown_location(self.location)!r} is not writable: {exc}"
             ) from exc
 
-    def write(self, version: Version, name: str, kind: Kind, table: pa.Table) -> None:
+    def write(
+        self, version: Version, name: str, kind: Kind, table: pa.Table, thorough: bool = False
+    ) -> None:
         """Atomically write ``table`` as ``<version dir>/<name>``, a container of ``kind``
-        with one section."""
-        self.write_sections(version, name, kind, [Section(0, table)])
+        with one section (``thorough``: as :meth:`write_sections`)."""
+        self.write_sections(version, name, kind, [Section(0, table)], thorough=thorough)
 
     def write_sections(
         self,
@@ -208,12 +210,14 @@ class CheckpointStorage:
         kind: Kind,
         sections: Iterable[Section],
         local: bool = False,
+        thorough: bool = False,
     ) -> list[tuple[int, int, int]]:
         """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
         ``kind``; returns each section's ``(offset, length)`` in the file (of its frame)
         and its own size (``asyncio_ops._container.encode``, which takes the sections
         one at a time: a generator's are never all in memory). ``local``: keep a local
-        copy too (an attempt-unique name; ``asyncio_ops._local_copies``).
+        copy too (an attempt-unique name; ``asyncio_ops._local_copies``). ``thorough``:
+        small frames compressed harder (a file many versions keep; ``encode``).
 
         On an object store (S3, GCS) the object is uploaded under its final name: it
         appears whole when its upload completes or not at all, and the store has no
@@ -221,7 +225,7 @@ class CheckpointStorage:
         Elsewhere it goes to a temporary name and is moved into place.
         """
         final = self.path(version, name)
-        data, extents = encode(kind, sections, self.identity(version, name))
+        data, extents = encode(kind, sections, self.identity(version, name), thorough)
         try:
             if self.object_store:
                 with self.fs.open_output_stream(final) as out:

@@ -122,12 +122,13 @@ _PARTS: Final = (FULL, DELTA)
 # Level 3 (zstd's own default): on a million keys' state 3.4x smaller than level 1 at the
 # same speed, since its window reaches across key groups.
 _ZSTD: Final = pa.Codec("zstd", compression_level=3) if pa.Codec.is_available("zstd") else None
-# A manifest's or key-group file's frame of less than _SMALL_FRAME bytes (a small
-# micro-batch's chains and deltas, rewritten every version and kept for many) at level
-# 19: 6% to 20% smaller than at level 3 (a manifest 1,355 -> 1,221 bytes, a delta of
-# 63 KB 3,510 -> 3,167) for a few milliseconds (3.3 ms for 63 KB); a larger frame, and
-# every other kind's (a carry-over, written and read once), at level 3, where level 19
-# would cost seconds per hundred megabytes.
+# ``encode(..., thorough=True)`` (keyed_process's key-group files and manifests: a small
+# micro-batch's deltas and chains, written every version and kept for many): a frame of
+# less than _SMALL_FRAME bytes at level 19, 6% to 20% smaller than at level 3 (a
+# manifest 1,355 -> 1,221 bytes, a delta of 63 KB 3,510 -> 3,167) for a few
+# milliseconds (3.3 ms for 63 KB; 0.4 ms for a manifest of 2.7 KB, where a carry-over of
+# 2,000 elements, written and read once, takes 3 ms to write: it is not thorough); a
+# larger frame at level 3, where level 19 would cost seconds per hundred megabytes.
 _ZSTD_SMALL: Final = (
     pa.Codec("zstd", compression_level=19) if pa.Codec.is_available("zstd") else None
 )
@@ -146,8 +147,6 @@ class Kind(IntEnum):
     KEYED_STATE = 6  # one key group's keyed state, without timers (``state._payloads``)
     IN_FLIGHT = 7  # a partition's carried-over elements, a SHARED section (``_runtime._inflight``)
 
-
-_KEPT: Final = frozenset({Kind.MANIFEST, Kind.KEY_GROUPS})  # small frames at level 19
 
 
 @dataclass(frozen=True)
@@ -286,7 +285,7 @@ def _signed(identity: str, kind: int) -> bytes:
 
 
 def encode(
-    kind: Kind, sections: Iterable[Section], identity: str = ""
+    kind: Kind, sections: Iterable[Section], identity: str = "", thorough: bool = False
 ) -> tuple[bytes, list[tuple[int, int, int]]]:
     """The container's bytes and, per section, the ``(offset, length)`` of its frame
     (what a ranged read of that section fetches: :func:`decode` with ``whole=False``)
@@ -295,7 +294,8 @@ def encode(
     ``sections`` is taken one at a time and each frame is compressed as soon as it
     closes: the encoder holds one frame's Arrow streams and the bytes stored so far,
     never every section's table, so a generator that builds each section when asked
-    (a key group's full state) keeps one in memory at a time."""
+    (a key group's full state) keeps one in memory at a time. ``thorough``: a small
+    frame at zstd level 19 (see ``_ZSTD_SMALL``)."""
     key = signing_key()
     flags = _SIGNED if key else 0
     out: list[bytes] = []
@@ -311,8 +311,7 @@ def encode(
         raw_bytes = b"".join(parts)
         parts.clear()
         stored, raw = raw_bytes, 0
-        small = kind in _KEPT and len(raw_bytes) < _SMALL_FRAME
-        codec = _ZSTD_SMALL if small else _ZSTD
+        codec = _ZSTD_SMALL if thorough and len(raw_bytes) < _SMALL_FRAME else _ZSTD
         if codec is not None:
             packed: bytes = codec.compress(raw_bytes, asbytes=True)
             if len(packed) < len(raw_bytes):

@@ -726,7 +726,7 @@ def write_version(
         places = storage.write_sections(
             version, name, kind,
             itertools.chain([] if first is None else [first], fulls, written.values()),
-            local=chained and (bool(groups) or first is not None),
+            local=chained and (bool(groups) or first is not None), thorough=chained,
         )  # fmt: skip
         for kg, (offset, length, size) in zip(taken, places[: len(taken)], strict=True):
             new[kg] = _extended((), (version, name, offset, length, size), FULL)
@@ -761,7 +761,7 @@ def write_version(
             **meta,
         }
     )
-    storage.write(version, manifest_name(partition), Kind.MANIFEST, manifest)
+    storage.write(version, manifest_name(partition), Kind.MANIFEST, manifest, thorough=chained)
     if chained:  # this partition's local copies: what its chains name
         in_chains = {(link[0], link[1]) for chain in new.values() for link in chain}
         storage.keep_local_copies(key_group_prefix(partition), in_chains)
