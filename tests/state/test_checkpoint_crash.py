@@ -190,24 +190,24 @@ class FaultyStorage(CheckpointStorage):
         super().__init__(location, uid)
         self.failure = failure
         self.written = 0
-        self.held: list[tuple[Version, str, Kind, list[Section]]] = []
+        self.held: list[tuple[Version, str, Kind, list[Section], bool, bool]] = []
 
     def write_sections(
         self, version: Version, name: str, kind: Kind, sections: Sequence[Section],
-        local: bool = False,
+        local: bool = False, thorough: bool = False,
     ) -> list[tuple[int, int, int]]:  # fmt: skip
         f = self.failure
         if f is None:
-            return super().write_sections(version, name, kind, sections, local)
-        _, extents = encode(kind, sections, self.identity(version, name))
+            return super().write_sections(version, name, kind, sections, local, thorough)
+        _, extents = encode(kind, sections, self.identity(version, name), thorough)
         if f.from_end:
-            self.held.append((version, name, kind, list(sections)))
+            self.held.append((version, name, kind, list(sections), local, thorough))
             while len(self.held) > f.from_end:
                 super().write_sections(*self.held.pop(0))
         else:
             if self.written == f.k:
                 crash(f.die)
-            super().write_sections(version, name, kind, sections)
+            super().write_sections(version, name, kind, sections, local, thorough)
             self.written += 1
         return extents
 
