@@ -148,7 +148,6 @@ class Kind(IntEnum):
     IN_FLIGHT = 7  # a partition's carried-over elements, a SHARED section (``_runtime._inflight``)
 
 
-
 @dataclass(frozen=True)
 class Section:
     """One table of a container: its tag (key group, partition), part and table."""
