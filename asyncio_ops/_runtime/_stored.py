@@ -34,6 +34,7 @@ from functools import partial
 from itertools import repeat
 from typing import Any, Final, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -288,7 +289,10 @@ def in_order(
     """
     if not elements.num_rows:
         return []
-    table = _attempts_filled(elements.take(pc.sort_indices(elements, sort_keys=_ORDER)))
+    order = pc.sort_indices(elements, sort_keys=_ORDER)
+    # one partition's elements, unkeyed, come in order: no copy of their rows then
+    in_place = np.array_equal(order.to_numpy(), np.arange(len(order)))
+    table = _attempts_filled(elements if in_place else elements.take(order))
     rows, timestamps, lates, done, attempts, deadlines = (
         table.column(name).to_pylist()
         for name in ("row", "timestamp", "late", "results", "attempts", "deadline")
