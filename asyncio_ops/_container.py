@@ -111,8 +111,9 @@ _FRAME_BYTES: Final = 4 << 20  # a frame closes once its sections hold this much
 FULL: Final = 0
 DELTA: Final = 1
 SHARED: Final = -1
-"""The tag of a section holding several key groups: its table sorted by key group, each
-row's in the int32 column :data:`KEY_GROUP_FIELD` (see ``_runtime._versions``)."""
+"""The tag of a section holding several key groups: each row's in the int32 column
+:data:`KEY_GROUP_FIELD` (see ``_runtime._versions``); keyed state's deltas sorted by it
+(:func:`split_shared` slices them), carried-over elements in queue order."""
 KEY_GROUP_FIELD: Final = "key_group"
 _PARTS: Final = (FULL, DELTA)
 

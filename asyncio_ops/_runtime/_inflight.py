@@ -216,17 +216,18 @@ class CarryOver:
     ) -> dict[int, Section]:
         """``{key_group: section}`` of ``elements``, each of the key group at its index in
         ``key_groups``: ONE section (tag ``SHARED``) for all the key groups, the table of
-        the elements sorted by key group (given order within one: a stable sort, by
-        Arrow) with their key group in a ``key_group`` column: a container of kind
-        ``IN_FLIGHT`` holds it once, its manifest names it for each key group
-        (``_versions.write_version``)."""
+        the elements in their given (queue) order with their key group in a ``key_group``
+        column: a container of kind ``IN_FLIGHT`` holds it once, its manifest names it
+        for each key group (``_versions.write_version``). Not sorted by key group (as
+        earlier releases wrote it, still read): every reader keeps the rows of its key
+        groups by their column, and a restore at the same parallelism then finds them
+        in queue order, with no reordering on either side."""
         if not elements:
             return {}
         kgs = pa.array(key_groups, pa.int32())
         table = pa.Table.from_batches([self.batches.to_batch(elements, deadlines=True)])
         table = table.append_column(pa.field(KEY_GROUP_FIELD, pa.int32(), nullable=False), kgs)
-        table = table.take(pc.sort_indices(kgs))
-        groups = pc.unique(table.column(KEY_GROUP_FIELD)).to_pylist()
+        groups = pc.unique(kgs).to_pylist()
         return dict.fromkeys(groups, Section(SHARED, table))
 
     def restore_keyed(self, sections: Iterable[tuple[str, Section]]) -> pa.Table:

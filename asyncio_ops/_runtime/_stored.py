@@ -290,7 +290,8 @@ def in_order(
     if not elements.num_rows:
         return []
     order = pc.sort_indices(elements, sort_keys=_ORDER)
-    # one partition's elements, unkeyed, come in order: no copy of their rows then
+    # one old partition's elements (a restore at the same parallelism) come in queue
+    # order, keyed or not: no copy of their rows then
     in_place = np.array_equal(order.to_numpy(), np.arange(len(order)))
     table = _attempts_filled(elements if in_place else elements.take(order))
     rows, timestamps, lates, done, attempts, deadlines = (

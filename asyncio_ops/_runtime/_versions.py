@@ -15,8 +15,9 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   a column, ``asyncio_ops.state._keyed_snapshot``; earlier releases wrote a
   delta section per key group, still read). The async operator (kind
   ``IN_FLIGHT``, manifests marked ``aops.in_flight``): ONE section for all its
-  key groups (tag ``SHARED``), the carried-over elements as one table sorted
-  by key group with it as a column, which the manifest names for each of them;
+  key groups (tag ``SHARED``), the carried-over elements as one table in queue
+  order with their key group as a column (earlier releases: sorted by key
+  group), which the manifest names for each of them;
   a reader (a restore, ``read_state``) reads it once, whole, and keeps the rows
   of its key groups (:meth:`VersionFiles.element_sections`;
   ``asyncio_ops._runtime._inflight``; earlier releases wrote a section per key

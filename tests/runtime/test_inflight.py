@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
@@ -83,9 +84,12 @@ def test_an_output_that_the_schema_cannot_hold_names_the_value() -> None:
 def _split(sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt") -> list[
     tuple[str, Section]
 ]:
-    """``(file, section)`` per key group, as ``read_chains`` makes of the one section."""
+    """``(file, section)`` per key group, as earlier releases wrote them (a section per
+    key group), from the one section: its rows grouped by key group (a stable sort)."""
     (shared,) = {id(s): s for s in sections.values()}.values()
-    return [(name, one) for one in split_shared(shared, name)]
+    table = shared.table
+    grouped = table.take(pc.sort_indices(table.column("key_group")))
+    return [(name, one) for one in split_shared(Section(SHARED, grouped), name)]
 
 
 def snapshot(carry: CarryOver, pairs: list[tuple[int, StoredElement]]) -> dict[int, Section]:
@@ -113,15 +117,17 @@ def test_keyed_elements_and_deadlines_follow_the_spark_key_group() -> None:
 
 
 def test_a_partitions_elements_are_one_shared_section() -> None:
-    """All key groups of a partition share one section (tag SHARED), the elements
-    sorted by key group with it as a column; split, each key group's rows in order."""
+    """All key groups of a partition share one section (tag SHARED), the elements in
+    their given (queue) order with their key group as a column; grouped by key group
+    and split, each key group's rows in order."""
     carry = CarryOver(ElementSerializer(ROW, OUT, IN), max_parallelism=128, key_groups=ALL)
     todo = [((i * 7) % 128, element(i)) for i in range(20)]
     sections = snapshot(carry, todo)
     assert len({id(s) for s in sections.values()}) == 1
     (section,) = {id(s): s for s in sections.values()}.values()
     assert section.tag == SHARED and section.part == FULL
-    assert section.table.column("key_group").to_pylist() == sorted(kg for kg, _ in todo)
+    assert section.table.column("key_group").to_pylist() == [kg for kg, _ in todo]
+    assert section.table.column("seq").to_pylist() == list(range(20))
     split = _split(sections)
     assert [s.tag for _, s in split] == sorted(sections)
     assert all(s.table.schema.equals(carry.batches.schema) for _, s in split)
