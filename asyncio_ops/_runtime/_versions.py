@@ -242,8 +242,10 @@ def full_due(chain: Chain, kg: int, version: int, interval: int) -> bool:
     """Whether key group ``kg``, whose chain is ``chain`` (non-empty), writes its full
     state at ``version`` (module docstring, "Incremental checkpoints"): at its turn,
     ``(version + kg) % interval == 0``, if the chain started ``interval // 2`` or more
-    versions before; once the chain holds ``interval + interval // 2`` sections; or once
-    its deltas hold as many bytes as its full section."""
+    versions before; once the chain holds ``interval + interval // 2`` sections (turns
+    alone never let it grow so long: this bounds a chain written under a larger
+    ``interval``, which a restarted query may have lowered); or once its deltas hold as
+    many bytes as its full section."""
     turn = (version + kg) % interval == 0 and version - chain[0][0] >= interval // 2
     return (
         turn or len(chain) >= interval + interval // 2
