@@ -3,7 +3,11 @@
 Run: ``python -m bench.object_storage`` (``--keys 10000 100000 --touch 100
 --batches 4 --partitions 2``, ``--show-requests`` to print the last
 micro-batch's requests, ``--latency-ms 30`` to put the S3 server a round
-trip of 30 ms away; needs the dev extra, which brings moto's S3 server).
+trip of 30 ms away, ``--retain-versions 10`` and ``--full-snapshot-interval
+50``, ``keyed_process``'s options: past ``retain_versions`` versions partition
+0 lists the oldest retained one, and deletes a version in most micro-batches
+once chains restart within the run; needs the dev extra, which brings moto's
+S3 server).
 
 The job: ``keyed_process`` keeping a running count per key (a ValueState), one
 output row per event, into Spark's ``noop`` sink. A first micro-batch creates
@@ -171,7 +175,8 @@ def _inputs(keys: int, touch: int, batches: int) -> list[pa.Table]:
 
 def _run(
     spark: SparkSession, inputs: list[pa.Table], location: str, work: Path, partitions: int,
-    requests: _Requests, show: bool = False, local_copies: bool = True,
+    requests: _Requests, show: bool = False, local_copies: bool = True, retain: int = 10,
+    interval: int = 50,
 ) -> list[tuple[int, int, float]]:  # fmt: skip
     """(S3 requests, bytes written, seconds) of each small micro-batch.
 
@@ -192,7 +197,8 @@ def _run(
         stream = spark.readStream.schema("key long").parquet(str(source))
         out = keyed_process(
             stream, Count(), key="key", output_schema="key long, n long", uid="counts",
-            checkpoint_location=location, num_partitions=partitions,
+            checkpoint_location=location, num_partitions=partitions, retain_versions=retain,
+            full_snapshot_interval=interval,
         )  # fmt: skip
         requests.lines.clear()
         query = (
@@ -233,6 +239,14 @@ def main() -> None:
         "--latency-ms", type=float, default=0.0,
         help="hold each S3 request this long (a store a round trip away)",
     )  # fmt: skip
+    parser.add_argument(
+        "--retain-versions", type=int, default=10,
+        help="keyed_process's retain_versions (retention runs past that many versions)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--full-snapshot-interval", type=int, default=50,
+        help="keyed_process's full_snapshot_interval",
+    )  # fmt: skip
     args = parser.parse_args()
     spark = session(master="local[2]", app_name="bench-object-storage")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
@@ -255,7 +269,9 @@ def main() -> None:
                 ):
                     small = _run(spark, inputs, location, Path(tmp) / name.replace(" ", "-"),
                                  args.partitions, requests, args.show_requests,
-                                 local_copies=name != "s3 elsewhere")  # fmt: skip
+                                 local_copies=name != "s3 elsewhere",
+                                 retain=args.retain_versions,
+                                 interval=args.full_snapshot_interval)  # fmt: skip
                     remote = name.startswith("s3")
                     reqs = statistics.median(r for r, _, _ in small) if remote else 0
                     most = max(r for r, _, _ in small) if remote else 0
