@@ -77,7 +77,7 @@ from . import _parked, _warm
 from ._adapters import describe_row
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import WATERMARK_META, WatermarkState, make_backend, manifest_watermark
-from ._retention import KEPT_FROM, delete_before, drop_manifest, retained_from
+from ._retention import KEPT_FROM, Retention, drop_manifest
 from ._seed import seed_chains
 from ._sink import ArrowSink
 from ._spec import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, key_selector
@@ -145,7 +145,13 @@ def run_keyed_process(
         else None
     )
     kept = False
+    retention: Retention | None = None
     try:
+        if streaming and task.partition_id == 0:  # beside the task on a remote store
+            assert spec.checkpoint is not None and task.batch_id is not None
+            retention = Retention(
+                spec.checkpoint, task.batch_id, spec.retain_versions, _kept_from(previous)
+            )
         restored = WatermarkState()
         chains: dict[int, Chain] = {}
         # open() first: the function obtains its states, and what a restore reads goes
@@ -213,7 +219,7 @@ def run_keyed_process(
                 watermarks.max_seen if watermarks is not None else -math.inf,
                 watermarks.current if watermarks is not None else restored.current,
             )
-            writer, chains = _snapshot(spec, task, op, state, chains, previous)
+            writer, chains = _snapshot(spec, task, op, state, chains, retention)
             _warn_unclaimed(spec, task, backend)
             assert warm_key is not None and task.batch_id is not None
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
@@ -221,6 +227,8 @@ def run_keyed_process(
                 _parked.park(warm_key, task.batch_id, writer, backend,
                              op.timer_service.snapshot, chains)  # fmt: skip
     finally:
+        if retention is not None:  # the task failed (after a join: nothing to do)
+            retention.abandon()
         op.close()
         if held is not None:  # proven, but the task failed before taking it over
             _warm.discard(held)
@@ -423,13 +431,14 @@ def _snapshot(
     op: KeyedProcessOperator,
     watermarks: WatermarkState,
     chains: dict[int, Chain],
-    previous: VersionFiles | None,
+    retention: Retention | None,
 ) -> tuple[str, dict[int, Chain]]:
     """Write version ``N``: deltas, and the full state of the key groups whose turn it is
     (or that have no chain); returns the attempt's token and the chains written.
-    Partition 0 then deletes what retention no longer keeps (``previous``: the version
-    restored, whose partition 0 manifest says what was deleted before), and each
-    partition its manifest of the version no longer restored (``drop_manifest``)."""
+    Partition 0's ``retention`` (started with the task: beside it on a remote store)
+    gives the oldest version kept, recorded in its manifest, and is joined once the
+    version is written; then each partition deletes its manifest of the version no
+    longer restored (``drop_manifest``)."""
     assert spec.checkpoint is not None and task.batch_id is not None
     version = task.batch_id
     interval = spec.full_snapshot_interval
@@ -445,15 +454,14 @@ def _snapshot(
     if spec.key_schema:
         meta[KEY_SCHEMA] = spec.key_schema.encode()
     meta[STATE_TYPES] = types_json(op.backend.state_types()).encode()
-    if task.partition_id == 0:  # retention: what to keep, said in the manifest
-        keep_from = retained_from(spec.checkpoint, version, spec.retain_versions)
-        meta[KEPT_FROM] = str(keep_from).encode()
+    if retention is not None:  # what partition 0 keeps, said in its manifest
+        meta[KEPT_FROM] = str(retention.keep_from()).encode()
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes.deltas, None,
         meta, operator=OPERATOR, chains=kept, writer=writer, full=changes.full,
     )  # fmt: skip
-    if task.partition_id == 0:
-        delete_before(spec.checkpoint, keep_from, _kept_from(previous))
+    if retention is not None:
+        retention.join()
     restorable = max(spec.retain_versions, _parked.PARK_EVERY)
     drop_manifest(spec.checkpoint, version, task.partition_id, restorable)
     return writer, written

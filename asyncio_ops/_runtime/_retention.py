@@ -26,16 +26,32 @@ pyarrow deletes a file in three requests (a HEAD, the DELETE, a PUT of the
 directory's marker), half again a micro-batch's requests, to save a few KB
 that the version directory's deletion takes with it later. A restore or
 ``read_state`` of such a version finds no manifest, and its error says why.
+
+On a remote store (S3, GCS, HDFS) partition 0's retention runs beside its
+task, not after it (:class:`Retention`): the listing of the oldest retained
+version and the deletion start when the task does (after it has proven any
+state it kept from an earlier version, which reads that version's manifest),
+while it restores, processes and writes. Deleting before the manifest of ``N`` is
+safe: what is deleted is older than every version the newest
+``retain_versions`` (``retain_versions >= 2``, so ``N - 1`` among them)
+name, whether or not ``N`` commits; an attempt of ``N`` that fails after the
+deletion leaves partition 0's manifest of ``N - 1`` in force, whose
+``KEPT_FROM`` is older, and its next attempt deletes the same versions again
+(already gone: nothing to do).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
 from .._checkpoint import CheckpointStorage
 from .._container import Kind
 from ._versions import concurrently, manifest_name
+
+log = logging.getLogger("asyncio_ops.runtime")
 
 # keyed_process, partition 0's manifest: every version before it was deleted
 KEPT_FROM: Final = b"aops.kept_from"
@@ -50,6 +66,75 @@ def prune_versions(
     operator's never do (each version holds its elements whole)."""
     keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
     delete_before(storage, keep_from)
+
+
+class Retention:
+    """Partition 0's retention of the version ``version`` it writes: the oldest version
+    to keep (:func:`retained_from`, recorded in its manifest as ``KEPT_FROM``) and the
+    deletion of those before it (:func:`delete_before`; ``deleted_before``: the
+    ``KEPT_FROM`` of its manifest of the version restored).
+
+    Call order: construct it when the task starts (after any proof of state kept from
+    an earlier version), ``keep_from()`` before the manifest is written, ``join()``
+    once the version is written (the deletion done, its error raised), and
+    ``abandon()`` when the task ends, whatever happened (after a ``join()`` it does
+    nothing; otherwise the task failed, and its error is the one raised). On a remote
+    store the listing and then the deletion run in a thread of their own from the
+    constructor on (module docstring), which both wait for, so none outlives the task;
+    elsewhere ``keep_from()`` lists and ``join()`` deletes, in line."""
+
+    def __init__(
+        self, storage: CheckpointStorage, version: int, retain: int, deleted_before: int | None
+    ) -> None:
+        self._storage = storage
+        self._version = version
+        self._retain = retain
+        self._deleted_before = deleted_before
+        self._found: int | None = None
+        self._ended = False
+        self._listed: Future[int] = Future()
+        self._done: Future[None] | None = None
+        if storage.remote:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="aops-retention")
+            self._done = pool.submit(self._run)
+            pool.shutdown(wait=False)  # the thread ends with _run
+
+    def _run(self) -> None:
+        try:
+            keep_from = retained_from(self._storage, self._version, self._retain)
+        except BaseException as exc:  # keep_from() raises it
+            self._listed.set_exception(exc)
+            return
+        self._listed.set_result(keep_from)
+        delete_before(self._storage, keep_from, self._deleted_before)
+
+    def keep_from(self) -> int:
+        """The oldest version kept once ``version`` is written (the listing's error if it
+        failed)."""
+        if self._done is not None:
+            return self._listed.result()
+        if self._found is None:
+            self._found = retained_from(self._storage, self._version, self._retain)
+        return self._found
+
+    def join(self) -> None:
+        """Wait for the deletion (remote) or delete (elsewhere); its error, if any."""
+        self._ended = True
+        if self._done is not None:
+            self._listed.result()
+            self._done.result()
+        else:
+            delete_before(self._storage, self.keep_from(), self._deleted_before)
+
+    def abandon(self) -> None:
+        """The task ends: if it failed before ``join()``, wait for the thread, if any
+        (what it deleted is safe to have deleted: module docstring), and log its error,
+        as the task's is the one raised; elsewhere delete nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._done is not None and (exc := self._done.exception()) is not None:
+            log.warning("retention of version %s failed too: %r", self._version, exc)
 
 
 def drop_manifest(storage: CheckpointStorage, version: int, partition: int, kept: int) -> None:

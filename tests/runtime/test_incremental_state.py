@@ -782,6 +782,122 @@ def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_m
         workers.close()
 
 
+def _watch_retention(storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record ``"<what> <thread name>"`` of partition 0's retention listings and deletions."""
+    seen: list[str] = []
+    list_files, delete_versions = storage.list_files, storage.delete_versions
+
+    def listing(version: int, prefix: str = "") -> list[str]:
+        seen.append(f"list {threading.current_thread().name}")
+        return list_files(version, prefix)
+
+    def deleting(versions: Any) -> None:
+        versions = list(versions)
+        if versions:
+            seen.append(f"delete {threading.current_thread().name}")
+        delete_versions(versions)
+
+    monkeypatch.setattr(storage, "list_files", listing)
+    monkeypatch.setattr(storage, "delete_versions", deleting)
+    return seen
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_partition_0s_retention_runs_beside_its_writes_on_a_remote_store(
+    where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 partition 0 lists the oldest retained version and deletes the versions before
+    it in a thread of its own, started with the task, so its requests wait beside the
+    task's restore, processing and writes; on local disk, in line at the end. Either way
+    the same versions stay and every count carries on."""
+    if where == "s3":
+        spec = _s3_spec(s3_server, "beside", interval=2)
+    else:
+        spec = spec_for(tmp_path, "heap", interval=2)
+    storage = spec.checkpoint
+    assert storage is not None
+    seen = _watch_retention(storage, monkeypatch)
+    model = Model()
+    workers = Workers(monkeypatch)
+    try:
+        for batch_id in range(8):
+            events = [(k, batch_id + 1) for k in range(batch_id, 40, 2)]
+            got = [r for p in range(2) for r in run_partition(spec, batch_id, p, 2, events)]
+            expected = [model.apply(k, v) for k, v in events]
+            assert sorted(got, key=lambda r: r["k"]) == sorted(expected, key=lambda r: r["k"])
+    finally:
+        workers.close()
+    assert storage.versions() == [4, 5, 6, 7]  # as in the test above: chains of 5 start at 4
+    thread = "aops-retention" if where == "s3" else threading.main_thread().name
+    assert any(s.startswith("delete") for s in seen), seen
+    assert all(s.split(" ")[1].startswith(thread) for s in seen), seen
+    assert not [t for t in threading.enumerate() if t.name.startswith("aops-retention")]
+
+
+class FailsOnTheThird(Agg):
+    """Agg, failing on the third element of the task."""
+
+    seen = 0
+
+    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
+        self.seen += 1
+        if self.seen == 3:
+            raise ValueError(f"the function failed on key {value['k']}")
+        super().process_element(value, ctx, out)
+
+
+@pytest.mark.parametrize("fails", ["deletion", "write", "function"])
+def test_a_failed_retention_beside_the_writes_fails_the_attempt_and_leaves_no_thread(
+    fails: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deletion that fails in partition 0's retention thread fails the attempt with its
+    error; when the version's writes or the function fail too, theirs is the attempt's
+    error and the deletion's is logged. No retention thread outlives the attempt, and the
+    next attempt commits the version."""
+    spec = _s3_spec(s3_server, f"fails-{fails}", interval=2)
+    storage = spec.checkpoint
+    assert storage is not None
+    events = [(k, 1) for k in range(40)]
+    workers = Workers(monkeypatch)
+    try:
+        for batch_id in range(5):
+            for p in range(2):
+                run_partition(spec, batch_id, p, 2, events)
+        delete_versions, write = storage.delete_versions, storage.write
+
+        def broken_delete(versions: Any) -> None:
+            raise OSError("the store refused the deletion")
+
+        def broken_write(*args: Any, **kwargs: Any) -> Any:
+            raise OSError("the store refused the manifest")
+
+        monkeypatch.setattr(storage, "delete_versions", broken_delete)
+        if fails == "write":
+            monkeypatch.setattr(storage, "write", broken_write)
+        workers.use(2)  # the attempt after the failure starts cold
+        failing = spec
+        if fails == "function":
+            failing = dataclasses.replace(spec, function=FailsOnTheThird())
+        raised = {
+            "deletion": "the store refused the deletion",
+            "write": "the store refused the manifest",
+            "function": "the function failed on key",
+        }[fails]
+        with pytest.raises(Exception, match=raised):
+            run_partition(failing, 5, 0, 2, events)
+        assert not [t for t in threading.enumerate() if t.name.startswith("aops-retention")]
+        if fails != "deletion":
+            assert "retention of version 5 failed too" in caplog.text
+        monkeypatch.setattr(storage, "delete_versions", delete_versions)
+        monkeypatch.setattr(storage, "write", write)
+        workers.use(2)
+        run_partition(spec, 5, 0, 2, events)
+        run_partition(spec, 5, 1, 2, events)
+        assert storage.versions()[-1] == 5 and 0 not in storage.versions()
+    finally:
+        workers.close()
+
+
 # -- parked RocksDB databases: another Python worker of the machine opens the database --------
 def _kg_files(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("agg/v*/kg-*"))
