@@ -7,7 +7,10 @@ trip of 30 ms away, ``--retain-versions 10`` and ``--full-snapshot-interval
 50``, ``keyed_process``'s options: past ``retain_versions`` versions partition
 0 lists the oldest retained one, and deletes a version in most micro-batches
 once chains restart within the run; needs the dev extra, which brings moto's
-S3 server).
+S3 server; ``--operator unordered_wait`` runs the async operator instead: a
+lookup that answers at once, keyed, its carry-over checkpointed under the same
+location, so a small micro-batch is its restore, its writes and partition 0's
+retention).
 
 The job: ``keyed_process`` keeping a running count per key (a ValueState), one
 output row per event, into Spark's ``noop`` sink. A first micro-batch creates
@@ -56,7 +59,7 @@ from pyspark.sql import SparkSession
 
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._local_copies import LOCAL_COPIES_ENV
-from asyncio_ops.spark import keyed_process, session
+from asyncio_ops.spark import keyed_process, session, unordered_wait
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -64,6 +67,10 @@ from asyncio_ops.state import (
     KeyedRuntimeContext,
     ValueStateDescriptor,
 )
+
+
+async def lookup(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"n": row["key"] * 2}]
 
 
 class Count(KeyedProcessFunction[int, dict[str, Any], dict[str, Any]]):
@@ -176,7 +183,7 @@ def _inputs(keys: int, touch: int, batches: int) -> list[pa.Table]:
 def _run(
     spark: SparkSession, inputs: list[pa.Table], location: str, work: Path, partitions: int,
     requests: _Requests, show: bool = False, local_copies: bool = True, retain: int = 10,
-    interval: int = 50,
+    interval: int = 50, operator: str = "keyed_process",
 ) -> list[tuple[int, int, float]]:  # fmt: skip
     """(S3 requests, bytes written, seconds) of each small micro-batch.
 
@@ -195,11 +202,17 @@ def _run(
     for batch, table in enumerate(inputs):
         pq.write_table(table, source / f"{batch:04d}.parquet")
         stream = spark.readStream.schema("key long").parquet(str(source))
-        out = keyed_process(
-            stream, Count(), key="key", output_schema="key long, n long", uid="counts",
-            checkpoint_location=location, num_partitions=partitions, retain_versions=retain,
-            full_snapshot_interval=interval,
-        )  # fmt: skip
+        if operator == "unordered_wait":
+            out = unordered_wait(
+                stream, lookup, timeout=30, output_schema="n long", key="key", uid="counts",
+                checkpoint_location=location, retain_versions=retain,
+            )  # fmt: skip
+        else:
+            out = keyed_process(
+                stream, Count(), key="key", output_schema="key long, n long", uid="counts",
+                checkpoint_location=location, num_partitions=partitions, retain_versions=retain,
+                full_snapshot_interval=interval,
+            )  # fmt: skip
         requests.lines.clear()
         query = (
             out.writeStream.format("noop").option("checkpointLocation", str(work / "spark"))
@@ -247,13 +260,16 @@ def main() -> None:
         "--full-snapshot-interval", type=int, default=50,
         help="keyed_process's full_snapshot_interval",
     )  # fmt: skip
+    parser.add_argument(
+        "--operator", choices=["keyed_process", "unordered_wait"], default="keyed_process",
+    )  # fmt: skip
     args = parser.parse_args()
     spark = session(master="local[2]", app_name="bench-object-storage")
     spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     requests = _Requests()
     server, s3_template = _s3(requests, args.latency_ms / 1000)
     print(
-        f"keyed_process running count, {args.partitions} partitions, small micro-batches of "
+        f"{args.operator}, {args.partitions} partitions, small micro-batches of "
         f"{args.touch} touched keys; median of {args.batches}; S3 {args.latency_ms:g} ms away"
     )
     print(f"{'keys':>9} {'storage':>12} {'requests':>9} {'per part.':>9} {'max/part.':>9} "
@@ -271,7 +287,8 @@ def main() -> None:
                                  args.partitions, requests, args.show_requests,
                                  local_copies=name != "s3 elsewhere",
                                  retain=args.retain_versions,
-                                 interval=args.full_snapshot_interval)  # fmt: skip
+                                 interval=args.full_snapshot_interval,
+                                 operator=args.operator)  # fmt: skip
                     remote = name.startswith("s3")
                     reqs = statistics.median(r for r, _, _ in small) if remote else 0
                     most = max(r for r, _, _ in small) if remote else 0
