@@ -57,7 +57,7 @@ from ._inflight import (
     restore_operator_state,
 )
 from ._replay_log import ReplayLog, read_segment
-from ._retention import prune_versions
+from ._retention import Retention
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
 from ._stored import (
     ARROW,
@@ -127,6 +127,7 @@ class PartitionCheckpoint:
         self.partition = task.partition_id
         self.columnar = columnar
         self._previous_read: tuple[VersionFiles | None] | None = None  # read once
+        self._retention: Retention | None = None
         self.kind = ARROW if columnar else ROWS if spec.chunk_size is not None else ROW
         self.log = ReplayLog(
             self.storage, self.version, self.partition, log_type,
@@ -293,6 +294,7 @@ class PartitionCheckpoint:
         if not self.streaming:
             self._prune_runs()
             return
+        self.start_retention()
         p = self.task.num_partitions or 1
         carry = self._carry_over(input_schema, p)
         keyed = bool(self.spec.key_columns)
@@ -304,16 +306,37 @@ class PartitionCheckpoint:
         schema = b"" if input_schema is None else input_schema.serialize().to_pybytes()
         output = self.spec.output_schema.serialize().to_pybytes()
         assert isinstance(self.version, int)
-        write_version(
-            self.storage, self.version, self.partition, p, keyed,
-            sections, operator_state,
-            {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, OUTPUT_SCHEMA: output,
-             IN_FLIGHT: b"1", WATERMARK_META: watermarks.encoded(),
-             **({_LIMIT: str(limit).encode()} if limit is not None else {})},
-            kind=Kind.IN_FLIGHT,
-        )  # fmt: skip
-        if self.partition == 0 and isinstance(self.version, int):
-            prune_versions(self.storage, self.version, self.spec.retain_versions, chained=False)
+        try:
+            write_version(
+                self.storage, self.version, self.partition, p, keyed,
+                sections, operator_state,
+                {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, OUTPUT_SCHEMA: output,
+                 IN_FLIGHT: b"1", WATERMARK_META: watermarks.encoded(),
+                 **({_LIMIT: str(limit).encode()} if limit is not None else {})},
+                kind=Kind.IN_FLIGHT,
+            )  # fmt: skip
+        except BaseException:
+            self.end_retention()
+            raise
+        if self._retention is not None:
+            self._retention.join()
+
+    def start_retention(self) -> None:
+        """Partition 0 of a stream: start deleting the versions older than the newest
+        ``retain_versions`` (on a remote store in a thread of its own, beside the task:
+        ``_retention.Retention``; once). :meth:`finish` starts it if the task did not,
+        and waits for it once the version is written; after a failure,
+        :meth:`end_retention`."""
+        if self._retention is None and self.partition == 0 and isinstance(self.version, int):
+            self._retention = Retention(
+                self.storage, self.version, self.spec.retain_versions, None, chained=False
+            )
+
+    def end_retention(self) -> None:
+        """The task failed: wait for the retention started, if any (its error is logged:
+        the task's is the one raised)."""
+        if self._retention is not None:
+            self._retention.abandon()
 
     def _prune_runs(self) -> None:
         if self.partition != 0 or not isinstance(self.version, str):

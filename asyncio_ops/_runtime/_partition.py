@@ -230,6 +230,7 @@ def run_partition(
                 if carried.entries:
                     restored = carried.entries
             ckpt.restore_function_state(user_fn)
+            ckpt.start_retention()  # partition 0, streaming: beside the task on a remote store
         feeder = Feeder(op, spec, row_fn, watermarks, metrics, replay)
         if restored is not None:
             runtime.run(op.open(OperatorSnapshot(restored, spec.mode)))
@@ -264,6 +265,7 @@ def run_partition(
             ckpt.snapshot_function_state(user_fn)
     except BaseException:
         if ckpt is not None:
+            ckpt.end_retention()
             _flush_after_failure(ckpt)
         raise
     finally:

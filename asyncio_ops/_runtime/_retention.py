@@ -28,13 +28,14 @@ that the version directory's deletion takes with it later. A restore or
 ``read_state`` of such a version finds no manifest, and its error says why.
 
 On a remote store (S3, GCS, HDFS) partition 0's retention runs beside its
-task, not after it (:class:`Retention`): the listing of the oldest retained
-version and the deletion start when the task does (after it has proven any
-state it kept from an earlier version, which reads that version's manifest),
-while it restores, processes and writes. Deleting before the manifest of ``N`` is
-safe: what is deleted is older than every version the newest
-``retain_versions`` (``retain_versions >= 2``, so ``N - 1`` among them)
-name, whether or not ``N`` commits; an attempt of ``N`` that fails after the
+task, not after it (:class:`Retention`): the listing and the deletion start
+when the task does (``keyed_process``: after it has proven any state it kept
+from an earlier version, which reads that version's manifest; the async
+operator: once it has restored), while it restores, processes and writes.
+Deleting before the manifest of ``N`` is written is safe: what is deleted is
+older than every version the newest ``retain_versions`` need
+(``retain_versions >= 2``, so ``N - 1``, the one restored, among them),
+whether or not ``N`` commits; an attempt of ``N`` that fails after the
 deletion leaves partition 0's manifest of ``N - 1`` in force, whose
 ``KEPT_FROM`` is older, and its next attempt deletes the same versions again
 (already gone: nothing to do).
@@ -57,22 +58,20 @@ log = logging.getLogger("asyncio_ops.runtime")
 KEPT_FROM: Final = b"aops.kept_from"
 
 
-def prune_versions(
-    storage: CheckpointStorage, version: int, retain: int, chained: bool = True
-) -> None:
-    """Delete the versions older than the newest ``retain`` that no retained version's
-    chains name (partition 0 does it, after writing ``version``). ``chained``: the
-    operator's chains may name earlier versions (``keyed_process``); the async
-    operator's never do (each version holds its elements whole)."""
-    keep_from = retained_from(storage, version, retain) if chained else version - retain + 1
-    delete_before(storage, keep_from)
+def _keep_from(storage: CheckpointStorage, version: int, retain: int, chained: bool) -> int:
+    """The oldest version to keep once ``version`` is written: of the newest ``retain``,
+    the oldest, or (``chained``: ``keyed_process``, whose chains may name earlier
+    versions) the oldest their chains name; the async operator's versions hold their
+    elements whole."""
+    return retained_from(storage, version, retain) if chained else version - retain + 1
 
 
 class Retention:
     """Partition 0's retention of the version ``version`` it writes: the oldest version
-    to keep (:func:`retained_from`, recorded in its manifest as ``KEPT_FROM``) and the
+    to keep (``keyed_process``: :func:`retained_from`, recorded in its manifest as
+    ``KEPT_FROM``; ``chained=False``, the async operator: the newest ``retain``) and the
     deletion of those before it (:func:`delete_before`; ``deleted_before``: the
-    ``KEPT_FROM`` of its manifest of the version restored).
+    ``KEPT_FROM`` of its manifest of the version restored, if it says).
 
     Call order: construct it when the task starts (after any proof of state kept from
     an earlier version), ``keep_from()`` before the manifest is written, ``join()``
@@ -84,11 +83,17 @@ class Retention:
     elsewhere ``keep_from()`` lists and ``join()`` deletes, in line."""
 
     def __init__(
-        self, storage: CheckpointStorage, version: int, retain: int, deleted_before: int | None
+        self,
+        storage: CheckpointStorage,
+        version: int,
+        retain: int,
+        deleted_before: int | None,
+        chained: bool = True,
     ) -> None:
         self._storage = storage
         self._version = version
         self._retain = retain
+        self._chained = chained
         self._deleted_before = deleted_before
         self._found: int | None = None
         self._ended = False
@@ -101,7 +106,7 @@ class Retention:
 
     def _run(self) -> None:
         try:
-            keep_from = retained_from(self._storage, self._version, self._retain)
+            keep_from = _keep_from(self._storage, self._version, self._retain, self._chained)
         except BaseException as exc:  # keep_from() raises it
             self._listed.set_exception(exc)
             return
@@ -114,7 +119,7 @@ class Retention:
         if self._done is not None:
             return self._listed.result()
         if self._found is None:
-            self._found = retained_from(self._storage, self._version, self._retain)
+            self._found = _keep_from(self._storage, self._version, self._retain, self._chained)
         return self._found
 
     def join(self) -> None:

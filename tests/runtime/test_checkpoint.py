@@ -416,7 +416,7 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
     key group keeps it; adjacent sections of one file are one ranged read; pruning keeps
     every version the oldest retained version's chains name, and deletes the rest."""
     from asyncio_ops._keygroups import KeyGroupRange
-    from asyncio_ops._runtime._retention import prune_versions
+    from asyncio_ops._runtime._retention import Retention
     from asyncio_ops._runtime._versions import read_chains, read_version, write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
@@ -448,11 +448,11 @@ def test_a_chain_is_a_full_section_then_deltas_and_retention_keeps_what_chains_n
     with pytest.raises(CheckpointError, match=r"key group 5: a delta without a full"):
         write_version(s, 3, 0, 1, True, {5: _kg(5, "x", DELTA)}, [], {}, chains=chains)
     write_version(s, 3, 0, 1, True, {}, [], {}, chains=chains)
-    prune_versions(s, 3, 2)  # retains 2 and 3; 2's chains name version 0 too
+    Retention(s, 3, 2, None).join()  # retains 2 and 3; 2's chains name version 0 too
     assert s.versions() == [0, 1, 2, 3]
     write_version(s, 4, 0, 1, True, {1: _kg(1, "h1")}, [], {}, chains=chains)
     write_version(s, 5, 0, 1, True, {}, [], {}, chains={1: ((4, "x", 0, 1, 1),), 2: chains[2]})
-    prune_versions(s, 5, 2)  # retains 4 and 5: they name versions 2 and 4
+    Retention(s, 5, 2, None).join()  # retains 4 and 5: they name versions 2 and 4
     assert s.versions() == [2, 3, 4, 5]
 
 
@@ -464,7 +464,7 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     it keeps what the older-reaching one names (one may have failed after its data file,
     the manifest in force being the other's); a manifest without such a file (earlier
     releases) is read."""
-    from asyncio_ops._runtime._retention import prune_versions
+    from asyncio_ops._runtime._retention import Retention
     from asyncio_ops._runtime._versions import write_version
 
     s = CheckpointStorage(str(tmp_path), "op")
@@ -481,7 +481,7 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     for v in (1, 2):  # partition 0 keeps key group 1's chain from 0, partition 1 moves on
         write_version(s, v, 0, 2, True, {}, [], {}, chains=kept, writer="b")
         write_version(s, v, 1, 2, True, {2: _kg(2, f"g{v}")}, [], {}, writer="b")
-    prune_versions(s, 2, 2)  # retains 1 and 2: 1's chains name version 0
+    Retention(s, 2, 2, None).join()  # retains 1 and 2: 1's chains name version 0
     assert s.versions() == [0, 1, 2] and reads == []
     # version 3: partition 0's attempt "late" wrote a full section (its chains from 3)
     # and failed; attempt "c", whose manifest is in force, named version 0 still
@@ -491,9 +491,9 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     for v in (4, 5):
         write_version(s, v, 0, 2, True, {1: _kg(1, f"i{v}")}, [], {}, writer="d")
         write_version(s, v, 1, 2, True, {2: _kg(2, f"j{v}")}, [], {}, writer="d")
-    prune_versions(s, 4, 2)  # retains 3 and 4: 3's chains name version 0
+    Retention(s, 4, 2, None).join()  # retains 3 and 4: 3's chains name version 0
     assert s.versions() == [0, 1, 2, 3, 4, 5] and reads == []
-    prune_versions(s, 5, 2)  # retains 4 and 5, whose chains start at 4 and 5
+    Retention(s, 5, 2, None).join()  # retains 4 and 5, whose chains start at 4 and 5
     assert s.versions() == [4, 5] and reads == []
     # partition 1's file of version 4 as an earlier release named it: its manifest is read
     (old,) = s.list_files(4, "kg-p00001-")
@@ -501,7 +501,7 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     (version_dir / old).rename(version_dir / "kg-p00001-d.ckpt")
     write_version(s, 6, 0, 2, True, {1: _kg(1, "k6")}, [], {}, writer="e")
     write_version(s, 6, 1, 2, True, {2: _kg(2, "l6")}, [], {}, writer="e")
-    prune_versions(s, 6, 3)
+    Retention(s, 6, 3, None).join()
     assert reads == ["subtask-00001.ckpt"] and s.versions() == [4, 5, 6]
 
 

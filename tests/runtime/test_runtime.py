@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -521,3 +522,70 @@ def test_an_adaptive_limit_starts_where_the_partition_ended_its_last_micro_batch
     list(run_partition(spec, batches(list(range(5))), TaskInfo(0, 1, batch_id=1),
                        on_done=ended.append))  # fmt: skip
     assert ended[-1].capacity_limits[0] == grown
+
+
+def _deletions(storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread name of each deletion of versions (non-empty) from ``storage``."""
+    seen: list[str] = []
+    delete_versions = storage.delete_versions
+
+    def deleting(versions: Any) -> None:
+        versions = list(versions)
+        if versions:
+            seen.append(threading.current_thread().name)
+        delete_versions(versions)
+
+    monkeypatch.setattr(storage, "delete_versions", deleting)
+    return seen
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_async_operators_retention_runs_beside_its_task_on_a_remote_store(
+    where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming, partition 0 deletes the versions older than the newest
+    ``retain_versions``: on S3 in a thread of its own, started once its task has restored,
+    beside the task; on local disk in line at its end. Either way exactly the newest
+    ``retain_versions`` versions stay, and every row comes out."""
+    location = s3_server(f"async-retain-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
+        tmp_path
+    )
+    storage = CheckpointStorage(location, "op")
+    spec = spec_for(Lookup(), None, checkpoint=storage, retain_versions=3)
+    seen = _deletions(storage, monkeypatch)
+    for b in range(6):
+        for p in range(2):
+            ids = list(range(100 * b + 10 * p, 100 * b + 10 * p + 10))
+            out = rows_of(list(run_partition(spec, batches(ids), TaskInfo(p, 2, batch_id=b))))
+            assert [r["double"] for r in out] == [2 * i for i in ids]
+    assert storage.versions() == [3, 4, 5]
+    thread = "aops-retention" if where == "s3" else threading.main_thread().name
+    assert seen and all(name.startswith(thread) for name in seen), seen
+    assert not [t for t in threading.enumerate() if t.name.startswith("aops-retention")]
+
+
+@pytest.mark.parametrize("fails", ["deletion", "function"])
+def test_the_async_operators_failed_retention_fails_the_task_and_leaves_no_thread(
+    fails: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deletion that fails in partition 0's retention thread fails its task with that
+    error; when the function fails too, the function's error is the task's and the
+    deletion's is logged. No retention thread outlives the task."""
+    storage = CheckpointStorage(s3_server(f"async-fails-{uuid.uuid4().hex[:8]}"), "op")
+    fn = Lookup()
+    spec = spec_for(fn, None, checkpoint=storage, retain_versions=2)
+    for b in range(3):
+        list(run_partition(spec, batches([b]), TaskInfo(0, 1, batch_id=b)))
+
+    def broken(versions: Any) -> None:
+        raise OSError("the store refused the deletion")
+
+    monkeypatch.setattr(storage, "delete_versions", broken)
+    if fails == "function":
+        fn.fail_at = 3
+    raised = "refused the deletion" if fails == "deletion" else "boom at 3"
+    with pytest.raises(Exception, match=raised):
+        list(run_partition(spec, batches([3]), TaskInfo(0, 1, batch_id=3)))
+    assert not [t for t in threading.enumerate() if t.name.startswith("aops-retention")]
+    if fails == "function":
+        assert "retention of version 3 failed too" in caplog.text
