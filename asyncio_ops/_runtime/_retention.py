@@ -1,8 +1,8 @@
 """Retention: which versions of a streaming operator's state to delete, and deleting them.
 
-Contract. Partition 0, after writing version ``N``, keeps the newest
-``retain_versions`` versions and every older version directory their chains
-name (``asyncio_ops._runtime._versions``), and deletes the rest. It finds the
+Contract. Partition 0's task of version ``N`` keeps, once ``N`` is written,
+the newest ``retain_versions`` versions and every older version directory
+their chains name (``asyncio_ops._runtime._versions``), and deletes the rest. It finds the
 oldest version to keep without reading manifests: it lists the oldest
 retained version, whose key-group files' names say the oldest version their
 partition's chains name (``kg-p<i>-<token>-from<v>``; chains only move

@@ -803,7 +803,7 @@ def _watch_retention(storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_partition_0s_retention_runs_beside_its_writes_on_a_remote_store(
+def test_partition_0s_retention_runs_beside_its_task_on_a_remote_store(
     where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On S3 partition 0 lists the oldest retained version and deletes the versions before
@@ -847,7 +847,7 @@ class FailsOnTheThird(Agg):
 
 
 @pytest.mark.parametrize("fails", ["deletion", "write", "function"])
-def test_a_failed_retention_beside_the_writes_fails_the_attempt_and_leaves_no_thread(
+def test_a_failed_retention_beside_the_task_fails_the_attempt_and_leaves_no_thread(
     fails: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A deletion that fails in partition 0's retention thread fails the attempt with its
