@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -164,6 +165,18 @@ class PartitionCheckpoint:
             for pos, fp, res in zip(positions, fps, results, strict=True):
                 found[pos] = (fp, res)
         return found
+
+    def replay_and_restore(self) -> tuple[dict[int, tuple[bytes, Any]], Restored | None]:
+        """:meth:`load_replay` and :meth:`restore`, which read files that do not depend on
+        each other (this version's replay log, the previous version's elements): on a
+        remote store at once, the replay log in a thread of its own (waited for, its
+        error raised, also when the restore fails)."""
+        if not self.storage.remote:
+            return self.load_replay(), self.restore()
+        with ThreadPoolExecutor(1, thread_name_prefix="aops-read") as pool:
+            replay = pool.submit(self.load_replay)
+            carried = self.restore()
+            return replay.result(), carried
 
     # -- carry-over between micro-batches ----------------------------------------------------
     def _previous(self) -> int | None:

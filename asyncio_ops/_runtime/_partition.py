@@ -221,8 +221,7 @@ def run_partition(
         restored = None
         if ckpt is not None:
             row_fn.log = ckpt.log
-            replay = ckpt.load_replay()
-            carried = ckpt.restore()
+            replay, carried = ckpt.replay_and_restore()
             if carried is not None:
                 input_schema = carried.input_schema
                 if watermarks is not None:

@@ -12,6 +12,7 @@ still read.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -125,3 +126,47 @@ def test_watermarks_of_an_earlier_release_are_read_from_its_operator_state_files
     assert restored is not None and restored.entries == ()
     assert (restored.watermarks.max_seen, restored.watermarks.current) == (103.0, 93.0)
     assert sum("GET" in r and "/ops-p" in r for r in s3_server.requests) == parts
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_replay_log_is_read_beside_the_restore_on_a_remote_store(
+    where: str, s3_server: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's replay log (this version's, from its earlier attempts) and the elements the
+    previous version carried over are read at once on S3, the replay log in a thread of
+    its own; on local disk one after the other. Either way both come back whole, and a
+    failure of either is the task's error."""
+    location = s3_server(f"carry-replay-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
+        tmp_path
+    )
+    spec = _spec(location, True)
+    assert spec.checkpoint is not None
+    PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=1), RESULTS).finish(
+        _in_flight(range(8), True), WatermarkState(), IN
+    )
+    first = PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS)
+    first.log.append(-1, b"fp", [{"score": 0.5}])  # an attempt that failed after a lookup
+    first.log.flush()
+    threads: list[str] = []
+    list_files = spec.checkpoint.list_files
+
+    def listing(version: Any, prefix: str = "") -> list[str]:
+        threads.append(threading.current_thread().name)
+        return list_files(version, prefix)
+
+    monkeypatch.setattr(spec.checkpoint, "list_files", listing)
+    again = PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS)
+    replay, carried = again.replay_and_restore()
+    assert replay == {-1: (b"fp", [{"score": 0.5}])}
+    assert carried is not None
+    assert sorted(e.element.value.row["id"] for e in carried.entries) == list(range(8))
+    expected = "aops-read" if where == "s3" else threading.main_thread().name
+    assert threads and all(t.startswith(expected) for t in threads), threads
+
+    def broken(version: Any, prefix: str = "") -> list[str]:
+        raise OSError("the store refused the listing")
+
+    monkeypatch.setattr(spec.checkpoint, "list_files", broken)
+    with pytest.raises(OSError, match="refused the listing"):
+        PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS).replay_and_restore()
+    assert not [t for t in threading.enumerate() if t.name.startswith("aops-read")]
