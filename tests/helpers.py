@@ -1,11 +1,13 @@
 """Test doubles that are real async functions whose completion the test controls, the
-rule for a missing real dependency (:func:`unavailable`), and the environment of the
-JVMs the tests start (:data:`JVM_OPTIONS`)."""
+rule for a missing real dependency (:func:`unavailable`), the environment of the
+JVMs the tests start (:data:`JVM_OPTIONS`), and a record of the threads a checkpoint's
+retention runs on (:func:`retention_threads`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -87,3 +89,28 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(reason)  # only outside CI: under CI=true it failed above
+
+
+def retention_threads(
+    storage: Any, monkeypatch: pytest.MonkeyPatch, listings: bool = False
+) -> list[str]:
+    """``"<what> <thread name>"`` of each deletion of versions (``delete``; none when
+    there is nothing to delete) from ``storage`` (a ``CheckpointStorage``) and, with
+    ``listings``, of each listing of a version's files (``list``), as they happen."""
+    seen: list[str] = []
+    list_files, delete_versions = storage.list_files, storage.delete_versions
+
+    def listing(version: Any, prefix: str = "") -> Any:
+        seen.append(f"list {threading.current_thread().name}")
+        return list_files(version, prefix)
+
+    def deleting(versions: Any) -> None:
+        versions = list(versions)
+        if versions:
+            seen.append(f"delete {threading.current_thread().name}")
+        delete_versions(versions)
+
+    if listings:
+        monkeypatch.setattr(storage, "list_files", listing)
+    monkeypatch.setattr(storage, "delete_versions", deleting)
+    return seen

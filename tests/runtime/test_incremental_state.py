@@ -42,6 +42,7 @@ from asyncio_ops.state import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
+from tests.helpers import retention_threads
 
 Row = dict[str, Any]
 OUTPUT = pa.schema(
@@ -782,26 +783,6 @@ def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_m
         workers.close()
 
 
-def _watch_retention(storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record ``"<what> <thread name>"`` of partition 0's retention listings and deletions."""
-    seen: list[str] = []
-    list_files, delete_versions = storage.list_files, storage.delete_versions
-
-    def listing(version: int, prefix: str = "") -> list[str]:
-        seen.append(f"list {threading.current_thread().name}")
-        return list_files(version, prefix)
-
-    def deleting(versions: Any) -> None:
-        versions = list(versions)
-        if versions:
-            seen.append(f"delete {threading.current_thread().name}")
-        delete_versions(versions)
-
-    monkeypatch.setattr(storage, "list_files", listing)
-    monkeypatch.setattr(storage, "delete_versions", deleting)
-    return seen
-
-
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_partition_0s_retention_runs_beside_its_task_on_a_remote_store(
     where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -816,7 +797,7 @@ def test_partition_0s_retention_runs_beside_its_task_on_a_remote_store(
         spec = spec_for(tmp_path, "heap", interval=2)
     storage = spec.checkpoint
     assert storage is not None
-    seen = _watch_retention(storage, monkeypatch)
+    seen = retention_threads(storage, monkeypatch, listings=True)
     model = Model()
     workers = Workers(monkeypatch)
     try:

@@ -16,6 +16,7 @@ from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._container import Kind
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
+from tests.helpers import retention_threads
 
 MAXP = 16
 
@@ -524,21 +525,6 @@ def test_an_adaptive_limit_starts_where_the_partition_ended_its_last_micro_batch
     assert ended[-1].capacity_limits[0] == grown
 
 
-def _deletions(storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The thread name of each deletion of versions (non-empty) from ``storage``."""
-    seen: list[str] = []
-    delete_versions = storage.delete_versions
-
-    def deleting(versions: Any) -> None:
-        versions = list(versions)
-        if versions:
-            seen.append(threading.current_thread().name)
-        delete_versions(versions)
-
-    monkeypatch.setattr(storage, "delete_versions", deleting)
-    return seen
-
-
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_the_async_operators_retention_runs_beside_its_task_on_a_remote_store(
     where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -552,7 +538,7 @@ def test_the_async_operators_retention_runs_beside_its_task_on_a_remote_store(
     )
     storage = CheckpointStorage(location, "op")
     spec = spec_for(Lookup(), None, checkpoint=storage, retain_versions=3)
-    seen = _deletions(storage, monkeypatch)
+    seen = retention_threads(storage, monkeypatch)
     for b in range(6):
         for p in range(2):
             ids = list(range(100 * b + 10 * p, 100 * b + 10 * p + 10))
@@ -560,7 +546,7 @@ def test_the_async_operators_retention_runs_beside_its_task_on_a_remote_store(
             assert [r["double"] for r in out] == [2 * i for i in ids]
     assert storage.versions() == [3, 4, 5]
     thread = "aops-retention" if where == "s3" else threading.main_thread().name
-    assert seen and all(name.startswith(thread) for name in seen), seen
+    assert seen and all(s.split(" ")[1].startswith(thread) for s in seen), seen
     assert not [t for t in threading.enumerate() if t.name.startswith("aops-retention")]
 
 
