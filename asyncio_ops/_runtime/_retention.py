@@ -2,19 +2,19 @@
 
 Contract. Partition 0's task of version ``N`` keeps, once ``N`` is written,
 the newest ``retain_versions`` versions and every older version directory
-their chains name (``asyncio_ops._runtime._versions``), and deletes the rest. It finds the
-oldest version to keep without reading manifests: it lists the oldest
-retained version, whose key-group files' names say the oldest version their
-partition's chains name (``kg-p<i>-<token>-from<v>``; chains only move
-forward, so later versions name nothing older; of two attempts the least is
-kept, so a failed attempt that restarted a chain never hides what the
-manifest in force names; a partition whose files do not say, from earlier
-releases, has its manifest read). ``keyed_process`` records in partition 0's
-manifest the version before which every version is deleted (``KEPT_FROM``),
-and deletes from the one its previous manifest records, so the versions are
-listed only when no manifest says (the first time). The async operator's
-versions hold their elements whole: it keeps exactly the newest
-``retain_versions``.
+their chains name (``asyncio_ops._runtime._versions``), and deletes the
+rest. It finds the oldest version to keep without reading manifests: it
+lists the oldest retained version, whose key-group files' names say the
+oldest version their partition's chains name (``kg-p<i>-<token>-from<v>``;
+chains only move forward, so later versions name nothing older; of two
+attempts the least is kept, so a failed attempt that restarted a chain never
+hides what the manifest in force names; a partition whose files do not say,
+from earlier releases, has its manifest read). ``keyed_process`` records in
+partition 0's manifest the version before which every version is deleted
+(``KEPT_FROM``), and deletes from the one its previous manifest records, so
+the versions are listed only when no manifest says (the first time). The
+async operator's versions hold their elements whole: it keeps exactly the
+newest ``retain_versions``.
 
 A ``keyed_process`` version older than the newest ``retain_versions`` stays
 only for the files its successors' chains name: it is never restored again,
@@ -138,8 +138,10 @@ class Retention:
         if self._ended:
             return
         self._ended = True
-        if self._done is not None and (exc := self._done.exception()) is not None:
-            log.warning("retention of version %s failed too: %r", self._version, exc)
+        if self._done is not None:  # once the thread is done, its listing is too
+            exc = self._done.exception() or self._listed.exception()
+            if exc is not None:
+                log.warning("retention of version %s failed too: %r", self._version, exc)
 
 
 def drop_manifest(storage: CheckpointStorage, version: int, partition: int, kept: int) -> None:
