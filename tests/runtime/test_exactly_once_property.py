@@ -8,14 +8,14 @@ carried over batch boundaries. Elements are rows (keyed or not) or chunks of thr
 or Arrow). A last batch without input and without a drain bound ends the stream. Every input
 row must come out exactly once, in key order per key in keyed mode. ``capacity`` exceeds the
 rows of a micro-batch: a hung lookup at the head of a full queue holds the input back until
-its timeout (backpressure, as in Flink), not just the drain.
+its timeout (backpressure, as in Flink), not just the drain. On local disk and on S3, where
+partition 0's retention deletes old versions in a thread of its own beside its tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -80,7 +80,7 @@ def _batch(ids: list[int], keyed: bool) -> list[pa.RecordBatch]:
     return [pa.RecordBatch.from_pydict(cols)]
 
 
-def _spec(fn: HangsOnce, location: Path, keyed: bool, parts: int, mode: OutputMode,
+def _spec(fn: HangsOnce, location: str, keyed: bool, parts: int, mode: OutputMode,
           drain: float | None, token: str, chunk: int | None) -> PartitionSpec:  # fmt: skip
     fields = [pa.field("id", pa.int64()), pa.field("k", pa.int64())]
     if keyed:
@@ -90,8 +90,8 @@ def _spec(fn: HangsOnce, location: Path, keyed: bool, parts: int, mode: OutputMo
         function=fn, function_token=token, mode=mode, timeout=600.0, capacity=16, retry=None,
         output_schema=pa.schema(fields), added_columns=("v",),
         key_columns=("k",) if keyed else (), num_partitions=parts, max_parallelism=MAXP,
-        checkpoint=CheckpointStorage(str(location), "op"), drain_timeout=drain,
-        flush_rows=3, batch_size=4, chunk_size=chunk,
+        checkpoint=CheckpointStorage(location, "op"), drain_timeout=drain,
+        flush_rows=3, batch_size=4, chunk_size=chunk, retain_versions=2,
     )  # fmt: skip
 
 
@@ -114,6 +114,7 @@ batches_strategy = st.lists(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["local", "s3"])
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -125,12 +126,17 @@ batches_strategy = st.lists(
 )
 def test_every_row_exactly_once_through_kills_carry_over_and_rescaling(
     tmp_path_factory: pytest.TempPathFactory,
+    s3_server: Any,
+    where: str,
     batches: list[tuple[int, int, set[int], int]],
     element: str,
     ordered: bool,
     slow_every: int,
 ) -> None:
-    location = tmp_path_factory.mktemp("ckpt")
+    if where == "s3":  # partition 0's retention then runs beside its tasks
+        location = s3_server(f"exactly-once-{uuid.uuid4().hex[:8]}")
+    else:
+        location = str(tmp_path_factory.mktemp("ckpt"))
     total = sum(n for _, n, _, _ in batches)
     slow = {i for i in range(total) if i % slow_every == 0}
     keyed = element == "keyed row"
