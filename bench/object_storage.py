@@ -8,9 +8,10 @@ trip of 30 ms away, ``--retain-versions 10`` and ``--full-snapshot-interval
 0 lists the oldest retained one, and deletes a version in most micro-batches
 once chains restart within the run; needs the dev extra, which brings moto's
 S3 server; ``--operator unordered_wait`` runs the async operator instead: a
-lookup that answers at once, keyed, its carry-over checkpointed under the same
-location, so a small micro-batch is its restore, its writes and partition 0's
-retention).
+lookup that answers at once and checkpoints a cache of its answers, keyed, its
+carry-over checkpointed under the same location, so a small micro-batch is
+its restore (the caches every partition wrote among it), its writes and
+partition 0's retention).
 
 The job: ``keyed_process`` keeping a running count per key (a ValueState), one
 output row per event, into Spark's ``noop`` sink. A first micro-batch creates
@@ -49,6 +50,7 @@ import socket
 import statistics
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from asyncio_ops import AsyncFunction
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._local_copies import LOCAL_COPIES_ENV
 from asyncio_ops.spark import keyed_process, session, unordered_wait
@@ -69,8 +72,26 @@ from asyncio_ops.state import (
 )
 
 
-async def lookup(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"n": row["key"] * 2}]
+class CachedLookup(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    """Answers at once and checkpoints a cache of its answers (the last 1,000 keys), as
+    the connectors' lookups with a cache do: each partition writes its table with every
+    version, and each restores every partition's."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, int] = {}
+
+    async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        n = self.cache.setdefault(row["key"], row["key"] * 2)
+        return [{"n": n}]
+
+    def snapshot_function_state(self) -> pa.Table | None:
+        keys = list(self.cache)[-1000:]
+        return pa.table({"key": keys, "n": [self.cache[k] for k in keys]}) if keys else None
+
+    def initialize_function_state(self, tables: Sequence[pa.Table]) -> None:
+        for table in tables:
+            keys, ns = table.column("key").to_pylist(), table.column("n").to_pylist()
+            self.cache.update(zip(keys, ns, strict=True))
 
 
 class Count(KeyedProcessFunction[int, dict[str, Any], dict[str, Any]]):
@@ -204,7 +225,7 @@ def _run(
         stream = spark.readStream.schema("key long").parquet(str(source))
         if operator == "unordered_wait":
             out = unordered_wait(
-                stream, lookup, timeout=30, output_schema="n long", key="key", uid="counts",
+                stream, CachedLookup(), timeout=30, output_schema="n long", key="key", uid="counts",
                 checkpoint_location=location, retain_versions=retain,
             )  # fmt: skip
         else:
