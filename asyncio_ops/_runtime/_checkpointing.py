@@ -79,6 +79,7 @@ from ._versions import (
     IN_FLIGHT,
     OUTPUT_SCHEMA,
     VersionFiles,
+    concurrently,
     read_previous,
     write_version,
 )
@@ -366,16 +367,17 @@ class PartitionCheckpoint:
         return self.version - 1 if self.version > 0 else None
 
     def restore_function_state(self, fn: object) -> None:
-        """Offer a :class:`CheckpointedFunction` what every partition wrote last time."""
+        """Offer a :class:`CheckpointedFunction` what every partition wrote last time (the
+        files read at once on a remote store, in the order listed)."""
         if not isinstance(fn, CheckpointedFunction):
             return
         source = self._function_state_source()
         if source is None:
             return
-        tables = [
-            self.storage.read(source, name, Kind.FUNCTION_STATE)
-            for name in self.storage.list_files(source, "fnstate-")
-        ]
+        names = self.storage.list_files(source, "fnstate-")  # one per partition
+        tables = concurrently(  # at once on a remote store
+            self.storage, lambda name: self.storage.read(source, name, Kind.FUNCTION_STATE), names
+        )
         if tables:
             fn.initialize_function_state(tables)
 

@@ -363,6 +363,40 @@ def test_function_state_is_checkpointed_and_offered_to_the_next_version(tmp_path
     assert second.calls == list(range(20, 25))  # only what no earlier partition had
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_every_partitions_function_state_is_read_at_once_on_a_remote_store(
+    where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming, each partition offers its function every partition's state of the
+    previous version, in partition order: on S3 the files are read at once (in threads
+    of their own), on local disk one after the other."""
+    location = s3_server(f"fnstate-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
+        tmp_path
+    )
+    storage = CheckpointStorage(location, "op")
+    for p in range(3):  # micro-batch 0: three workers, each its own function
+        spec = spec_for(Memo(), None, checkpoint=storage)  # a token of its own
+        ids = list(range(10 * p, 10 * p + 10))
+        list(run_partition(spec, batches(ids), TaskInfo(p, 3, batch_id=0)))
+    threads: list[str] = []
+    read = storage.read
+
+    def reading(version: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("fnstate-"):
+            threads.append(threading.current_thread().name)
+        return read(version, name, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "read", reading)
+    fresh = Memo()  # micro-batch 1 on a new worker
+    spec = spec_for(fresh, None, checkpoint=storage)
+    out = rows_of(list(run_partition(spec, batches([1, 35]), TaskInfo(0, 3, batch_id=1))))
+    assert [r["double"] for r in out] == [2, 70]
+    assert fresh.offered == [(i, 2 * i) for i in range(30)]  # partitions 0, 1, 2 in order
+    assert fresh.calls == [35]  # 1 came from partition 0's state
+    expected = "aops-read" if where == "s3" else threading.main_thread().name
+    assert len(threads) == 3 and all(t.startswith(expected) for t in threads), threads
+
+
 def test_a_worker_keeps_a_bounded_number_of_functions_open() -> None:
     from asyncio_ops._runtime import MAX_OPEN_FUNCTIONS, WorkerRuntime
 
