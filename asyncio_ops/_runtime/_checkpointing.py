@@ -34,7 +34,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,6 +94,17 @@ class Restored:
     entries: tuple[SnapshotEntry, ...]
     watermarks: WatermarkState
     input_schema: pa.Schema | None
+
+
+class Opening(NamedTuple):
+    """What a task reads before it runs (:meth:`PartitionCheckpoint.open_state`)."""
+
+    replay: dict[int, tuple[bytes, Any]]
+    """Completions earlier attempts of this task logged (``load_replay``)."""
+    carried: Restored | None
+    """The previous micro-batch's elements and watermarks (``restore``)."""
+    function_state: list[pa.Table]
+    """Every partition's state of the function in the previous version (empty: none)."""
 
 
 # -- one partition's checkpoint ------------------------------------------------------------------
@@ -167,17 +178,23 @@ class PartitionCheckpoint:
                 found[pos] = (fp, res)
         return found
 
-    def replay_and_restore(self) -> tuple[dict[int, tuple[bytes, Any]], Restored | None]:
-        """:meth:`load_replay` and :meth:`restore`, which read files that do not depend on
-        each other (this version's replay log, the previous version's elements): on a
-        remote store at once, the replay log in a thread of its own (waited for, its
-        error raised, also when the restore fails)."""
+    def open_state(self, fn: object) -> Opening:
+        """What a task reads before it runs, from files that do not depend on each other:
+        this version's replay log (:meth:`load_replay`), the previous version's elements
+        (:meth:`restore`) and, for a :class:`CheckpointedFunction` ``fn``, every
+        partition's state of it (:meth:`function_state_tables`). On a remote store at
+        once, the replay log and the function's state each in a thread of its own
+        (waited for, their errors raised, also when the restore fails)."""
+        wants = isinstance(fn, CheckpointedFunction)
         if not self.storage.remote:
-            return self.load_replay(), self.restore()
-        with ThreadPoolExecutor(1, thread_name_prefix="aops-read") as pool:
-            replay = pool.submit(self.load_replay)
+            replay, carried = self.load_replay(), self.restore()
+            return Opening(replay, carried, self.function_state_tables() if wants else [])
+        with ThreadPoolExecutor(2, thread_name_prefix="aops-read") as pool:
+            replay_read = pool.submit(self.load_replay)
+            tables_read = pool.submit(self.function_state_tables) if wants else None
             carried = self.restore()
-            return replay.result(), carried
+            tables = tables_read.result() if tables_read is not None else []
+            return Opening(replay_read.result(), carried, tables)
 
     # -- carry-over between micro-batches ----------------------------------------------------
     def _previous(self) -> int | None:
@@ -366,19 +383,23 @@ class PartitionCheckpoint:
             return runs[-1] if runs else None
         return self.version - 1 if self.version > 0 else None
 
-    def restore_function_state(self, fn: object) -> None:
-        """Offer a :class:`CheckpointedFunction` what every partition wrote last time (the
-        files read at once on a remote store, in the order listed)."""
-        if not isinstance(fn, CheckpointedFunction):
-            return
+    def function_state_tables(self) -> list[pa.Table]:
+        """Every partition's table of a :class:`CheckpointedFunction`'s state in the
+        previous version (or run), in partition order; the files read at once on a
+        remote store."""
         source = self._function_state_source()
         if source is None:
-            return
+            return []
         names = self.storage.list_files(source, "fnstate-")  # one per partition
-        tables = concurrently(  # at once on a remote store
+        return concurrently(
             self.storage, lambda name: self.storage.read(source, name, Kind.FUNCTION_STATE), names
         )
-        if tables:
+
+    @staticmethod
+    def offer_function_state(fn: object, tables: list[pa.Table]) -> None:
+        """Offer a :class:`CheckpointedFunction` what every partition wrote last time
+        (:meth:`function_state_tables`), if anything."""
+        if tables and isinstance(fn, CheckpointedFunction):
             fn.initialize_function_state(tables)
 
     def snapshot_function_state(self, fn: object) -> None:

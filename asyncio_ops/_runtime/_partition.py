@@ -221,14 +221,14 @@ def run_partition(
         restored = None
         if ckpt is not None:
             row_fn.log = ckpt.log
-            replay, carried = ckpt.replay_and_restore()
+            replay, carried, function_state = ckpt.open_state(user_fn)
             if carried is not None:
                 input_schema = carried.input_schema
                 if watermarks is not None:
                     watermarks.restore(carried.watermarks.max_seen, carried.watermarks.current)
                 if carried.entries:
                     restored = carried.entries
-            ckpt.restore_function_state(user_fn)
+            ckpt.offer_function_state(user_fn, function_state)
             ckpt.start_retention()  # partition 0, streaming: beside the task on a remote store
         feeder = Feeder(op, spec, row_fn, watermarks, metrics, replay)
         if restored is not None:

@@ -156,8 +156,8 @@ def test_the_replay_log_is_read_beside_the_restore_on_a_remote_store(
 
     monkeypatch.setattr(spec.checkpoint, "list_files", listing)
     again = PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS)
-    replay, carried = again.replay_and_restore()
-    assert replay == {-1: (b"fp", [{"score": 0.5}])}
+    replay, carried, function_state = again.open_state(None)
+    assert replay == {-1: (b"fp", [{"score": 0.5}])} and function_state == []
     assert carried is not None
     assert sorted(e.element.value.row["id"] for e in carried.entries) == list(range(8))
     expected = "aops-read" if where == "s3" else threading.main_thread().name
@@ -168,5 +168,5 @@ def test_the_replay_log_is_read_beside_the_restore_on_a_remote_store(
 
     monkeypatch.setattr(spec.checkpoint, "list_files", broken)
     with pytest.raises(OSError, match="refused the listing"):
-        PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS).replay_and_restore()
+        PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=2), RESULTS).open_state(None)
     assert not [t for t in threading.enumerate() if t.name.startswith("aops-read")]

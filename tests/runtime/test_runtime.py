@@ -368,8 +368,9 @@ def test_every_partitions_function_state_is_read_at_once_on_a_remote_store(
     where: str, s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Streaming, each partition offers its function every partition's state of the
-    previous version, in partition order: on S3 the files are read at once (in threads
-    of their own), on local disk one after the other."""
+    previous version, in partition order: on S3 the files are read at once, in threads
+    of their own beside the restore of the previous version's elements; on local disk
+    one after the other."""
     location = s3_server(f"fnstate-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
         tmp_path
     )
