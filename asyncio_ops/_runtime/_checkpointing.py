@@ -183,8 +183,8 @@ class PartitionCheckpoint:
         this version's replay log (:meth:`load_replay`), the previous version's elements
         (:meth:`restore`) and, for a :class:`CheckpointedFunction` ``fn``, every
         partition's state of it (:meth:`function_state_tables`). On a remote store at
-        once, the replay log and the function's state each in a thread of its own
-        (waited for, their errors raised, also when the restore fails)."""
+        once, the replay log and the function's state each in a thread of its own,
+        always waited for: the restore's error if it fails, else theirs."""
         wants = isinstance(fn, CheckpointedFunction)
         if not self.storage.remote:
             replay, carried = self.load_replay(), self.restore()
