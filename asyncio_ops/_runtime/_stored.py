@@ -289,16 +289,16 @@ def in_order(
     """
     if not elements.num_rows:
         return []
-    order = pc.sort_indices(elements, sort_keys=_ORDER)
     # one old partition's elements (a restore at the same parallelism) come in queue
-    # order, keyed or not: no copy of their rows then
-    in_place = np.array_equal(order.to_numpy(), np.arange(len(order)))
-    table = _attempts_filled(elements if in_place else elements.take(order))
+    # order, keyed or not: no sort and no copy of their rows then
+    if not _ordered(elements):
+        elements = elements.take(pc.sort_indices(elements, sort_keys=_ORDER))
+    table = _attempts_filled(elements)
     rows, timestamps, lates, done, attempts, deadlines = (
-        table.column(name).to_pylist()
+        _values(table.column(name))
         for name in ("row", "timestamp", "late", "results", "attempts", "deadline")
     )
-    afters = table.column("after_watermark").to_pylist() if event_time else None
+    afters = _values(table.column("after_watermark")) if event_time else None
     if kind == ARROW:  # a chunk and its output as Arrow batches
         rows = [pa.RecordBatch.from_pylist(r, schema=input_schema) for r in rows]
         done = [
@@ -323,6 +323,27 @@ def in_order(
             out.append(SnapshotEntry(Watermark(last)))
         out.append(entry)
     return out
+
+
+def _ordered(elements: pa.Table) -> bool:
+    """Whether ``elements`` are in (after_watermark, partition, seq) order already: one
+    comparison of each row with the next, no sort (the columns hold no nulls: every
+    writer fills them)."""
+    after, partition, seq = (
+        elements.column(name).to_numpy() for name in ("after_watermark", "partition", "seq")
+    )
+    a0, a1, p0, p1 = after[:-1], after[1:], partition[:-1], partition[1:]
+    later = (p0 < p1) | ((p0 == p1) & (seq[:-1] <= seq[1:]))
+    return bool(np.all((a0 < a1) | ((a0 == a1) & later)))
+
+
+def _values(column: pa.ChunkedArray) -> list[Any]:
+    """``column.to_pylist()``; a column of nulls alone (the timestamps without event time,
+    the late flags without a lateness bound) without converting each."""
+    if column.null_count == len(column):
+        return [None] * len(column)
+    values: list[Any] = column.to_pylist()
+    return values
 
 
 # the fields of a restored element's three objects, in their __init__'s order

@@ -10,6 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
 from asyncio_ops._container import DELTA, FULL, SHARED, Section
@@ -352,3 +354,28 @@ def test_restored_elements_become_queue_entries_in_order(
             assert (value.row, value.late, value.position) == (e.row, e.late, -(i + 1))
             assert entry.results == (None if e.results is None else tuple(e.results))
             assert (entry.key, entry.attempts, entry.deadline) == (None, e.attempts, e.deadline)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([-math.inf, 1.0, 5.0]), st.integers(0, 2), st.integers(0, 4)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_elements_in_queue_order_are_found_without_a_sort(
+    keys: list[tuple[float, int, int]],
+) -> None:
+    """The restore skips its sort exactly when the elements are in (after_watermark,
+    partition, seq) order already, ties included (a stable sort leaves them in place):
+    the same entries as the sort, whatever the order."""
+    from asyncio_ops._runtime._stored import _ORDER, _ordered, in_order
+
+    serializer = ElementBatchSerializer(ElementSerializer(ROW, OUT, IN))
+    written = [element(seq, partition=part, after_watermark=after) for after, part, seq in keys]
+    table = pa.Table.from_batches([serializer.to_batch(written, deadlines=True)])
+    order = pc.sort_indices(table, sort_keys=_ORDER).to_pylist()
+    assert _ordered(table) == (order == list(range(len(keys))))
+    rows = [e.element.value.row for e in in_order(table, ROW, IN, OUT, False)]
+    assert rows == [written[i].row for i in order]
