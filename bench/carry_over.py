@@ -8,9 +8,10 @@ as the next micro-batch's carry-over; the next micro-batch restores them. For
 keyed (one key per element, spread over 64 of the partition's key groups,
 as Spark's hash would give), with ``state_backend`` heap and RocksDB (which
 only reads earlier releases' keyed carry-overs, so the two should agree), and
-unkeyed, this prints the best and the median of R runs (a garbage collection
-before each; the median counts the collections a run's own garbage triggers) of
-the wall time of ``finish`` (write) and ``restore`` (read) through a local
+unkeyed, this prints the best and the median of R runs (the garbage of the
+cases before collected before a case's first run, each run's result released
+after its timing; the median counts the collections a run's own garbage
+triggers) of the wall time of ``finish`` (write) and ``restore`` (read) through a local
 checkpoint directory, per element, beside two floors, each one Arrow IPC
 table written and read (to Python values) in one piece through the same
 storage: the input rows alone (``floor (input rows)``, the floor the target
@@ -85,13 +86,16 @@ def spec(root: Path, keyed: bool, backend: str) -> PartitionSpec:
 
 
 def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """The best and the median of ``repeat`` timed runs of ``fn``."""
+    """The best and the median of ``repeat`` timed runs of ``fn``: the garbage of the
+    cases before collected once, before the first; each run's result released after
+    its timing, before the next (so no run pays for freeing another's)."""
     times = []
+    gc.collect()
     for _ in range(repeat):
-        gc.collect()  # each run starts without the garbage of the cases before it
         t0 = time.perf_counter()
-        fn()
+        result = fn()
         times.append(time.perf_counter() - t0)
+        del result
     return min(times), statistics.median(times)
 
 
@@ -109,15 +113,13 @@ def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[tuple[float, 
         other = PartitionCheckpoint(s, TaskInfo(1, 2, batch_id=1), pa.list_(pa.struct(list(OUT))))
         other.finish([], WatermarkState(-math.inf, -math.inf), IN)  # partition 1: nothing
         reader = PartitionCheckpoint(s, TaskInfo(0, 2, batch_id=2), pa.list_(pa.struct(list(OUT))))
-        got: list[Any] = []
-
-        def read() -> None:
+        def read() -> Any:
             restored = reader.restore()
             assert restored is not None
-            got[:] = restored.entries
+            return restored.entries
 
         read_s = best(read, repeat)
-        assert len(got) == n, (len(got), n)
+        assert len(read()) == n
         return write_s, read_s
 
 
@@ -129,8 +131,8 @@ def floor(n: int, repeat: int) -> tuple[tuple[float, float], ...]:
         def write() -> None:
             storage.write(1, "floor.ckpt", Kind.REPLAY_LOG, pa.Table.from_pylist(rows, schema=IN))
 
-        def read() -> None:
-            storage.read(1, "floor.ckpt", Kind.REPLAY_LOG).to_pylist()
+        def read() -> Any:
+            return storage.read(1, "floor.ckpt", Kind.REPLAY_LOG).to_pylist()
 
         return best(write, repeat), best(read, repeat)
 
@@ -147,8 +149,8 @@ def floor_elements(n: int, repeat: int) -> tuple[tuple[float, float], ...]:
             table = pa.Table.from_pylist(rows, schema=schema)
             storage.write(1, "floor.ckpt", Kind.REPLAY_LOG, table)
 
-        def read() -> None:
-            storage.read(1, "floor.ckpt", Kind.REPLAY_LOG).to_pylist()
+        def read() -> Any:
+            return storage.read(1, "floor.ckpt", Kind.REPLAY_LOG).to_pylist()
 
         return best(write, repeat), best(read, repeat)
 
