@@ -95,7 +95,6 @@ class Retention:
         self._retain = retain
         self._chained = chained
         self._deleted_before = deleted_before
-        self._found: int | None = None
         self._ended = False
         self._listed: Future[int] = Future()
         self._done: Future[None] | None = None
@@ -116,11 +115,11 @@ class Retention:
     def keep_from(self) -> int:
         """The oldest version kept once ``version`` is written (the listing's error if it
         failed)."""
-        if self._done is not None:
-            return self._listed.result()
-        if self._found is None:
-            self._found = _keep_from(self._storage, self._version, self._retain, self._chained)
-        return self._found
+        if self._done is None and not self._listed.done():  # in line: listed once
+            self._listed.set_result(
+                _keep_from(self._storage, self._version, self._retain, self._chained)
+            )
+        return self._listed.result()
 
     def join(self) -> None:
         """Wait for the deletion (remote) or delete (elsewhere); its error, if any."""
