@@ -294,6 +294,15 @@ class SupportsRateLimitUsage(Protocol):
 
 
 @runtime_checkable
+class SupportsNullKeyCount(Protocol):
+    """A function that answers a row whose key is NULL without a request, and counts
+    those rows, monotonic over its life. The runtime adds each partition's share to
+    the metrics (``skipped_null_keys``)."""
+
+    def null_key_count(self) -> int: ...
+
+
+@runtime_checkable
 class SupportsCacheStatistics(Protocol):
     """A function whose cache counters reach the operator metrics (None: no cache)."""
 

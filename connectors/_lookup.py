@@ -1,14 +1,28 @@
-"""What the Postgres and HTTP lookups share: key fields, lifecycle, pickling, statistics.
+"""What every lookup shares: key fields, the NULL-key rule, lifecycle, pickling, statistics.
 
 A lookup's life (the :class:`asyncio_ops.AsyncFunction` call order)::
 
-    __init__            on the driver: validates options, opens nothing
+    __init__              on the driver: validates options, opens nothing
     (pickled to each worker; the copy carries configuration only)
-    open(ctx)           on the worker: acquires the process-wide client, creates
-                        the batcher; idempotent while open
-    async_invoke(row)   per row attempt, concurrently; ConnectorError subclasses
-    close()             cancels batches in flight, releases the client (closed with
-                        its last user), keeps the statistics
+    open(ctx)             on the worker: acquires the process-wide client, creates
+                          the batcher; idempotent while open
+    async_invoke(row)     per row attempt, concurrently: the NULL-key rule, then the
+                          connector's ``lookup(row)``; ConnectorError subclasses
+    async_invoke_arrow(b) per chunk (columnar path): the rule, then ``lookup_many(b)``
+                          with the chunk's rows whose request fields are all set
+    close()               cancels batches in flight, releases the client (closed with
+                          its last user), keeps the statistics
+
+The NULL-key rule, in one place for every connector: a row whose value is NULL
+in any field a request is made of (``request_fields()``: a key, a URL template's
+fields, a prompt's) matches nothing and sends nothing. The row gets no result
+(the operator drops it, or keeps it with NULL output columns, as ``on_empty``
+says) and is counted in ``statistics().null_keys`` and the operator metrics'
+``skipped_null_keys``. A field the row does not have at all is a
+:class:`LookupKeyError` naming it (a schema mistake, not a missing value). A
+connector that wants NULLs says so by returning ``()`` from ``request_fields()``.
+Subclasses implement ``lookup`` and ``lookup_many``, never ``async_invoke`` or
+``async_invoke_arrow`` themselves (refused when the class is defined).
 
 It is also an async context manager (``async with lookup: ...``) for use outside
 the operator.
@@ -23,9 +37,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
-from asyncio_ops import AsyncFunction, ConfigurationError, RuntimeContext, UnsupportedKeyError
+from asyncio_ops import (
+    ArrowResult,
+    AsyncFunction,
+    ConfigurationError,
+    RuntimeContext,
+    UnsupportedKeyError,
+)
 
 from ._batching import BatchStatistics
 from ._cache import CacheStatistics, LookupCache
@@ -162,9 +182,10 @@ class KeyFields:
 class LookupStatistics:
     """Counters of one lookup since construction (summed over open/close cycles).
 
-    ``rows``: ``async_invoke`` calls; ``null_keys``: rows answered empty because a
-    key component was None; ``batching``: requests actually sent (see
-    :class:`~connectors._batching.BatchStatistics`); ``cache``: None without a cache.
+    ``rows``: input rows (one at a time and in chunks); ``null_keys``: rows answered
+    empty without a request because a request field was NULL; ``batching``: requests
+    actually sent (see :class:`~connectors._batching.BatchStatistics`); ``cache``: None
+    without a cache.
     """
 
     rows: int
@@ -186,16 +207,32 @@ def add_batch_statistics(a: BatchStatistics, b: BatchStatistics) -> BatchStatist
     )
 
 
-class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
-    """Lifecycle, pickling, cache and statistics of a lookup whose runtime is ``R``.
+_SEALED: Final = ("async_invoke", "async_invoke_arrow")
 
-    Subclasses implement :meth:`_open_runtime`, :meth:`_close_runtime`,
-    :meth:`_runtime_batch_statistics` and :meth:`async_invoke`. Everything bound
-    to a process or loop lives in ``self._runtime`` and is never pickled.
+
+class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
+    """Lifecycle, the NULL-key rule, pickling, cache and statistics of a lookup whose
+    runtime is ``R`` (see the module docstring).
+
+    Subclasses implement :meth:`request_fields`, :meth:`_open_runtime`,
+    :meth:`_close_runtime`, :meth:`_runtime_batch_statistics` and :meth:`lookup`;
+    a columnar one also :meth:`lookup_many`, :meth:`preferred_chunk_rows` and
+    :meth:`preferred_capacity`. Everything bound to a process or loop lives in
+    ``self._runtime`` and is never pickled.
     """
 
     _runtime: R | None
     cache: LookupCache[Any] | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _SEALED:
+            if name in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__qualname__} overrides {name}(), which BaseLookup keeps: it "
+                    "applies the NULL-key rule before the connector's own lookup(row) / "
+                    "lookup_many(batch); implement those instead"
+                )
 
     def __init__(self, *, cache: LookupCache[Any] | None) -> None:
         if cache is not None and not isinstance(cache, LookupCache):
@@ -204,6 +241,7 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             )
         self.cache = cache
         self._runtime = None
+        self._gate: tuple[str, ...] = ()  # request_fields(), taken by open()
         self._rows = 0
         self._null_keys = 0
         self._closed_batches = _NO_BATCHES
@@ -220,6 +258,7 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         LookupAuthError) when the server cannot be reached.
         """
         if self._runtime is None:
+            self._gate = tuple(self.request_fields())
             self._runtime = await self._open_runtime()
 
     async def close(self) -> None:
@@ -247,6 +286,100 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    # -- the NULL-key rule -------------------------------------------------------------
+    @abc.abstractmethod
+    def request_fields(self) -> Sequence[str]:
+        """The input fields a request is made of: a NULL in any of them sends nothing
+        and gives the row no result. ``()``: the connector receives every row."""
+
+    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+        """The rows ``lookup(value)`` answers; ``[]`` without calling it when a request
+        field of ``value`` is NULL (counted in ``null_keys``)."""
+        self._rows += 1
+        for name in self._gate:
+            try:
+                missing = value[name] is None
+            except KeyError:
+                raise LookupKeyError(
+                    f"input row has no key field {name!r} ({type(self).__name__}'s requests "
+                    f"are made of {list(self._gate)!r}); fields present: {sorted(value)!r}"
+                ) from None
+            except TypeError:
+                raise KeyFields._not_a_mapping(value) from None
+            if missing:
+                self._null_keys += 1
+                return []
+        return await self.lookup(value)
+
+    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any] | ArrowResult:
+        """``lookup_many`` of the chunk's rows whose request fields are all set, its row
+        indexes mapped back to the whole chunk; the other rows get no result (counted
+        in ``null_keys``). A chunk without NULLs is handed over as it is."""
+        self._require_runtime()
+        rows = batch.num_rows
+        self._rows += rows
+        valid = None
+        for name in self._gate:
+            index = batch.schema.get_field_index(name)
+            if index < 0:
+                raise LookupKeyError(
+                    f"input has no key column {name!r} ({type(self).__name__}'s requests "
+                    f"are made of {list(self._gate)!r}); columns present: "
+                    f"{sorted(batch.schema.names)!r}"
+                )
+            column = batch.column(index)
+            if column.null_count:
+                import pyarrow.compute as pc
+
+                present = pc.is_valid(column)
+                valid = present if valid is None else pc.and_(valid, present)
+        if valid is None:
+            return await self.lookup_many(batch)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        kept = pc.indices_nonzero(valid).cast(pa.int64())
+        self._null_keys += rows - len(kept)
+        if not len(kept):
+            return [], {}
+        answer = await self.lookup_many(batch.take(kept))
+        errors: Mapping[int, BaseException] = {}
+        if isinstance(answer, ArrowResult):
+            index, columns, errors = answer
+        else:
+            index, columns = answer
+        at = kept.to_pylist()
+        if index is None:  # every row once, in order
+            whole = at
+        else:
+            positions = index.to_pylist() if isinstance(index, pa.Array) else index
+            whole = [at[i] for i in positions]
+        if errors:
+            return ArrowResult(whole, columns, {at[i]: e for i, e in errors.items()})
+        return whole, columns
+
+    @abc.abstractmethod
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
+        """The rows matching one input row, whose request fields are all set."""
+
+    async def lookup_many(self, batch: pa.RecordBatch) -> tuple[Any, Any] | ArrowResult:
+        """A chunk's answers as Arrow (``SupportsInvokeArrow``'s ``(row_index, columns)``
+        or an :class:`~asyncio_ops.ArrowResult`); every row's request fields are set.
+        Only columnar connectors implement it (with ``preferred_chunk_rows``)."""
+        raise ConfigurationError(
+            f"{type(self).__name__} answers rows one at a time (no lookup_many): leave "
+            "chunk_size at 'auto'"
+        )
+
+    def preferred_chunk_rows(self) -> int | None:
+        """``asyncio_ops.PrefersChunks``: rows per chunk of the columnar path; None (this
+        default): rows one at a time, through :meth:`lookup`."""
+        return None
+
+    def preferred_capacity(self) -> int:
+        """``asyncio_ops.PrefersChunks``: chunks in flight by default (with chunks)."""
+        return 1
 
     def _require_runtime(self) -> R:
         runtime = self._runtime
@@ -390,6 +523,11 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 (decode_canonical(k), (w, tuple(r)))
                 for k, w, r in zip(keys, written, rows, strict=True)
             )
+
+    def null_key_count(self) -> int:
+        """``asyncio_ops.SupportsNullKeyCount``: rows answered without a request because a
+        request field was NULL, since construction (the metrics' ``skipped_null_keys``)."""
+        return self._null_keys
 
     def cache_statistics(self) -> CacheStatistics | None:
         """The cache's counters (None without a cache): they reach the operator metrics."""

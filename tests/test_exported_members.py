@@ -52,6 +52,7 @@ def test_public_names_are_pinned() -> None:
         "SupportsOutputSchema",
         "SupportsPreflight",
         "SupportsInvokeChunk",
+        "SupportsNullKeyCount",
         "SupportsRateLimitUsage",
         "SupportsTokenUsage",
         "SystemClock",

@@ -45,6 +45,9 @@ class RunMetrics:
     rate_limit_permits: int = 0
     rate_limit_tokens: int = 0
     rate_limit_wait_seconds: float = 0.0
+    # rows a connector answered without a request: a request field was NULL
+    # (asyncio_ops.SupportsNullKeyCount)
+    skipped_null_keys: int = 0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     # capacity="auto": each partition's limit when it ended
@@ -57,6 +60,7 @@ class RunMetrics:
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
             "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
             "rate_limit_permits", "rate_limit_tokens", "rate_limit_wait_seconds",
+            "skipped_null_keys",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -95,6 +99,7 @@ class RunMetrics:
             "rate_limit_permits": self.rate_limit_permits,
             "rate_limit_tokens": self.rate_limit_tokens,
             "rate_limit_wait_seconds": round(self.rate_limit_wait_seconds, 3),
+            "skipped_null_keys": self.skipped_null_keys,
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
             "capacity_limits": sorted(self.capacity_limits),

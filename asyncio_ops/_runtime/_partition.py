@@ -31,7 +31,12 @@ import pyarrow as pa
 
 from .._elements import Record
 from .._exceptions import CheckpointError, OutputSchemaError
-from .._functions import SupportsCacheStatistics, SupportsRateLimitUsage, SupportsTokenUsage
+from .._functions import (
+    SupportsCacheStatistics,
+    SupportsNullKeyCount,
+    SupportsRateLimitUsage,
+    SupportsTokenUsage,
+)
 from .._limit import AdaptiveLimit
 from .._operator import AsyncWaitOperator, OperatorHooks
 from .._snapshot import OperatorSnapshot
@@ -121,29 +126,28 @@ def _operator(
     )
 
 
-def _cache_counters(fn: object) -> tuple[int, int, int, int] | None:
-    """(hits, misses, evictions, expirations) of a function's cache, if it reports one."""
-    if not isinstance(fn, SupportsCacheStatistics):
-        return None
-    cache = fn.cache_statistics()
-    if cache is None:
-        return None
-    return (cache.hits, cache.misses, cache.evictions, cache.expirations)
-
-
-def _token_usage(fn: object) -> tuple[int, int, float] | None:
-    """(prompt tokens, completion tokens, cost) a function was billed so far, if it counts."""
-    if not isinstance(fn, SupportsTokenUsage):
-        return None
-    prompt, completion, cost = fn.token_usage()
-    return (prompt, completion, cost or 0.0)
-
-
-def _rate_limit_usage(fn: object) -> tuple[int, int, float] | None:
-    """(permits, tokens, seconds waited) a function took from its rate limit so far."""
-    if not isinstance(fn, SupportsRateLimitUsage):
-        return None
-    return fn.rate_limit_usage()
+def _function_counters(fn: object) -> dict[str, float]:
+    """What a function counts of itself so far (monotonic over its life, which is the
+    worker's), by metric name: its cache's hits, misses, evictions and expirations, a
+    model's bill, a rate limit's toll, rows skipped for NULL keys; only what it reports.
+    A partition's share is the difference of two readings."""
+    out: dict[str, float] = {}
+    if isinstance(fn, SupportsCacheStatistics):
+        cache = fn.cache_statistics()
+        if cache is not None:
+            out.update(cache_hits=cache.hits, cache_misses=cache.misses,
+                       cache_evictions=cache.evictions,
+                       cache_expirations=cache.expirations)  # fmt: skip
+    if isinstance(fn, SupportsTokenUsage):
+        prompt, completion, cost = fn.token_usage()
+        out.update(prompt_tokens=prompt, completion_tokens=completion, cost=cost or 0.0)
+    if isinstance(fn, SupportsRateLimitUsage):
+        permits, tokens, waited = fn.rate_limit_usage()
+        out.update(rate_limit_permits=permits, rate_limit_tokens=tokens,
+                   rate_limit_wait_seconds=waited)  # fmt: skip
+    if isinstance(fn, SupportsNullKeyCount):
+        out["skipped_null_keys"] = fn.null_key_count()
+    return out
 
 
 async def _drain(op: AsyncWaitOperator, drain_timeout: float | None) -> bool:
@@ -207,9 +211,7 @@ def run_partition(
     start = ckpt.previous_limit() if ckpt is not None and spec.capacity == "auto" else None
     op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec, start))
     started = time.perf_counter()
-    cache_before = _cache_counters(user_fn)
-    usage_before = _token_usage(user_fn)
-    limited_before = _rate_limit_usage(user_fn)
+    counted_before = _function_counters(user_fn)
     watermarks = (
         BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
         if spec.event_time is not None
@@ -285,33 +287,9 @@ def run_partition(
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)
         metrics.max_worker_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        usage_after = _token_usage(user_fn)
-        if usage_before is not None and usage_after is not None:
-            # the function lives as long as the worker: this partition's share
-            metrics.prompt_tokens, metrics.completion_tokens, metrics.cost = (
-                usage_after[0] - usage_before[0], usage_after[1] - usage_before[1],
-                usage_after[2] - usage_before[2],
-            )  # fmt: skip
-        limited_after = _rate_limit_usage(user_fn)
-        if limited_before is not None and limited_after is not None:
-            # the function lives as long as the worker: this partition's share
-            (
-                metrics.rate_limit_permits,
-                metrics.rate_limit_tokens,
-                metrics.rate_limit_wait_seconds,
-            ) = (
-                limited_after[0] - limited_before[0], limited_after[1] - limited_before[1],
-                limited_after[2] - limited_before[2],
-            )  # fmt: skip
-        cache_after = _cache_counters(user_fn)
-        if cache_before is not None and cache_after is not None:
-            # the cache lives as long as the worker: count this partition's share
-            (
-                metrics.cache_hits,
-                metrics.cache_misses,
-                metrics.cache_evictions,
-                metrics.cache_expirations,
-            ) = (a - b for a, b in zip(cache_after, cache_before, strict=True))
+        for name, value in _function_counters(user_fn).items():
+            if name in counted_before:  # this partition's share
+                setattr(metrics, name, value - counted_before[name])
     yield from sink.take()
     metrics.emitted = sink.emitted
     log.info(

@@ -341,17 +341,21 @@ class HttpLookup(BaseLookup[_Runtime]):
         return runtime.batcher.statistics()
 
     # -- lookups -----------------------------------------------------------------------
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+    def request_fields(self) -> tuple[str, ...]:
+        """The row fields a request takes: the batch key, or every field of the URL, the
+        query and the body templates (a NULL in any of them sends no request)."""
+        if self.batch is not None:
+            return (self.batch.key,)
+        fields = self.url.fields + self.params.fields + (self.json.fields if self.json else ())
+        return tuple(dict.fromkeys(fields))
+
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The rows the server answers for ``value`` (see the class docstring)."""
         runtime = self._require_runtime()
-        self._rows += 1
         if self.batch is not None:
             batcher = runtime.batcher
             assert batcher is not None
-            key = value.get(self.batch.key) if isinstance(value, Mapping) else None
-            if key is None:
-                self._null_keys += 1
-                return []
+            key = value[self.batch.key]
 
             async def load() -> Rows:
                 return await batcher.load(key)
@@ -386,7 +390,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         """Chunks (one request each) in flight by default: one per connection."""
         return self.max_connections
 
-    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
+    async def lookup_many(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]]:
         """The answers of a chunk of rows as Arrow columns (batch endpoint only).
 
         The distinct keys of the ``HttpBatch.key`` column that the cache does not
@@ -408,15 +412,13 @@ class HttpLookup(BaseLookup[_Runtime]):
                 f"(columns: {batch.schema.names})"
             )
         keys = batch.column(spec.key).to_pylist()
-        self._rows += len(keys)
         known = await self._matches_of(keys, self._fetch_batch, spec.max_size)
         index: list[int] = []
         items: list[Row] = []
         for i, key in enumerate(keys):
-            if key is not None:
-                found = known[key]
-                index.extend([i] * len(found))
-                items.extend(found)
+            found = known[key]
+            index.extend([i] * len(found))
+            items.extend(found)
         names = self.output_columns
         if names is None:
             names = tuple(items[0]) if items else ()

@@ -9,6 +9,8 @@ Call order (the connector base's lifecycle)::
     open(ctx)                                 on a worker: the process's HTTP session
     async_invoke(row)                         one chat completion per row (cached)
     EmbeddingLookup.async_invoke_arrow(batch) embeddings, batch_size inputs a request
+    (both through the connector base's NULL-key rule: a row NULL in a column of the
+    prompt or input is sent nothing and gets no result)
     close()
 
 Semantics:
@@ -395,9 +397,12 @@ class ChatLookup(_ModelLookup):
         columns = self.output_columns
         return None if columns is None or columns == ("answer",) else columns
 
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+    def request_fields(self) -> tuple[str, ...]:
+        """The prompt's columns: a NULL in any of them sends no prompt."""
+        return self.prompt.fields
+
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         self._require_runtime()
-        self._rows += 1
         text = self.prompt.render(value)
         fields = self._structured()
         schema = self.answer_schema if fields is not None else None
@@ -485,17 +490,20 @@ class EmbeddingLookup(_ModelLookup):
     def preferred_capacity(self) -> int:
         return self.max_connections
 
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+    def request_fields(self) -> tuple[str, ...]:
+        """The input's columns: a NULL in any of them sends nothing."""
+        return self.input.fields
+
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         index, columns = await self._embed([self.input.render(value)])
         return [{name: values[0] for name, values in columns.items()}] if index else []
 
-    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[list[int], dict[str, Any]]:
+    async def lookup_many(self, batch: pa.RecordBatch) -> tuple[list[int], dict[str, Any]]:
         rows = batch.to_pylist()
         return await self._embed([self.input.render(row) for row in rows])
 
     async def _embed(self, texts: list[str]) -> tuple[list[int], dict[str, Any]]:
         self._require_runtime()
-        self._rows += len(texts)
         known = await self._matches_of(texts, self._fetch, self.batch_size)
         column = self._column()
         return list(range(len(texts))), {column: [known[t][0] for t in texts]}

@@ -307,16 +307,17 @@ class PostgresLookup(BaseLookup[_Runtime]):
         return runtime.batcher.statistics()
 
     # -- lookups -----------------------------------------------------------------------
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+    def request_fields(self) -> tuple[str, ...]:
+        """The key fields: a NULL in any of them matches nothing (SQL equality)."""
+        return self.key.names
+
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The matches of ``value``'s key (see the class docstring for the shape)."""
         runtime = self._runtime
         if runtime is None:
             runtime = self._require_runtime()
-        self._rows += 1
         key = self.key.of(value)
-        if key is None:
-            self._null_keys += 1
-            return []
+        assert key is not None  # the base's NULL-key rule ran
         if self.cache is None:
             matches: Rows = await runtime.batcher.submit(key)
         else:
@@ -363,7 +364,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 out.append([output(value, match) for match in matches])
         return out
 
-    async def async_invoke_arrow(
+    async def lookup_many(
         self, batch: pa.RecordBatch
     ) -> tuple[Any, dict[str, Any]] | ArrowResult:
         """The matches of a chunk of rows as Arrow, for the columnar path.
@@ -379,7 +380,6 @@ class PostgresLookup(BaseLookup[_Runtime]):
         if not self.key.composite and not self.many and self.cache is None:
             return await self._arrow_one_to_one(batch)
         keys = self.key.of_batch(batch)
-        self._rows += len(keys)
         known = await self._matches(keys)
         index: list[int] = []
         matched: list[Match] = []
@@ -387,8 +387,6 @@ class PostgresLookup(BaseLookup[_Runtime]):
         get = known.get
         many = self.many
         for i, key in enumerate(keys):
-            if key is None:
-                continue
             matches = get(key)
             if not matches:
                 continue
@@ -437,9 +435,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
 
         runtime = self._require_runtime()
         column = self.key.column_of(batch, self.key.names[0])
-        self._rows += len(column)
-        self._null_keys += column.null_count
-        distinct = pc.unique(column).drop_null().to_pylist()
+        distinct = pc.unique(column).to_pylist()  # no NULLs: the base's rule ran
         columnar = await self._columnar(runtime)
         size = self.batch_size
         chunks = [distinct[i : i + size] for i in range(0, len(distinct), size)]

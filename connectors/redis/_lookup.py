@@ -10,8 +10,10 @@ Call order (the base's lifecycle)::
     RedisLookup(url, key=...)     on the driver: checks options, connects to nothing
     preflight(context)            on the driver, before any Spark job: PING, key columns
     open(ctx)                     on a worker: the process's client for this URL
-    async_invoke_arrow(batch)     a chunk of rows: one round trip per batch_size keys
-    async_invoke(row)             or row by row: rows of concurrent calls share batches
+    async_invoke_arrow(batch)     a chunk of rows (the base's NULL-key rule, then
+                                  lookup_many): one round trip per batch_size keys
+    async_invoke(row)             or row by row (the rule, then lookup): rows of
+                                  concurrent calls share batches
     close()                       releases the client (closed with its last user)
 
 Semantics: a row's key is ``key_prefix`` followed by its key field values (joined
@@ -199,15 +201,17 @@ class RedisLookup(BaseLookup[_Runtime]):
         return runtime.batcher.statistics()
 
     # -- lookups -----------------------------------------------------------------------
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
+    def request_fields(self) -> tuple[str, ...]:
+        """The key fields: a NULL in any of them reads nothing."""
+        return self.key.names
+
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The rows stored under ``value``'s key; rows of concurrent calls share round
         trips (``batch_size`` keys, waiting at most ``max_batch_delay``)."""
         runtime = self._require_runtime()
-        self._rows += 1
         key = self.key.of(value)
-        if key is None:
-            self._null_keys += 1
-            return []
+        assert key is not None  # the base's NULL-key rule ran
+
         async def fetch() -> Rows:
             return await runtime.batcher.load(key)
 
@@ -222,20 +226,18 @@ class RedisLookup(BaseLookup[_Runtime]):
         """Chunks in flight by default: one per connection of the pool."""
         return self.max_connections
 
-    async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[list[int], dict[str, Any]]:
+    async def lookup_many(self, batch: pa.RecordBatch) -> tuple[list[int], dict[str, Any]]:
         """A chunk's answers as columns: ``(row_index, columns)``; a row whose key holds
         several rows (a JSON array) repeats, one without any drops out."""
         self._require_runtime()
         keys = self.key.of_batch(batch)
-        self._rows += len(keys)
         known = await self._matches_of(keys, self._fetch, self.batch_size)
         index: list[int] = []
         found: list[Row] = []
         for i, key in enumerate(keys):
-            if key is not None:
-                rows = known[key]
-                index.extend([i] * len(rows))
-                found.extend(rows)
+            rows = known[key]
+            index.extend([i] * len(rows))
+            found.extend(rows)
         names = self.output_columns
         if names is None:
             names = tuple(dict.fromkeys(name for row in found for name in row))

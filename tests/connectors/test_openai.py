@@ -40,7 +40,7 @@ async def test_a_chat_answers_each_row_from_its_prompt(service: OpenAIServiceThr
     async with lookup:
         good = await lookup.async_invoke({"text": "a great film"})
         bad = await lookup.async_invoke({"text": "dull"})
-        with pytest.raises(LookupKeyError, match="prompt uses the column 'text'"):
+        with pytest.raises(LookupKeyError, match="no key field 'text'"):
             await lookup.async_invoke({"body": "x"})
     assert (good, bad) == ([{"answer": "positive"}], [{"answer": "negative"}])
     usage = lookup.usage()

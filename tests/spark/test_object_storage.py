@@ -333,7 +333,10 @@ class _NamesLookup(BaseLookup[object]):
             log_request(self.log, k)
         return {k: ({"name": f"n-{k}"},) for k in keys}
 
-    async def async_invoke(self, row: Any) -> list[dict[str, Any]]:
+    def request_fields(self) -> tuple[str, ...]:
+        return ("k",)
+
+    async def lookup(self, row: Any) -> list[dict[str, Any]]:
         key = row["k"]
         (match,) = (await self._matches_of([key], self._fetch, 100))[key]
         return [{"name": match["name"]}]
