@@ -20,7 +20,10 @@ Contract:
   them on the way out, so callers never share a mutable row.
 
 With ``shared="redis://..."`` and a ``name``, a second layer behind this one
-holds the answers for every worker and job that name the cache
+holds the answers for every worker and job that name the cache and ask the same
+question: its keys hold the lookup's fingerprint of what decides an answer
+(query, URL, model, prompt, ...: ``BaseLookup.cache_identity``), or
+``cache_key`` when the user shares answers between lookups on purpose
 (``get_through``/``put_through``; ``connectors/_shared_cache.py``): the
 connectors read it for the keys this layer misses, before calling out. Redis
 down is a miss there, never a failure.
@@ -99,6 +102,7 @@ class LookupCache(Generic[V]):
         shared: str | None = None,
         name: str | None = None,
         shared_timeout: float = 1.0,
+        cache_key: str | None = None,
     ) -> None:
         self.ttl = positive_seconds(ttl, "cache ttl")  # math.inf: entries never expire
         positive_int(max_size, "cache max_size")
@@ -114,12 +118,19 @@ class LookupCache(Generic[V]):
                 raise ConfigurationError(
                     "a shared LookupCache needs name= (the jobs that name it share its answers)"
                 )
+        if cache_key is not None and (not isinstance(cache_key, str) or not cache_key):
+            raise ConfigurationError(f"cache_key must be a non-empty string, got {cache_key!r}")
         self.shared = shared
         self.name = name
+        # what the answers are answers to: the lookup's fingerprint of what decides them
+        # (bind(), on first use), or cache_key, which replaces it (sharing on purpose)
+        self.cache_key = cache_key
+        self.scope: str | None = cache_key
+        self.bound = False  # given to a lookup (one cache belongs to one lookup)
         self.shared_timeout = positive_seconds(shared_timeout, "shared_timeout")
         # the Redis side (connectors/_shared_cache.py), made in the worker that uses it
         self.layer: SharedLayer | None = (
-            SharedLayer(shared, name, self.ttl, self.shared_timeout)
+            SharedLayer(shared, name, self.ttl, self.shared_timeout, cache_key)
             if shared is not None and name is not None
             else None
         )
@@ -139,6 +150,7 @@ class LookupCache(Generic[V]):
             "shared": self.shared,
             "name": self.name,
             "shared_timeout": self.shared_timeout,
+            "cache_key": self.cache_key,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -150,7 +162,16 @@ class LookupCache(Generic[V]):
             shared=state.get("shared"),
             name=state.get("name"),
             shared_timeout=state.get("shared_timeout", 1.0),
+            cache_key=state.get("cache_key"),
         )
+
+    def bind(self, scope: str) -> None:
+        """What this cache's answers answer: the lookup's fingerprint of the settings that
+        decide them, part of every shared key (unless ``cache_key`` was given)."""
+        if self.cache_key is None:
+            self.scope = scope
+            if self.layer is not None:
+                self.layer.scope = scope
 
     # -- operations ------------------------------------------------------------------
     def get(self, key: Hashable) -> V | _Miss:

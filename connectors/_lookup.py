@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -208,6 +210,8 @@ def add_batch_statistics(a: BatchStatistics, b: BatchStatistics) -> BatchStatist
 
 
 _SEALED: Final = ("async_invoke", "async_invoke_arrow")
+# the schema metadata of a checkpointed cache: the fingerprint of what its answers answer
+_SCOPE: Final = "asyncio_ops.cache_scope"
 
 
 class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
@@ -235,10 +239,25 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 )
 
     def __init__(self, *, cache: LookupCache[Any] | None) -> None:
-        if cache is not None and not isinstance(cache, LookupCache):
-            raise ConfigurationError(
-                f"cache must be an asyncio_ops.connectors.LookupCache, got {cache!r}"
-            )
+        if cache is not None:
+            if not isinstance(cache, LookupCache):
+                raise ConfigurationError(
+                    f"cache must be an asyncio_ops.connectors.LookupCache, got {cache!r}"
+                )
+            if cache.bound:
+                raise ConfigurationError(
+                    f"{cache!r} belongs to another lookup already: give each lookup a "
+                    "LookupCache of its own (lookups share answers through shared= and "
+                    "name=, when they ask the same question, or with cache_key=)"
+                )
+            if (cache.shared is not None and cache.cache_key is None
+                    and type(self).cache_identity is BaseLookup.cache_identity):  # fmt: skip
+                raise ConfigurationError(
+                    f"a shared LookupCache needs to know what decides {type(self).__name__}'s "
+                    "answers: implement cache_identity(), or give the cache cache_key= "
+                    "(every lookup naming that cache and key shares its answers)"
+                )
+            cache.bound = True
         self.cache = cache
         self._runtime = None
         self._gate: tuple[str, ...] = ()  # request_fields(), taken by open()
@@ -387,6 +406,35 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             raise ConnectorError(f"{type(self).__name__} is not open; call open() first")
         return runtime
 
+    # -- the cache: whose answers --------------------------------------------------------
+    def cache_identity(self) -> Mapping[str, Any] | None:
+        """Everything besides the key that decides this lookup's answers (its query, URL,
+        model, prompt ...), as JSON-able values, never a credential: a cache entry is
+        an answer to that question only (the shared layer's keys and the checkpointed
+        cache carry its fingerprint). None (this default): not known, and a shared
+        cache then needs ``cache_key=``."""
+        return None
+
+    def _cache(self) -> LookupCache[Any]:
+        """The cache, bound to this lookup's question before its first read."""
+        cache = self.cache
+        assert cache is not None
+        if cache.scope is None:
+            cache.bind(self._cache_scope())
+        return cache
+
+    def _cache_scope(self) -> str:
+        """The fingerprint of :meth:`cache_identity` (``cache_key`` when given)."""
+        cache = self.cache
+        if cache is not None and cache.cache_key is not None:
+            return cache.cache_key
+        identity = self.cache_identity()
+        text = json.dumps(
+            {"connector": type(self).__qualname__, "identity": identity},
+            sort_keys=True, default=repr, separators=(",", ":"),
+        )  # fmt: skip
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
     async def _matches_of(
         self,
         keys: Sequence[Hashable | None],
@@ -406,6 +454,7 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 known[key] = ()
         wanted = list(known)
         if cache is not None:  # this process's layer, then a shared one's
+            cache = self._cache()
             found = await cache.get_through(wanted)
             known.update(found)
             wanted = [key for key in wanted if key not in found]
@@ -422,9 +471,9 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Any]]) -> Any:
         """One key's answer: from the cache (its shared layer too), else ``fetch()``,
         then kept in the cache."""
-        cache = self.cache
-        if cache is None:
+        if self.cache is None:
             return await fetch()
+        cache = self._cache()
         found = await cache.get_through([key])
         if key in found:
             return found[key]
@@ -503,19 +552,27 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                     "key": pa.array([canonical_bytes(k) for k, _ in entries], pa.binary()),
                     "written_at": pa.array([w for _, (w, _) in entries], pa.float64()),
                     "rows": rows,
-                }
+                },
+                metadata={_SCOPE: self._cache_scope()},
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError, UnsupportedKeyError) as exc:
             log.warning("%s: the cache is not checkpointed: %s", type(self).__name__, exc)
             return None
 
     def initialize_function_state(self, tables: Sequence[pa.Table]) -> None:
-        """Warm the cache from the previous checkpoint version (unexpired entries only)."""
+        """Warm the cache from the previous checkpoint version (unexpired entries only):
+        the tables written by a lookup asking the same question (the fingerprint of
+        :meth:`cache_identity` in their metadata); others are skipped, with a note."""
         if self.cache is None:
             return
         from asyncio_ops.state import decode_canonical
 
+        scope = self._cache_scope().encode()
         for table in tables:
+            if (table.schema.metadata or {}).get(_SCOPE.encode()) != scope:
+                log.info("%s: a checkpointed cache of another question (its query, URL, "
+                         "model or prompt changed) is not restored", type(self).__name__)
+                continue
             keys = table.column("key").to_pylist()
             written = table.column("written_at").to_pylist()
             rows = table.column("rows").to_pylist()

@@ -5,11 +5,17 @@ Contract. A :class:`~asyncio_ops.connectors.LookupCache` given ``shared=
 front and, behind it, this one: a lookup's keys the local layer misses are read
 from Redis in one ``MGET`` before the connector calls out, and the answers it
 fetched are written back in one pipeline, each under
-``asyncio_ops:cache:<name>:<fingerprint>`` (the SHA-256 of the key's canonical
-bytes, ``asyncio_ops.state.canonical_bytes``: the same key gives the same
-fingerprint in every process and release) with the cache's ``ttl``. So every
-worker, task attempt, speculative copy, second action and rerun of a job that
-names the cache reads what any of them already paid for.
+``asyncio_ops:cache:<name>:<scope>:<fingerprint>`` with the cache's ``ttl``.
+``scope`` is what the answers answer: the lookup's fingerprint of everything
+that decides them besides the key (its query and columns, DSN without
+password, URL template, method, body, model, system message, prompt template,
+sampling settings: ``BaseLookup.cache_identity``; never a credential), or the
+user's ``cache_key`` for sharing on purpose. ``fingerprint`` is the SHA-256 of
+the key's canonical bytes (``asyncio_ops.state.canonical_bytes``: the same key
+gives the same fingerprint in every process and release). So every worker,
+task attempt, speculative copy, second action and rerun of a job that names
+the cache and asks the same question reads what any of them already paid for,
+and a lookup asking another question never reads it.
 
 Answers are stored typed, never pickled: a connector's rows as one Arrow IPC
 stream (an empty answer as one byte); rows Arrow cannot type together (a column
@@ -41,9 +47,13 @@ _ROWS: Final = b"\x01"
 class SharedLayer:
     """One cache's Redis side in one process and event loop (see the module docstring)."""
 
-    def __init__(self, url: str, name: str, ttl: float, timeout: float) -> None:
+    def __init__(
+        self, url: str, name: str, ttl: float, timeout: float, scope: str | None = None
+    ) -> None:
         self.url = url
         self.name = name
+        # the question the answers answer (LookupCache.bind), before the first read
+        self.scope = scope
         self.ttl_ms = None if ttl == float("inf") else max(1, int(ttl * 1000))
         self.timeout = timeout
         self.client: aioredis.Redis | None = None
@@ -73,7 +83,9 @@ class SharedLayer:
             raw = canonical_bytes(key)
         except UnsupportedKeyError:
             return None
-        return f"asyncio_ops:cache:{self.name}:{hashlib.sha256(raw).hexdigest()[:32]}"
+        assert self.scope is not None, "LookupCache.bind() comes before the first read"
+        digest = hashlib.sha256(raw).hexdigest()[:32]
+        return f"asyncio_ops:cache:{self.name}:{self.scope}:{digest}"
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1

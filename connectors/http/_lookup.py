@@ -297,6 +297,12 @@ class HttpLookup(BaseLookup[_Runtime]):
         self.ca_file = ca_file
         self._session_settings = _SessionSettings(self.max_connections, self.verify_ssl, ca_file)
         self._scrub = Scrubber(self._secrets(url, params))
+        # the templates as given (a credential-like constant masked), for cache_identity
+        self._params_shown = {
+            str(k): "***" if is_sensitive_name(str(k)) and "{" not in str(v) else repr(v)
+            for k, v in (params or {}).items()
+        }
+        self._json_shown = jsonlib.dumps(json, sort_keys=True, default=repr)
 
     def _secrets(self, url: str, params: Mapping[str, Any] | None) -> list[str]:
         found = url_secrets(url)
@@ -348,6 +354,16 @@ class HttpLookup(BaseLookup[_Runtime]):
             return (self.batch.key,)
         fields = self.url.fields + self.params.fields + (self.json.fields if self.json else ())
         return tuple(dict.fromkeys(fields))
+
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides an answer besides the row's values: the method, the URL, query
+        and body templates, the headers (credential values masked: a rotated token asks
+        the same question), the batch endpoint and how the answer is read."""
+        return {"method": self.method, "url": redact_url(self.url.text),
+                "params": self._params_shown, "json": self._json_shown,
+                "headers": redact_headers(self.headers), "batch": repr(self.batch),
+                "result_path": self.result_path, "value_field": self.value_field,
+                "not_found_empty": self.not_found_empty}  # fmt: skip
 
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The rows the server answers for ``value`` (see the class docstring)."""

@@ -401,6 +401,17 @@ class ChatLookup(_ModelLookup):
         """The prompt's columns: a NULL in any of them sends no prompt."""
         return self.prompt.fields
 
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides an answer besides the prompt's values: the endpoint, the model,
+        the system message, the prompt template, the sampling settings and the answer's
+        declared shape (the API key never)."""
+        schema = self.answer_schema
+        return {"base_url": redact_url(self.base_url), "model": self.model,
+                "system": self.system, "prompt": self.prompt.text,
+                "max_tokens": self.max_tokens, "temperature": self.temperature,
+                "columns": self.output_columns,
+                "schema": schema.json_schema if schema is not None else None}  # fmt: skip
+
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         self._require_runtime()
         text = self.prompt.render(value)
@@ -494,6 +505,12 @@ class EmbeddingLookup(_ModelLookup):
         """The input's columns: a NULL in any of them sends nothing."""
         return self.input.fields
 
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides a vector besides the input's values: the endpoint, the model and
+        the input template (the API key never)."""
+        return {"base_url": redact_url(self.base_url), "model": self.model,
+                "input": self.input.text}  # fmt: skip
+
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         index, columns = await self._embed([self.input.render(value)])
         return [{name: values[0] for name, values in columns.items()}] if index else []
@@ -506,7 +523,7 @@ class EmbeddingLookup(_ModelLookup):
         self._require_runtime()
         known = await self._matches_of(texts, self._fetch, self.batch_size)
         column = self._column()
-        return list(range(len(texts))), {column: [known[t][0] for t in texts]}
+        return list(range(len(texts))), {column: [known[t][0]["vector"] for t in texts]}
 
     async def _fetch(self, texts: Sequence[Hashable]) -> dict[Hashable, Any]:
         inputs = [str(t) for t in texts]
@@ -525,4 +542,5 @@ class EmbeddingLookup(_ModelLookup):
             raise LookupDecodeError(
                 f"the embeddings answer holds {len(vectors)} vectors for {len(inputs)} inputs"
             )
-        return {text: (vector,) for text, vector in zip(texts, vectors, strict=True)}
+        # cached as rows, as every connector's answers (typed by Arrow when shared)
+        return {text: ({"vector": vector},) for text, vector in zip(texts, vectors, strict=True)}

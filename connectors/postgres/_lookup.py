@@ -311,6 +311,12 @@ class PostgresLookup(BaseLookup[_Runtime]):
         """The key fields: a NULL in any of them matches nothing (SQL equality)."""
         return self.key.names
 
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides an answer besides the key: the database (the DSN without its
+        password), the query, the columns matched and answered, one or many."""
+        return {"dsn": self._where, "query": self.query, "on": self.on.spec(),
+                "many": self.many, "columns": self.columns}  # fmt: skip
+
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The matches of ``value``'s key (see the class docstring for the shape)."""
         runtime = self._runtime

@@ -205,6 +205,13 @@ class RedisLookup(BaseLookup[_Runtime]):
         """The key fields: a NULL in any of them reads nothing."""
         return self.key.names
 
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides an answer besides the key: the server and database (the URL
+        without its password), how keys are made, the kind, the fields read."""
+        return {"url": self._shown, "kind": self.kind, "key_prefix": self.key_prefix,
+                "key_separator": self.key_separator, "value_field": self.value_field,
+                "fields": self.output_columns}  # fmt: skip
+
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The rows stored under ``value``'s key; rows of concurrent calls share round
         trips (``batch_size`` keys, waiting at most ``max_batch_delay``)."""

@@ -56,8 +56,8 @@ class ChatOrDie(ChatLookup):
         self.markers = markers
         self.answered = 0
 
-    async def async_invoke(self, value: Mapping[str, Any]) -> list[Row]:
-        rows = await super().async_invoke(value)  # answered, and in the shared cache
+    async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
+        rows = await super().lookup(value)  # answered, and in the shared cache
         self.answered += 1
         if self.answered == KILL_AFTER and _first_time(self.markers, "kill"):
             _kill_executor()
