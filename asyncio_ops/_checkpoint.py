@@ -400,6 +400,20 @@ class CheckpointStorage:
                 found.append(int(m.group(1)))
         return sorted(found)
 
+    def other_uids(self) -> list[str]:
+        """The other operators' ids under this location (its directories but this one's),
+        sorted; one listing."""
+        parent = self.root[: -len(self.uid) - 1]
+        try:
+            found = self.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointError(f"cannot list checkpoint location {parent}: {exc}") from exc
+        return sorted(
+            info.base_name for info in found
+            if info.type == pafs.FileType.Directory and info.base_name != self.uid
+            and not info.base_name.startswith(".")
+        )  # fmt: skip
+
     def runs(self) -> list[str]:
         """Batch run ids present, oldest first: by the sequence their names start with
         (the application's start, then the execution id), never by modification time,

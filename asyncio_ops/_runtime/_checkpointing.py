@@ -79,6 +79,7 @@ from ._versions import (
     IN_FLIGHT,
     OUTPUT_SCHEMA,
     VersionFiles,
+    claim,
     concurrently,
     read_previous,
     write_version,
@@ -236,6 +237,9 @@ class PartitionCheckpoint:
                 p = self.task.num_partitions or 1
                 mine = (self._key_groups(p), self.spec.max_parallelism) if self._narrow() else None
                 found = read_previous(self.storage, previous, mine, p)
+            if self.streaming:  # another query's state is never restored (nor overwritten)
+                assert isinstance(self.version, int)
+                claim(self.storage, self.version, self.task.query_id, found)
             self._previous_read = (found,)
         return self._previous_read[0]
 
@@ -344,7 +348,7 @@ class PartitionCheckpoint:
                 {_ELEMENT: self.kind.encode(), _INPUT_SCHEMA: schema, OUTPUT_SCHEMA: output,
                  IN_FLIGHT: b"1", WATERMARK_META: watermarks.encoded(),
                  **({_LIMIT: str(limit).encode()} if limit is not None else {})},
-                kind=Kind.IN_FLIGHT,
+                kind=Kind.IN_FLIGHT, query=self.task.query_id,
             )  # fmt: skip
         except BaseException:
             self.end_retention()

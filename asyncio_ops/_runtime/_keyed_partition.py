@@ -85,6 +85,7 @@ from ._versions import (
     Chain,
     VersionFiles,
     apply_chains,
+    claim,
     extends,
     full_due,
     key_group_prefix,
@@ -116,6 +117,10 @@ def run_keyed_process(
     if streaming and spec.checkpoint is None:  # the driver refuses this; a worker never runs it
         raise CheckpointError("keyed_process on a stream needs checkpoint_location=")
     previous = _previous(spec, task, key_groups) if streaming else None
+    if streaming:  # whose state: this query's, this uid's (refused otherwise)
+        assert spec.checkpoint is not None and task.batch_id is not None
+        claim(spec.checkpoint, task.batch_id, task.query_id, previous,
+              spec.allow_non_restored_state)  # fmt: skip
     warm_key = _warm_key(spec, task) if streaming else None
     held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
     parked = None
@@ -459,6 +464,7 @@ def _snapshot(
     written = write_version(
         spec.checkpoint, version, task.partition_id, p, True, changes.deltas, None,
         meta, operator=OPERATOR, chains=kept, writer=writer, full=changes.full,
+        query=task.query_id,
     )  # fmt: skip
     if retention is not None:
         retention.join()

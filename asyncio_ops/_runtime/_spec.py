@@ -117,6 +117,9 @@ class KeyedProcessSpec:
     # initial state: the checkpoint holds a seed (``_seed``) that micro-batch 0 or the
     # batch job applies before ``open``
     seeded: bool = False
+    # a query that restores may start this operator empty although the location holds
+    # state of its other uids (Flink's allowNonRestoredState; see _versions.claim)
+    allow_non_restored_state: bool = False
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -129,7 +132,7 @@ class TaskInfo:
     ``batch_id`` is the streaming micro-batch (``streaming.sql.batchId``),
     ``execution_id`` the SQL execution of a batch job (``spark.sql.execution.id``):
     every attempt of every task of one action shares it, and another action
-    gets another.
+    gets another. ``query_id``: the streaming query's (``sql.streaming.queryId``).
     """
 
     partition_id: int = 0
@@ -138,6 +141,9 @@ class TaskInfo:
     stage_id: int = 0
     batch_id: int | None = None
     execution_id: str | None = None
+    # the streaming query's id (``sql.streaming.queryId``): the same across restarts of
+    # one query from its Spark checkpoint, another for another query
+    query_id: str | None = None
 
 
 def key_selector(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:

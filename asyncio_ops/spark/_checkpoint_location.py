@@ -52,10 +52,10 @@ DESCRIBED: dict[str, str] = {}
 """Plan tag -> description of the operator, for the message of a uid collision."""
 
 
-def _function_name(function: AsyncFunction[Any, Any]) -> str:
+def _function_name(function: AsyncFunction[Any, Any], module: bool = True) -> str:
     target: Any = function.fn if isinstance(function, CoroutineFunction) else type(function)
-    module = getattr(target, "__module__", "?")
-    return f"{module}.{getattr(target, '__qualname__', repr(target))}"
+    name = getattr(target, "__qualname__", repr(target))
+    return f"{getattr(target, '__module__', '?')}.{name}" if module else str(name)
 
 
 def default_uid(
@@ -68,15 +68,17 @@ def default_uid(
 ) -> str:
     """The operator id when ``uid`` is not given: stable across restarts of one query.
 
-    Derived from what makes the operator itself (mode, function, output
-    columns, key, event time, input columns), so that two different operators
+    Derived from what makes the operator itself (mode, function's name without
+    its module, output columns, key, event time, input columns, whose rows its
+    carried-over elements hold), so that two different operators
     under one ``checkpoint_location`` get different ids, and the same operator
     rebuilt after a restart finds its checkpoint. Two identical operators in
     one query would share it: give them ``uid=`` each (an operator upstream
     of another with the same id is refused, see :func:`_check_not_upstream`).
     """
     parts = [
-        mode.value, _function_name(function), added.simpleString(), ",".join(key_cols),
+        mode.value, _function_name(function, module=False), added.simpleString(),
+        ",".join(key_cols),
         event_col or "", input_schema.simpleString(),
     ]  # fmt: skip
     digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()

@@ -105,4 +105,5 @@ def task_info(num_partitions: int | None) -> TaskInfo:
         stage_id=ctx.stageId(),
         batch_id=int(batch) if batch is not None else None,
         execution_id=ctx.getLocalProperty("spark.sql.execution.id"),
+        query_id=ctx.getLocalProperty("sql.streaming.queryId"),
     )

@@ -72,6 +72,7 @@ def keyed_process(
     batch_size: int | None = None,
     full_snapshot_interval: int = 50,
     preflight: bool = True,
+    allow_non_restored_state: bool = False,
     initial_state: DataFrame | None = None,
     initial_state_fn: InitialStateFn | None = None,
 ) -> DataFrame:
@@ -97,6 +98,12 @@ def keyed_process(
     it; ``rows`` are the key's initial rows as dicts. It needs
     ``checkpoint_location`` (the seed is written there, by a Spark job that
     runs when ``keyed_process`` is called). See docs/state.md.
+
+    State belongs to the operator's ``uid`` (derived from the function's class name and
+    the key columns with their types, unless given) and to the streaming query that
+    wrote it: another query's state is refused, and a query that restores but finds no
+    state for its uid while the location holds its state under other uids is refused
+    naming them, unless ``allow_non_restored_state=True`` (it then starts empty).
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
@@ -111,7 +118,7 @@ def keyed_process(
         state_backend=state_backend, max_parallelism=max_parallelism,
         num_partitions=num_partitions, uid=uid, retain_versions=retain_versions,
         batch_size=batch_size, full_snapshot_interval=full_snapshot_interval,
-        preflight=preflight,
+        preflight=preflight, allow_non_restored_state=allow_non_restored_state,
     )  # fmt: skip
     key_cols = key_columns(key, df)
     if not key_cols:
@@ -159,6 +166,7 @@ def keyed_process(
         batch_size=batch_size_of(df, options.batch_size),
         full_snapshot_interval=options.full_snapshot_interval,
         key_schema=StructType([df.schema[c] for c in key_cols]).json(),
+        allow_non_restored_state=options.allow_non_restored_state,
     )
     if seed_fn is not None:
         assert initial_state is not None and storage is not None
@@ -257,8 +265,10 @@ def _write_seed(
 def _default_uid(
     fn: KeyedProcessFunction[Any, Any, Any], key_cols: Sequence[str], df: DataFrame
 ) -> str:
-    """Stable across restarts of one query: the function, the key and the input columns."""
-    kind = type(fn)
-    parts = [f"{kind.__module__}.{kind.__qualname__}", ",".join(key_cols), df.schema.simpleString()]
+    """Stable across what restarts of one query commonly change: the function's class
+    name (not its module) and the key columns with their types (not the other input
+    columns)."""
+    keys = [f"{c}:{df.schema[c].dataType.simpleString()}" for c in key_cols]
+    parts = [type(fn).__qualname__, ",".join(keys)]
     digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
     return f"keyed-process-{digest}"

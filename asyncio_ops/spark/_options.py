@@ -260,10 +260,16 @@ class KeyedOptions(PartitionOptions):
     full_snapshot_interval: int = field(
         default=50, metadata=_doc(shown="50", unit="versions", allowed="> 0")
     )
+    allow_non_restored_state: bool = field(default=False, metadata=_doc(shown="`False`"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int(self.full_snapshot_interval, "full_snapshot_interval")
+        if not isinstance(self.allow_non_restored_state, bool):
+            raise ConfigurationError(
+                f"allow_non_restored_state must be True or False, got "
+                f"{self.allow_non_restored_state!r}"
+            )
 
 
 class WaitKeywords(TypedDict, total=False):
