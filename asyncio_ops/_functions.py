@@ -56,7 +56,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 from ._exceptions import AsyncTimeoutError, ConfigurationError
 
@@ -94,7 +103,15 @@ class RuntimeContext:
 
 
 class AsyncFunction(ABC, Generic[IN, OUT]):
-    """Base class of async lookups; subclass and implement :meth:`async_invoke`."""
+    """Base class of async lookups; subclass and implement :meth:`async_invoke`.
+
+    ``default_on_empty``: what the Spark API does with a row this function answers
+    with no result when ``on_empty`` is not given: ``"drop"`` (Flink's semantics, an
+    inner join), or ``"keep"`` (a left join: the lookup connectors enrich, and a row
+    they cannot enrich is kept with NULL output columns).
+    """
+
+    default_on_empty: ClassVar[str] = "drop"
 
     def open(self, runtime_context: RuntimeContext) -> Awaitable[None] | None:
         """Create clients and pools here (runs on the worker). May be ``async``."""

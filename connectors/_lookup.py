@@ -227,6 +227,9 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
 
     _runtime: R | None
     cache: LookupCache[Any] | None
+    # a row the lookup cannot enrich is kept with NULL output columns unless the
+    # user says on_empty="drop" (a left join, as Beam's Enrichment)
+    default_on_empty = "keep"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -158,6 +158,7 @@ class RowFunction(AsyncFunction[Any, Any]):
         self.keep_empty = spec.on_empty == "keep"
         self.log: ReplayLog | None = None
         self.error_rows = 0  # error rows made by failed() (on_error="error_column")
+        self.dropped = 0  # rows answered with no result and dropped (on_empty="drop")
         user_fn = user.fn if type(user) is CoroutineFunction else user.async_invoke
         self._invoke: Callable[[Any], Any] = user_fn
         self.row_factory = factory = spec.row_factory
@@ -180,7 +181,10 @@ class RowFunction(AsyncFunction[Any, Any]):
                 + (" (wrap a single result in a list)" if one_result(results) else "")
                 + f" for input row {describe_row(row)}"
             )
-        if not results and self.keep_empty:
+        if not results:
+            if not self.keep_empty:
+                self.dropped += 1
+                return []
             results = _NO_MATCH
         out = []
         allowed = self.allowed
@@ -496,6 +500,10 @@ class ArrowChunkFunction(ChunkFunction):
     def _merge_arrow(self, value: Any, results: Any) -> list[pa.RecordBatch]:
         batch: pa.RecordBatch = value.row
         index, columns, errors = self._unpack(batch, results)
+        if not self.keep_empty and index is not None:  # the rows no result stands for
+            self.dropped += batch.num_rows - len(errors) - (
+                pc.count_distinct(index).as_py() if len(index) else 0
+            )
         if self.keep_empty and (index is not None or errors):
             if index is None:  # every row once, but for the failed ones
                 index = pa.array(range(batch.num_rows), pa.int64())

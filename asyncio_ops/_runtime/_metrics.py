@@ -26,6 +26,8 @@ class RunMetrics:
     retried: int = 0
     failed: int = 0
     error_rows: int = 0
+    # rows answered with no result and left out of the output (on_empty="drop")
+    dropped: int = 0
     late: int = 0
     dropped_late: int = 0
     restored: int = 0
@@ -56,7 +58,7 @@ class RunMetrics:
     def merge(self, other: RunMetrics) -> RunMetrics:
         for name in (
             "partitions", "received", "chunks", "emitted", "completed", "timed_out", "retried",
-            "failed", "error_rows", "late", "dropped_late", "restored", "replayed",
+            "failed", "error_rows", "dropped", "late", "dropped_late", "restored", "replayed",
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
             "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
             "rate_limit_permits", "rate_limit_tokens", "rate_limit_wait_seconds",
@@ -82,6 +84,7 @@ class RunMetrics:
             "retried": self.retried,
             "failed": self.failed,
             "error_rows": self.error_rows,
+            "dropped": self.dropped,
             "late": self.late,
             "dropped_late": self.dropped_late,
             "restored": self.restored,

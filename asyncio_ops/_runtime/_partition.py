@@ -280,6 +280,7 @@ def run_partition(
         metrics.failed = stats.failed
         metrics.restored = stats.restored
         metrics.error_rows = row_fn.error_rows
+        metrics.dropped = row_fn.dropped
         metrics.latency = op.latency
         if op.limiter is not None:  # capacity="auto": where this partition's limit ended
             metrics.capacity_limits = [op.limiter.limit]

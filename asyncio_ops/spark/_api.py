@@ -60,7 +60,14 @@ from ._frame import as_struct, batch_size_of, event_time_column, key_columns, ta
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._metrics import AsyncMetrics
-from ._options import CHUNK_AUTO, DEFAULT_CAPACITY, WAIT_SIGNATURE, WaitKeywords, WaitOptions
+from ._options import (
+    CHUNK_AUTO,
+    DEFAULT_CAPACITY,
+    ON_EMPTY,
+    WAIT_SIGNATURE,
+    WaitKeywords,
+    WaitOptions,
+)
 from ._preflight import preflight as run_preflight
 
 if TYPE_CHECKING:
@@ -198,7 +205,8 @@ def _wait(
         added_columns=tuple(f.name for f in added.fields),
         keep_input_columns=keep_input_columns,
         on_error=options.on_error,
-        on_empty=options.on_empty,
+        # not given: the function's own default (a connector keeps, a plain function drops)
+        on_empty=options.on_empty or _default_on_empty(function),
         row_factory=row_of if options.rows_as == "row" else None,
         event_time=event_col,
         watermark_delay=options.watermark_delay or 0.0,
@@ -236,6 +244,17 @@ def _wait(
     if key_cols and keep_input_columns:
         out = out.drop(KEY_GROUP_COLUMN)
     return out
+
+
+def _default_on_empty(function: AsyncFunction[Any, Any]) -> str:
+    """``on_empty`` when not given: the function's ``default_on_empty``, checked."""
+    value = getattr(function, "default_on_empty", "drop")
+    if value not in ON_EMPTY:
+        raise ConfigurationError(
+            f"{type(function).__name__}.default_on_empty must be one of {list(ON_EMPTY)}, "
+            f"got {value!r}"
+        )
+    return str(value)
 
 
 def row_of(values: dict[str, Any]) -> Row:

@@ -175,9 +175,11 @@ class WaitOptions(PartitionOptions):
     on_error: str = field(
         default="fail", metadata=_doc(shown='`"fail"`', allowed=" | ".join(ON_ERROR))
     )
-    on_empty: str = field(
-        default="drop", metadata=_doc(shown='`"drop"`', allowed=" | ".join(ON_EMPTY))
-    )
+    on_empty: str | None = field(
+        default=None,
+        metadata=_doc(shown='`"keep"` for a lookup connector, else `"drop"`',
+                      allowed=" | ".join(ON_EMPTY)),
+    )  # fmt: skip
     rows_as: str = field(
         default="dict", metadata=_doc(shown='`"dict"`', allowed=" | ".join(ROWS_AS))
     )
@@ -220,7 +222,8 @@ class WaitOptions(PartitionOptions):
         if self.retry is not None and not isinstance(self.retry, AsyncRetryStrategy):
             raise ConfigurationError(f"retry must be an AsyncRetryStrategy, got {self.retry!r}")
         choice(self.on_error, "on_error", ON_ERROR)
-        choice(self.on_empty, "on_empty", ON_EMPTY)
+        if self.on_empty is not None:  # None: the function's default_on_empty
+            choice(self.on_empty, "on_empty", ON_EMPTY)
         choice(self.rows_as, "rows_as", ROWS_AS)
         choice(self.late_records, "late_records", LATE_RECORDS)
         positive_int(self.checkpoint_flush_rows, "checkpoint_flush_rows")
@@ -282,7 +285,7 @@ class WaitKeywords(TypedDict, total=False):
     output_buffer: int | None
     retry: AsyncRetryStrategy | None
     on_error: str
-    on_empty: str
+    on_empty: str | None
     rows_as: str
     key: str | Sequence[str] | None
     event_time: str | None

@@ -12,7 +12,7 @@ from asyncio_ops.connectors.postgres import PostgresLookup
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from asyncio_ops.spark import ordered_wait, unordered_wait
+from asyncio_ops.spark import AsyncMetrics, ordered_wait, unordered_wait
 from tests.spark.conftest import spark
 
 from .support import PgTables
@@ -75,3 +75,35 @@ def test_keep_with_a_composite_key_and_fan_out(
     want = [(c, f"city-{c}-{s}") for c in range(1, 21) for s in range(1, c % 4 + 1)]
     want += [(c, None) for c in range(1, 25) if c > 20 or c % 4 == 0]
     assert sorted(map(tuple, got), key=repr) == sorted(want, key=repr)
+
+
+@pytest.mark.parametrize("chunk_size", ["auto", None], ids=["columnar", "per-row"])
+def test_a_connector_keeps_what_it_cannot_enrich_and_a_plain_function_drops_it(
+    spark: SparkSession, pg_tables: PgTables, chunk_size: str | None
+) -> None:
+    """Not given, on_empty is the function's default: a lookup connector is a left join
+    (Beam's Enrichment), a plain async function Flink's inner join; the metrics count
+    what was dropped."""
+    query = f"SELECT id, name FROM {pg_tables.customers} WHERE id = ANY($1)"
+    lookup = PostgresLookup(pg_tables.dsn, query, key="customer_id", on="id")
+    matched = sum(1 for i in range(300) if i % 17 and i % 230 + 1 <= 200)
+
+    kept = AsyncMetrics(spark)
+    rows = ordered_wait(_orders(spark), lookup, timeout=30, output_schema="name string",
+                        chunk_size=chunk_size, metrics=kept).collect()  # fmt: skip
+    assert len(rows) == 300 and sum(r.name is None for r in rows) == 300 - matched
+    assert kept.summary()["dropped"] == 0
+
+    dropped = AsyncMetrics(spark)
+    rows = ordered_wait(_orders(spark), lookup, timeout=30, output_schema="name string",
+                        chunk_size=chunk_size, on_empty="drop",
+                        metrics=dropped).collect()  # fmt: skip
+    assert len(rows) == matched and dropped.summary()["dropped"] == 300 - matched
+
+    async def evens(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"name": "even"}] if row["id"] % 2 == 0 else []
+
+    plain = AsyncMetrics(spark)
+    rows = ordered_wait(_orders(spark), evens, timeout=30, output_schema="name string",
+                        metrics=plain).collect()  # fmt: skip
+    assert len(rows) == 150 and plain.summary()["dropped"] == 150
