@@ -44,6 +44,7 @@ from ._functions import (
     SupportsOutputSchema,
     SupportsPreflight,
     SupportsRateLimitUsage,
+    SupportsServiceRetries,
     SupportsTokenUsage,
 )
 from ._keyed_operator import KeyedProcessOperator
@@ -112,6 +113,7 @@ __all__ = [
     "SupportsOutputSchema",
     "SupportsPreflight",
     "SupportsRateLimitUsage",
+    "SupportsServiceRetries",
     "SupportsTokenUsage",
     "SystemClock",
     "Timer",

@@ -311,6 +311,18 @@ class SupportsRateLimitUsage(Protocol):
 
 
 @runtime_checkable
+class SupportsServiceRetries(Protocol):
+    """A function that retries a service's answers itself, inside one attempt, and counts
+    it, monotonic over its life: ``(retried, throttled, throttle_wait_seconds)``: the
+    requests it sent again, the answers that said "slow down" (429, 503), and the
+    seconds it waited before sending again (summed over calls). The runtime adds each
+    partition's share to the metrics (``connector_retried``, ``throttled``,
+    ``throttle_wait_seconds``)."""
+
+    def service_retries(self) -> tuple[int, int, float]: ...
+
+
+@runtime_checkable
 class SupportsNullKeyCount(Protocol):
     """A function that answers a row whose key is NULL without a request, and counts
     those rows, monotonic over its life. The runtime adds each partition's share to

@@ -271,6 +271,10 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         self._limit_permits = 0
         self._limit_tokens = 0
         self._limit_waited = 0.0
+        # the service's answers this lookup retried itself (asyncio_ops.SupportsServiceRetries)
+        self._retried = 0
+        self._throttled = 0
+        self._throttle_waited = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def open(self, runtime_context: RuntimeContext | None = None) -> None:
@@ -583,6 +587,21 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 (decode_canonical(k), (w, tuple(r)))
                 for k, w, r in zip(keys, written, rows, strict=True)
             )
+
+    async def _before_retry(self, delay: float, status: int | None) -> None:
+        """Wait ``delay`` seconds before sending a request again, counted: a retry, and a
+        throttle when the service answered ``status`` 429 or 503 ("slow down")."""
+        self._retried += 1
+        if status in (429, 503):
+            self._throttled += 1
+        self._throttle_waited += delay
+        await asyncio.sleep(delay)
+
+    def service_retries(self) -> tuple[int, int, float]:
+        """``asyncio_ops.SupportsServiceRetries``: requests this lookup sent again inside
+        one attempt, the 429/503 answers among the reasons, and the seconds it waited
+        before sending again, since construction."""
+        return self._retried, self._throttled, self._throttle_waited
 
     def null_key_count(self) -> int:
         """``asyncio_ops.SupportsNullKeyCount``: rows answered without a request because a

@@ -257,3 +257,17 @@ def test_bash_blocks_name_what_exists(block: Block) -> None:
     assert checked or "venv-pack" in block.code or "spark-class" in block.code, (
         f"{block}: nothing checked"
     )
+
+
+def test_the_metrics_table_is_the_summary() -> None:
+    """docs/spark.md's metrics table defines every key of ``AsyncMetrics.summary()``,
+    and no other."""
+    from asyncio_ops._runtime import RunMetrics
+
+    text = (ROOT / "docs" / "spark.md").read_text()
+    table = text[text.index("| key | what it counts |") :].split("\n\n", 1)[0]
+    documented = [
+        name for line in table.splitlines()[2:]
+        for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
+    ]  # fmt: skip
+    assert documented == list(RunMetrics().summary())

@@ -54,6 +54,7 @@ def test_public_names_are_pinned() -> None:
         "SupportsInvokeChunk",
         "SupportsNullKeyCount",
         "SupportsRateLimitUsage",
+        "SupportsServiceRetries",
         "SupportsTokenUsage",
         "SystemClock",
         "Timer",

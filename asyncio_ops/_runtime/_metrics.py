@@ -47,6 +47,11 @@ class RunMetrics:
     rate_limit_permits: int = 0
     rate_limit_tokens: int = 0
     rate_limit_wait_seconds: float = 0.0
+    # a connector's own retries inside an attempt, its 429/503 answers and the seconds
+    # it waited before sending again (asyncio_ops.SupportsServiceRetries)
+    connector_retried: int = 0
+    throttled: int = 0
+    throttle_wait_seconds: float = 0.0
     # rows a connector answered without a request: a request field was NULL
     # (asyncio_ops.SupportsNullKeyCount)
     skipped_null_keys: int = 0
@@ -62,7 +67,7 @@ class RunMetrics:
             "carried_over", "seconds", "cache_hits", "cache_misses", "cache_evictions",
             "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
             "rate_limit_permits", "rate_limit_tokens", "rate_limit_wait_seconds",
-            "skipped_null_keys",
+            "connector_retried", "throttled", "throttle_wait_seconds", "skipped_null_keys",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
@@ -102,6 +107,9 @@ class RunMetrics:
             "rate_limit_permits": self.rate_limit_permits,
             "rate_limit_tokens": self.rate_limit_tokens,
             "rate_limit_wait_seconds": round(self.rate_limit_wait_seconds, 3),
+            "connector_retried": self.connector_retried,
+            "throttled": self.throttled,
+            "throttle_wait_seconds": round(self.throttle_wait_seconds, 3),
             "skipped_null_keys": self.skipped_null_keys,
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),

@@ -35,6 +35,7 @@ from .._functions import (
     SupportsCacheStatistics,
     SupportsNullKeyCount,
     SupportsRateLimitUsage,
+    SupportsServiceRetries,
     SupportsTokenUsage,
 )
 from .._limit import AdaptiveLimit
@@ -129,8 +130,8 @@ def _operator(
 def _function_counters(fn: object) -> dict[str, float]:
     """What a function counts of itself so far (monotonic over its life, which is the
     worker's), by metric name: its cache's hits, misses, evictions and expirations, a
-    model's bill, a rate limit's toll, rows skipped for NULL keys; only what it reports.
-    A partition's share is the difference of two readings."""
+    model's bill, a rate limit's toll, its own retries, rows skipped for NULL keys;
+    only what it reports. A partition's share is the difference of two readings."""
     out: dict[str, float] = {}
     if isinstance(fn, SupportsCacheStatistics):
         cache = fn.cache_statistics()
@@ -145,6 +146,10 @@ def _function_counters(fn: object) -> dict[str, float]:
         permits, tokens, waited = fn.rate_limit_usage()
         out.update(rate_limit_permits=permits, rate_limit_tokens=tokens,
                    rate_limit_wait_seconds=waited)  # fmt: skip
+    if isinstance(fn, SupportsServiceRetries):
+        retried, throttled, waited = fn.service_retries()
+        out.update(connector_retried=retried, throttled=throttled,
+                   throttle_wait_seconds=waited)  # fmt: skip
     if isinstance(fn, SupportsNullKeyCount):
         out["skipped_null_keys"] = fn.null_key_count()
     return out

@@ -543,6 +543,7 @@ class HttpLookup(BaseLookup[_Runtime]):
                 async with self._limited(limit):
                     return await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
+                status = exc.status if isinstance(exc, LookupResponseError) else None
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
                 if limit is not None and retry_after is not None:
                     await limit.pause(retry_after)  # every process sharing the limit waits
@@ -556,7 +557,7 @@ class HttpLookup(BaseLookup[_Runtime]):
                     delay = min(self.max_backoff, self.backoff * 2**attempt)
                     delay *= random.uniform(0.5, 1.0)  # jitter: retries of many rows spread out
             attempt += 1
-            await asyncio.sleep(delay)
+            await self._before_retry(delay, status)
 
     async def _attempt(
         self, runtime: _Runtime, url: str, params: list[tuple[str, str]], body: Any

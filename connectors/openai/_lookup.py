@@ -64,7 +64,6 @@ Semantics:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import string
@@ -328,7 +327,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                 if limit is not None:
                     await limit.pause(wait)  # every process sharing the limit waits
                 attempt += 1
-                await asyncio.sleep(wait)
+                await self._before_retry(wait, status)
                 continue
             raise LookupResponseError(
                 f"POST {redact_url(url)} answered {status} (model {self.model!r})",
