@@ -51,9 +51,12 @@ Semantics:
 - ``max_total_tokens``: a budget of tokens (prompt and completion) for the
   lookup object built on the driver, i.e. for every task, attempt and action
   of the job that uses it. Before each request its estimate is reserved from
-  the budget and, once answered, settled to the usage reported (refunded if
-  no answer came), so the budget is never passed by more than the estimates
-  fell short. A request the budget cannot hold is not sent: the row raises
+  the budget and, once answered, settled to the usage reported, and at least
+  the estimate (refunded if no answer came), so the budget is never passed by
+  more than the estimates fell short. A usage that is not a whole number of
+  tokens >= 0 (negative, a string, infinite, ``prompt_tokens`` missing) is a
+  :class:`LookupDecodeError` naming the endpoint and the rows: nothing the
+  server reports gives tokens back. A request the budget cannot hold is not sent: the row raises
   :class:`LookupBudgetExceeded` (not retryable: an error row with
   ``on_error="error_column"``, else the job fails); cached answers still
   come. Scope: with ``rate_limit`` a RateLimit shared through Redis the
@@ -163,6 +166,26 @@ class _Template:
             ) from None
 
 
+def _usage(usage: Any, url: str, what: str) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of an answer's ``usage``, trusted only when
+    each is a whole number >= 0 (``prompt_tokens`` required; ``completion_tokens`` 0 when
+    absent, as embeddings report none): anything else is a LookupDecodeError naming the
+    endpoint and the rows, never a count that gives tokens back to a budget or a limit."""
+    counts = []
+    for name, required in (("prompt_tokens", True), ("completion_tokens", False)):
+        value = usage.get(name) if isinstance(usage, dict) else None
+        if value is None and not required:
+            counts.append(0)
+            continue
+        if type(value) is not int or value < 0:
+            raise LookupDecodeError(
+                f"POST {redact_url(url)} answered a usage whose {name} is {value!r}, not a "
+                f"whole number of tokens >= 0 (usage {usage!r:.200}), for {what}"
+            )
+        counts.append(value)
+    return counts[0], counts[1]
+
+
 class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
     """What both lookups share: the session, the key, the limit, retries, usage."""
 
@@ -238,12 +261,17 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         (pausing the limit), up to ``max_retries`` times. ``estimate``: its tokens before
         it is sent; ``what``: the rows it asks for, for errors."""
         reserved = await self._reserve_budget(estimate, what)
+        answered = False
         billed: int | None = None
         try:
-            answer, billed = await self._post_limited(path, body, estimate)
+            answer, billed = await self._post_limited(path, body, estimate, what)
+            answered = True
         finally:
             if reserved:
-                await self._spend(billed - reserved if billed is not None else -reserved)
+                # no answer: refunded; an answer: what it reports, and at least the
+                # estimate (a server reporting less, or nothing, never gives tokens back)
+                spent = max(billed or 0, reserved) if answered else 0
+                await self._spend(spent - reserved)
         return answer
 
     async def _reserve_budget(self, estimate: int, what: str) -> int:
@@ -282,7 +310,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         return total
 
     async def _post_limited(
-        self, path: str, body: dict[str, Any], estimate: int
+        self, path: str, body: dict[str, Any], estimate: int, what: str
     ) -> tuple[Any, int | None]:
         """The answer, and the tokens it was billed (None if it reports no usage)."""
         session = self._require_runtime()
@@ -310,9 +338,8 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                     ) from exc
                 usage = answer.get("usage") if isinstance(answer, dict) else None
                 billed = None
-                if isinstance(usage, dict):
-                    prompt = int(usage.get("prompt_tokens") or 0)
-                    completion = int(usage.get("completion_tokens") or 0)
+                if usage is not None:
+                    prompt, completion = _usage(usage, url, what)
                     billed = prompt + completion
                     self._prompt_tokens += prompt
                     self._completion_tokens += completion
