@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import math
 import time
@@ -133,6 +134,23 @@ total = redis.call('INCRBY', KEYS[1], units)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, total}
 """
+
+
+# KEYS: settings. ARGV: this process's settings (JSON), ttl (ms). The settings the name
+# was first used with (set now if none), their time to live renewed.
+_SETTINGS: Final = """
+local held = redis.call('GET', KEYS[1])
+if not held then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return held
+"""
+# how long a shared limit's settings are kept after the last process checked them, and how
+# often a process checks them again (seconds)
+_SETTINGS_TTL: Final = 3600.0
+_SETTINGS_EVERY: Final = 600.0
 
 
 @dataclass(frozen=True)
@@ -230,6 +248,7 @@ class RateLimit:
         local_share: float | None = None,
         retry_unavailable: float = 30.0,
         clock: Scheduler | None = None,
+        max_pause: float = 300.0,
     ) -> None:
         if requests_per_second is None and tokens_per_minute is None:
             raise ConfigurationError("RateLimit needs requests_per_second or tokens_per_minute")
@@ -274,6 +293,8 @@ class RateLimit:
         self.on_unavailable = on_unavailable
         self.local_share = local_share
         self.retry_unavailable = seconds(retry_unavailable, "retry_unavailable")
+        # the longest pause a server's Retry-After imposes (on every process sharing it)
+        self.max_pause = seconds(max_pause, "max_pause")
         self.clock = clock
         self._state: _State | None = None
 
@@ -330,8 +351,18 @@ class RateLimit:
         return await self._local().take_total(budget, int(units), maximum)
 
     async def pause(self, seconds_: float) -> None:
-        """Hold every reservation after now for ``seconds_`` (every sharing process)."""
-        await self._local().pause(max(0.0, float(seconds_)))
+        """Hold every reservation after now for ``seconds_`` (every sharing process), at
+        most ``max_pause``: a server's Retry-After is not trusted without bounds (one
+        ``Retry-After: 86400`` would hold every job sharing the limit for a day); a
+        longer one is clipped, with a warning."""
+        wanted = max(0.0, float(seconds_))
+        if not wanted <= self.max_pause:  # NaN too
+            log.warning(
+                "RateLimit %s: a pause of %s s asked (a server's Retry-After) is clipped to "
+                "max_pause=%s s", self.name or "(per process)", seconds_, self.max_pause,
+            )  # fmt: skip
+            wanted = self.max_pause
+        await self._local().pause(wanted)
 
     def statistics(self) -> RateLimitStatistics:
         state = self._state
@@ -377,6 +408,7 @@ class _State:
         self.client: aioredis.Redis | None = None
         self.script: Any = None
         self.down_until = -math.inf
+        self.settings_checked = -math.inf  # when this process last checked the name's settings
         self.requests = 0
         self.tokens = 0
         self.waited = 0.0
@@ -502,7 +534,10 @@ class _State:
         interval = 1.0 / rate
         sent = self.now()
         try:
-            self._connect()
+            client = self._connect()
+            if sent - self.settings_checked >= _SETTINGS_EVERY:
+                await self._check_settings(client)
+                self.settings_checked = sent
             reply = await self.script(
                 keys=[f"{base}:{dimension}", f"{base}:pause"],
                 args=[repr(interval), repr(burst * interval), repr(float(units)), 60_000,
@@ -518,6 +553,27 @@ class _State:
         # due times on this process's clock: relative to when the reply came back
         arrived = self.now() if limit.clock is None else sent
         return arrived + first, arrived
+
+    async def _check_settings(self, client: aioredis.Redis) -> None:
+        """The settings a shared limit's name was first used with are this process's: a
+        ConfigurationError naming both if not (two jobs naming one limit at 2/s and 50/s
+        would each take their own rate from one budget)."""
+        limit = self.limit
+        mine = json.dumps(
+            {"requests_per_second": limit.requests_per_second,
+             "tokens_per_minute": limit.tokens_per_minute, "burst": limit.burst,
+             "token_burst": limit.token_burst}, sort_keys=True,
+        )  # fmt: skip
+        key = f"asyncio_ops:rate:{limit.name}:settings"
+        held = await client.eval(_SETTINGS, 1, key, mine, int(_SETTINGS_TTL * 1000))
+        held = held.decode() if isinstance(held, bytes) else str(held)
+        if held != mine:
+            raise ConfigurationError(
+                f"the shared RateLimit {limit.name!r} is in use with the settings {held}, "
+                f"not this one's {mine}: one name is one budget. Give this limit another "
+                f"name=, or the same settings (the name's settings are kept at {key} "
+                f"until {int(_SETTINGS_TTL)} s after its last use)"
+            )
 
     async def take_total(self, budget: str, units: int, maximum: int | None) -> int | None:
         limit = self.limit

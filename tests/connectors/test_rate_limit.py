@@ -243,3 +243,44 @@ async def test_a_leased_permit_whose_slot_passed_is_dropped_and_counted(name: st
     stats = limit.statistics()
     assert stats.dropped == 3 and stats.requests == 2
     assert stats.round_trips == trips + 1  # the slots gone: a new lease
+
+
+@pytest.mark.asyncio
+async def test_a_day_long_retry_after_is_clipped_to_max_pause(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One server's ``Retry-After: 86400`` holds every process sharing the limit for
+    ``max_pause`` (60 s here), not a day, with a warning; the shared pause key too."""
+    import redis.asyncio as aioredis
+
+    clock = ManualClock(9_000.0)
+    a = RateLimit(requests_per_second=50, shared=URL, name=name, clock=clock, max_pause=60)
+    b = RateLimit(requests_per_second=50, shared=URL, name=name, clock=clock, max_pause=60)
+    with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+        await a.pause(86_400)
+    assert "clipped to max_pause=60" in caplog.text
+    started = clock.now()
+    (due,) = await _times(b, clock, 1, 1.0)
+    assert started + 60 - 1e-6 <= due <= started + 62
+    client = aioredis.Redis.from_url(URL)
+    try:
+        assert 0 < await client.pttl(f"asyncio_ops:rate:{name}:pause") <= 60_000
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_one_name_with_other_settings_is_refused_naming_both(name: str) -> None:
+    """Two jobs naming one shared limit at 2/s and 50/s would each take their own rate
+    from one budget: the second is refused, naming both settings."""
+    first = RateLimit(requests_per_second=2, shared=URL, name=name)
+    async with first.acquire():
+        pass
+    same = RateLimit(requests_per_second=2, shared=URL, name=name, lease=3)
+    async with same.acquire():  # the same settings: one budget, as meant
+        pass
+    other = RateLimit(requests_per_second=50, shared=URL, name=name)
+    refused = r'settings .*"requests_per_second": 2\.0.*not this one.s .*"requests_per_second": 50'
+    with pytest.raises(ConfigurationError, match=refused):
+        async with other.acquire():
+            pass
