@@ -132,7 +132,7 @@ def assign_to_key_group(key: object, max_parallelism: int = DEFAULT_MAX_PARALLEL
 
 def check_parallelism(max_parallelism: int, parallelism: int | None = None) -> None:
     """Raise :class:`KeyGroupError` unless ``0 < parallelism <= max_parallelism <= 32768``."""
-    if not isinstance(max_parallelism, int) or not (
+    if type(max_parallelism) is not int or not (  # True is not 1
         0 < max_parallelism <= UPPER_BOUND_MAX_PARALLELISM
     ):
         raise KeyGroupError(
@@ -140,7 +140,7 @@ def check_parallelism(max_parallelism: int, parallelism: int | None = None) -> N
             f"got {max_parallelism!r}"
         )
     if parallelism is not None and (
-        not isinstance(parallelism, int) or not 0 < parallelism <= max_parallelism
+        type(parallelism) is not int or not 0 < parallelism <= max_parallelism
     ):
         raise KeyGroupError(
             f"parallelism must be an int in 1..max_parallelism ({max_parallelism}), "

@@ -22,6 +22,7 @@ import mmh3
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from .._exceptions import ConfigurationError
 from .._keygroups import HASH_SEED, check_parallelism
 from .._runtime import KEY_GROUP_COLUMN
 
@@ -52,9 +53,17 @@ def partition_by_key_group(
     df: DataFrame, key_cols: Sequence[str], max_parallelism: int, num_partitions: int | None
 ) -> tuple[DataFrame, int]:
     """``df`` with ``__aops_key_group``, repartitioned so partition i owns its key-group range."""
+    check_parallelism(max_parallelism)
     parallelism = num_partitions or int(
         df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200
     )
+    if num_partitions is None and parallelism > max_parallelism:
+        raise ConfigurationError(
+            f"spark.sql.shuffle.partitions is {parallelism}, more partitions than "
+            f"max_parallelism={max_parallelism} has key groups: pass num_partitions= (at "
+            f"most {max_parallelism}), lower spark.sql.shuffle.partitions, or raise "
+            "max_parallelism (it fixes the key groups: choose it before the first run)"
+        )
     check_parallelism(max_parallelism, parallelism)
     routes = route_values(parallelism)
     df = df.withColumn(KEY_GROUP_COLUMN, key_group_column(key_cols, max_parallelism))

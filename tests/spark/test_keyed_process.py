@@ -366,3 +366,24 @@ def test_two_streaming_queries_on_one_location_and_uid_are_refused(
     for i in range(3):  # per id, the counts run 1, 2, 3, ... across the restart, none twice
         counts = sorted(n for id_, n in rows if id_ == i)
         assert counts == list(range(1, len(counts) + 1))
+
+
+def test_max_parallelism_is_checked_on_the_driver(spark: SparkSession) -> None:
+    """``max_parallelism=True`` is not 1, and more shuffle partitions than key groups is
+    refused when the DataFrame is built, naming spark.sql.shuffle.partitions."""
+    df = spark.range(10).selectExpr("id % 3 as id")
+    with pytest.raises(ConfigurationError, match=r"max_parallelism must be an int.*got True"):
+        keyed_process(df, CountPerId(), key="id", output_schema="id long, n long",
+                      max_parallelism=True)  # type: ignore[arg-type]  # fmt: skip
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
+    try:
+        with pytest.raises(ConfigurationError, match=r"spark.sql.shuffle.partitions is 8, "
+                           r"more partitions than max_parallelism=4"):  # fmt: skip
+            keyed_process(df, CountPerId(), key="id", output_schema="id long, n long",
+                          max_parallelism=4)  # fmt: skip
+        out = keyed_process(df, CountPerId(), key="id", output_schema="id long, n long",
+                            max_parallelism=4, num_partitions=2)  # fmt: skip
+        assert out.count() == 10
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
