@@ -436,8 +436,12 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         if cache is not None and cache.cache_key is not None:
             return cache.cache_key
         identity = self.cache_identity()
+        # the class that says what decides its answers (a subclass that only adds
+        # behaviour around the same question shares them; one that changes the question
+        # overrides cache_identity)
+        owner = next(c for c in type(self).__mro__ if "cache_identity" in c.__dict__)
         text = json.dumps(
-            {"connector": type(self).__qualname__, "identity": identity},
+            {"connector": owner.__qualname__, "identity": identity},
             sort_keys=True, default=repr, separators=(",", ":"),
         )  # fmt: skip
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]

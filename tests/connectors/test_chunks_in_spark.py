@@ -50,12 +50,13 @@ def _orders(spark: SparkSession, n: int) -> Any:
 def test_chunked_results_equal_per_row_results(spark: SparkSession, pg_tables: PgTables) -> None:
     orders = _orders(spark, 3000)
     per_row = ordered_wait(
-        orders, _lookup(pg_tables), timeout=10, output_schema="name string, tier string"
-    ).collect()
+        orders, _lookup(pg_tables), timeout=10, output_schema="name string, tier string",
+        on_empty="drop",
+    ).collect()  # fmt: skip
     metrics = AsyncMetrics(spark)
     chunked = ordered_wait(
         orders, _lookup(pg_tables), timeout=10, output_schema="name string, tier string",
-        chunk_size=500, metrics=metrics,
+        chunk_size=500, metrics=metrics, on_empty="drop",
     ).collect()  # fmt: skip
     assert [tuple(r) for r in chunked] == [tuple(r) for r in per_row]
     assert all(r.customer_id <= 200 for r in chunked)  # no match: the row is dropped
@@ -69,7 +70,7 @@ def test_unordered_chunks_lose_and_duplicate_nothing(
 ) -> None:
     rows = unordered_wait(
         _orders(spark, 2000), _lookup(pg_tables), timeout=10,
-        output_schema="name string, tier string", chunk_size=64, capacity=8,
+        output_schema="name string, tier string", chunk_size=64, capacity=8, on_empty="drop",
     ).collect()  # fmt: skip
     ids = sorted(r.id for r in rows)
     assert ids == [i for i in range(2000) if i % 250 + 1 <= 200]

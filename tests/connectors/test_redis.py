@@ -205,12 +205,13 @@ def seeded(redis_url: str) -> Iterator[str]:
 def test_an_enrichment_in_spark_matches_what_redis_holds(spark: Any, seeded: str) -> None:
     """unordered_wait over 2 partitions, columnar by default (chunks of batch_size keys),
     the declared output columns read by HMGET; keys past 500 have no hash: dropped
-    (the default) or kept with nulls (on_empty="keep")."""
+    (on_empty="drop") or kept with nulls (a connector's default)."""
     from asyncio_ops.spark import unordered_wait
 
     df = spark.range(1, 601, numPartitions=2).withColumnRenamed("id", "user_id")
     lookup = RedisLookup(URL, key="user_id", kind="hash", key_prefix=seeded, batch_size=64)
-    out = unordered_wait(df, lookup, timeout=30, output_schema="name string, tier string")
+    out = unordered_wait(df, lookup, timeout=30, output_schema="name string, tier string",
+                         on_empty="drop")  # fmt: skip
     rows = sorted((r.user_id, r.name, r.tier) for r in out.collect())
     assert rows == [(i, f"user-{i}", "gold" if i % 5 == 0 else "basic") for i in range(1, 501)]
     kept = unordered_wait(df, lookup, timeout=30, output_schema="name string, tier string",
