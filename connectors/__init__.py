@@ -33,7 +33,8 @@ from ._exceptions import (
     LookupTLSError,
     is_retryable,
 )
-from ._lookup import BaseLookup, KeyFields, LookupStatistics, Row
+from ._keys import KeyFields
+from ._lookup import BaseLookup, LookupStatistics, Row
 from ._rate_limit import Permit, RateLimit, RateLimitStatistics
 from ._resources import SharedResources
 

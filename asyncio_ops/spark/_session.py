@@ -10,7 +10,9 @@ from pyspark.sql import SparkSession
 
 from . import _errors
 
-DEFAULT_MASTER = "local[*]"
+# every core, and up to 4 attempts per task, as a cluster gives (spark.task.maxFailures):
+# plain local[*] tries a task once, so one killed Python worker would fail the job
+DEFAULT_MASTER = "local[*, 4]"
 
 
 def resolve_master(
@@ -28,7 +30,8 @@ def resolve_master(
     3. ``spark-submit --master`` (the driver was launched by spark-submit: the
        JVM it connects to, ``PYSPARK_GATEWAY_PORT``, holds the master);
     4. ``SPARK_MASTER`` or ``MASTER`` in the environment;
-    5. otherwise ``local[*]``.
+    5. otherwise ``local[*, 4]``: every core, and a failed task tried up to 4 times,
+       as on a cluster (``local[*]`` would try it once).
     """
     if master is not None:
         return master
@@ -48,7 +51,8 @@ def session(
     ``sys.executable`` (``PYSPARK_PYTHON`` and ``spark.pyspark.python``) unless
     the caller's ``conf`` says otherwise. The master is the one given, else the
     one spark-submit, an active session or the environment chose, else
-    ``local[*]`` (:func:`resolve_master`). Shuffle partitions are few on a
+    ``local[*, 4]``, whose tasks are retried as a cluster's are
+    (:func:`resolve_master`). Shuffle partitions are few on a
     local master, as suits a laptop; everything else is Spark's default, the
     UI included (progress, stages and task times at port 4040 and on). A job
     failed by an asyncio_ops exception raises that exception, Spark's as its

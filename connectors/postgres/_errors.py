@@ -13,6 +13,7 @@ asyncpg / builtin                                           raised as
 ``PostgresConnectionError`` (class 08), operator            LookupConnectionError
 intervention (class 57: admin/crash shutdown, cannot
 connect now), ``TooManyConnectionsError`` (53300),
+``InvalidCatalogNameError`` (3D000: no such database),
 ``OSError`` (refused, reset), ``ConnectionError``,
 ``InterfaceError`` on a closed connection or pool,
 ``InternalClientError`` (protocol state lost when the
@@ -47,7 +48,9 @@ __all__ = ["is_query_error", "map_asyncpg_errors"]
 
 # SQLSTATE classes whose errors mean "this connection or server is unusable now".
 _CONNECTION_CLASSES = ("08", "57")
-_CONNECTION_STATES = frozenset({"53300"})  # too_many_connections: transient on a busy server
+# too_many_connections: transient on a busy server; invalid_catalog_name: the DSN names a
+# database the server does not have (a DSN that does not connect, as the preflight says)
+_CONNECTION_STATES = frozenset({"53300", "3D000"})
 _TIMEOUT_STATES = frozenset({"57014"})  # query_canceled, which statement_timeout raises
 
 

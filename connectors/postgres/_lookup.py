@@ -42,7 +42,8 @@ from asyncio_ops.options import at_least, int_between, seconds
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache
 from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
-from .._lookup import BaseLookup, KeyFields, Row
+from .._keys import KeyFields
+from .._lookup import BaseLookup, Row
 from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources

@@ -316,6 +316,18 @@ async def test_unreachable_server_error_never_shows_the_password() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_database_that_does_not_exist_is_a_connection_error(pg_tables: PgTables) -> None:
+    """A DSN that does not connect (here: to a database the server lacks, 3D000) is a
+    LookupConnectionError, as the preflight table says, not a query error."""
+    base, _, _ = pg_tables.dsn.rpartition("/")
+    lookup = PostgresLookup(f"{base}/aops_no_such_db", "SELECT id FROM t WHERE id = ANY($1)",
+                            key="id")  # fmt: skip
+    with pytest.raises(LookupConnectionError, match=r"InvalidCatalogNameError \[3D000\]"):
+        await lookup.open()
+    assert active_pools() == 0
+
+
+@pytest.mark.asyncio
 async def test_secret_in_a_server_message_is_scrubbed(pg_tables: PgTables) -> None:
     # The server echoes the bad database name; if that contained the password,
     # it must still not reach our message. (Trust auth accepts any password.)

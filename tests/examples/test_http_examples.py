@@ -117,14 +117,15 @@ def test_enrich_http_example_with_the_batch_endpoint(spark_in_process: Any) -> N
 @pytest.mark.spark
 def test_enrich_http_against_a_given_url(spark_in_process: Any) -> None:
     with ServiceThread(customers=100, latency=0.001) as service:
-        # Customers 1..100 exist; orders ask for 1..150: a third is missing (404 -> dropped).
+        # Customers 1..100 exist; orders ask for 1..150: a third is missing (404 -> kept,
+        # its columns NULL: a connector is a left join)
         run = spark_in_process(
             enrich_http.main, "--url", service.url, "--orders", "300", "--customers", "150",
             "--partitions", "2", "--json",
         )  # fmt: skip
     result = run.result
     assert result["local_service"] is False
-    assert result["rows"] == 200 and result["missing"] == 100 and result["mismatches"] == 0
+    assert result["rows"] == 300 and result["missing"] == 100 and result["mismatches"] == 0
 
 
 @pytest.mark.spark

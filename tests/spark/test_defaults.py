@@ -36,7 +36,7 @@ def documented(spark: SparkSession) -> dict[str, Any]:
     return {
         "capacity": 100, "retry": None, "key": None, "event_time": None,
         "watermark_delay": None, "watermark_interval": 1000, "late_records": "keep",
-        "on_error": "fail", "on_empty": "drop", "rows_as": "dict", "max_parallelism": 128,
+        "on_error": "fail", "on_empty": None, "rows_as": "dict", "max_parallelism": 128,
         "num_partitions": None,
         "batch_size": int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
         "keep_input_columns": True, "metrics": None, "uid": None,

@@ -4,6 +4,10 @@ the UI to Spark (on by default)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +85,24 @@ def test_session_leaves_the_ui_to_spark(monkeypatch: pytest.MonkeyPatch) -> None
         assert not any(k.startswith("spark.ui.") for k in conf), conf
         given: Any = _session.session(conf={"spark.ui.enabled": "false"})
         assert given["spark.ui.enabled"] == "false"  # the caller's choice still wins
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_a_killed_worker_is_retried_under_the_default_master(tmp_path: Path) -> None:
+    """session()'s default master retries a task as a cluster does: a job whose Python
+    worker is killed in a task's first attempt still writes every row (local[*] tried
+    each task once, so the job failed)."""
+    from tests.helpers import with_jvm_options
+
+    env = with_jvm_options(dict(os.environ))
+    for k in ("SPARK_MASTER", "MASTER", "PYSPARK_GATEWAY_PORT"):
+        env.pop(k, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.killed_worker_job", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=280,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["True", "20"], done.stdout
+    assert (tmp_path / "7").exists()  # the worker was killed once
