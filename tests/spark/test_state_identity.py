@@ -12,28 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import SparkSession
 
 from asyncio_ops import CheckpointError
 from asyncio_ops.spark import keyed_process
-from asyncio_ops.state import (
-    Collector,
-    KeyedProcessContext,
-    KeyedProcessFunction,
-    KeyedRuntimeContext,
-    ValueStateDescriptor,
-)
+from tests.spark.test_keyed_process import CountPerId
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
-
-
-class CountPerId(KeyedProcessFunction[int, Row, Row]):
-    def open(self, runtime_context: KeyedRuntimeContext) -> None:
-        self.count = runtime_context.get_state(ValueStateDescriptor[int]("count"))
-
-    def process_element(self, value: Row, ctx: KeyedProcessContext, out: Collector[Row]) -> None:
-        self.count.update((self.count.value() or 0) + 1)
-        out.collect({"id": value["id"], "n": self.count.value()})
 
 
 class RenamedCount(CountPerId):
