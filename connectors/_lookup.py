@@ -383,13 +383,15 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     @asynccontextmanager
     async def _limited(self, limit: RateLimit | None, tokens: int = 0) -> AsyncIterator[None]:
         """Run the block once ``limit`` (if any) gave one request permit and ``tokens``;
-        counted in :meth:`rate_limit_usage`."""
+        counted in :meth:`rate_limit_usage` (the tokens only when the limit counts tokens:
+        a limit of requests alone takes none)."""
         if limit is None:
             yield
             return
         async with limit.acquire(tokens=tokens) as permit:
             self._limit_permits += 1
-            self._limit_tokens += tokens
+            if limit.tokens_per_minute is not None:  # taken only by a limit that counts them
+                self._limit_tokens += tokens
             self._limit_waited += permit.waited
             yield
 

@@ -189,3 +189,16 @@ def test_the_limit_and_the_budget_reach_the_metrics_and_error_rows(
     assert summary["rate_limit_permits"] == served
     assert summary["rate_limit_tokens"] == counted  # settled: prompt + max_tokens each
     assert summary["rate_limit_wait_seconds"] > 0  # 4 per second, asked for at once
+
+
+@pytest.mark.asyncio
+async def test_a_limit_of_requests_alone_takes_no_tokens() -> None:
+    """rate_limit_tokens is what a limit counting tokens took, settled: a limit of requests
+    alone takes none (it once reported the sum of the estimates)."""
+    with OpenAIServiceThread() as service:
+        chat = ChatLookup(service.url, "local", prompt="Review {id}", max_tokens=8,
+                          rate_limit=RateLimit(requests_per_second=1000, burst=10))  # fmt: skip
+        async with chat:
+            for i in range(3):
+                await chat.async_invoke({"id": i})
+    assert chat.rate_limit_usage()[:2] == (3, 0)
