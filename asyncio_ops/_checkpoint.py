@@ -107,6 +107,45 @@ def _one_request_writes(location: str) -> str:
     return f"{location}{'&' if '?' in location else '?'}allow_delayed_open=true"
 
 
+# the timeouts (seconds) of the S3 filesystem the library makes, as a location's query
+# may set them: a store that accepts a connection and never answers fails the request
+# (and, after the client's retries, the task) instead of holding it for minutes
+S3_TIMEOUTS: Final = {"connect_timeout": 10.0, "request_timeout": 60.0}
+
+
+def _without_timeouts(location: str) -> tuple[str, dict[str, float]]:
+    """``location`` without its ``connect_timeout`` and ``request_timeout`` query
+    parameters (pyarrow's URIs do not take them), and the timeouts to use: those
+    given, else :data:`S3_TIMEOUTS`."""
+    timeouts = dict(S3_TIMEOUTS)
+    if not location.startswith("s3://") or "?" not in location:
+        return location, timeouts
+    base, _, query = location.partition("?")
+    kept = []
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name in timeouts:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if not seconds > 0:
+                raise CheckpointError(
+                    f"checkpoint_location {shown_location(location)!r}: {name} must be a "
+                    f"number of seconds > 0, got {value!r}"
+                )
+            timeouts[name] = seconds
+        elif pair:
+            kept.append(pair)
+    return base + ("?" + "&".join(kept) if kept else ""), timeouts
+
+
+def _with_timeouts(fs: pafs.FileSystem, timeouts: dict[str, float]) -> pafs.FileSystem:
+    """An S3 filesystem as ``fs`` but for its connect and request timeouts."""
+    rebuild, (options,) = fs.__reduce__()
+    return rebuild({**options, **timeouts})
+
+
 def check_run_id(run_id: str) -> str:
     """A batch run id is one path segment of letters, digits, ``_``, ``.`` and ``-``."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in (".", ".."):
@@ -141,10 +180,13 @@ class CheckpointStorage:
     def __init__(self, location: str, uid: str) -> None:
         self.location = location
         self.uid = uid
+        uri, timeouts = _without_timeouts(location)
         try:
-            fs, root = pafs.FileSystem.from_uri(_one_request_writes(location))
+            fs, root = pafs.FileSystem.from_uri(_one_request_writes(uri))
         except (pa.ArrowInvalid, ValueError):
             fs, root = pafs.LocalFileSystem(), location
+        if fs.type_name == "s3":
+            fs = _with_timeouts(fs, timeouts)
         self.fs: pafs.FileSystem = fs
         self.root = f"{root.rstrip('/')}/{uid}"
         # objects appear whole once uploaded: no temporary name, no directories
@@ -377,10 +419,15 @@ class CheckpointStorage:
         then sees it (or, if pruned, nothing).
         """
         selector = pafs.FileSelector(directory, allow_not_found=True)
-        for _ in range(_LIST_ATTEMPTS - 1):
-            with contextlib.suppress(FileNotFoundError):
-                return list(self.fs.get_file_info(selector))
-        return list(self.fs.get_file_info(selector))
+        try:
+            for _ in range(_LIST_ATTEMPTS - 1):
+                with contextlib.suppress(FileNotFoundError):
+                    return list(self.fs.get_file_info(selector))
+            return list(self.fs.get_file_info(selector))
+        except OSError as exc:  # the store failed (a timeout, a refused connection)
+            raise CheckpointError(
+                f"cannot list checkpoint directory {self.describe(directory)}: {exc}"
+            ) from exc
 
     def list_files(self, version: Version, prefix: str = "") -> list[str]:
         """Names of the complete files of ``version`` starting with ``prefix`` (sorted)."""

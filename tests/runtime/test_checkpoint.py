@@ -737,3 +737,58 @@ def test_a_container_of_format_5_is_read() -> None:
         writer.write_table(plain)
     (section,) = decode(_contained(sink.getvalue().to_pybytes(), version=5), K, "old.ckpt")
     assert section.table.equals(plain)
+
+
+@pytest.fixture
+def silent_store() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections and never answers."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for s in held:
+        s.close()
+    server.close()
+
+
+def test_an_object_store_that_never_answers_fails_at_its_request_timeout(
+    silent_store: int,
+) -> None:
+    """The S3 filesystem the library makes has connect and request timeouts (10 s and 60 s
+    by default; the location's query may set them): a store that accepts connections
+    and never answers fails the request, naming the location, instead of holding a
+    micro-batch for pyarrow's default of minutes."""
+    import time
+
+    location = (f"s3://k:s@bucket/state?endpoint_override=127.0.0.1:{silent_store}"
+                "&scheme=http&region=us-east-1"
+                "&request_timeout=0.5&connect_timeout=0.5")  # fmt: skip
+    storage = CheckpointStorage(location, "op")
+    options = storage.fs.__reduce__()[1][0]
+    assert (options["connect_timeout"], options["request_timeout"]) == (0.5, 0.5)
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match="bucket/state"):
+        storage.versions()
+    # the client's few retries of a 0.5 s request, not pyarrow's default of minutes
+    assert time.monotonic() - started < 60
+    defaults = CheckpointStorage(location.split("&request_timeout")[0], "op")
+    assert defaults.fs.__reduce__()[1][0]["request_timeout"] == 60.0
+    with pytest.raises(CheckpointError, match="request_timeout must be a number of seconds"):
+        CheckpointStorage(location.replace("request_timeout=0.5", "request_timeout=soon"), "op")
