@@ -2,6 +2,9 @@
 
 Any server that speaks the OpenAI API's ``/v1/chat/completions`` and
 ``/v1/embeddings`` (hosted APIs, vLLM, Ollama, llama.cpp's server) answers them.
+``base_url`` is taken as the OpenAI SDK takes it: the API's root (``.../v1``) or
+the bare host; None reads ``OPENAI_BASE_URL``, as the key comes from
+``OPENAI_API_KEY`` (``api_key_env``).
 
 Call order (the connector base's lifecycle)::
 
@@ -186,12 +189,28 @@ def _usage(usage: Any, url: str, what: str) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def _api_root(base_url: str | None) -> str:
+    """The API's root URL, as the OpenAI SDK takes its base URL: given, else the
+    environment's ``OPENAI_BASE_URL`` (read on the driver, where the lookup is built),
+    else ``https://api.openai.com/v1``; the bare host (``http://host:8000``) means its
+    ``/v1``, a URL ending in ``/v1`` is the root itself. Requests go to
+    ``<root>/chat/completions`` and ``<root>/embeddings``."""
+    given = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
+    url = (given or "https://api.openai.com/v1").rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigurationError(
+            f"base_url must be an http(s) URL, got {redact_url(url)!r}"
+            + (" (from OPENAI_BASE_URL)" if base_url is None else "")
+        )
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
 class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
     """What both lookups share: the session, the key, the limit, retries, usage."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None,
         model: str,
         *,
         api_key_env: str,
@@ -204,8 +223,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         max_total_tokens: int | None,
     ) -> None:
         super().__init__(cache=cache)
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigurationError(f"base_url must be an http(s) URL, got {base_url!r}")
+        base_url = _api_root(base_url)
         if not isinstance(model, str) or not model:
             raise ConfigurationError(f"model must be a model name, got {model!r}")
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
@@ -384,7 +402,7 @@ class ChatLookup(_ModelLookup):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None,
         model: str,
         *,
         prompt: str,
@@ -471,7 +489,7 @@ class ChatLookup(_ModelLookup):
             body["response_format"] = schema.response_format()
         elif fields is not None:
             body["response_format"] = {"type": "json_object"}
-        answer = await self._post("/v1/chat/completions", body,
+        answer = await self._post("/chat/completions", body,
                                   len(content) // 4 + 1 + self.max_tokens,
                                   f"the prompt {text[:80]!r}")  # fmt: skip
         try:
@@ -495,7 +513,7 @@ class EmbeddingLookup(_ModelLookup):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None,
         model: str,
         *,
         input: str,
@@ -553,7 +571,7 @@ class EmbeddingLookup(_ModelLookup):
 
     async def _fetch(self, texts: Sequence[Hashable]) -> dict[Hashable, Any]:
         inputs = [str(t) for t in texts]
-        answer = await self._post("/v1/embeddings", {"model": self.model, "input": inputs},
+        answer = await self._post("/embeddings", {"model": self.model, "input": inputs},
                                   sum(len(t) // 4 + 1 for t in inputs),
                                   f"the inputs {[t[:40] for t in inputs[:3]]!r}"
                                   + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else ""),

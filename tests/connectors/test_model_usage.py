@@ -75,3 +75,22 @@ async def test_a_budget_charges_at_least_the_estimate(server: _Reporting, usage:
         with pytest.raises(LookupBudgetExceeded, match="max_total_tokens=50"):
             await chat.async_invoke({"word": "hi"})
     assert server.asked == 4  # before: answers reporting nothing refunded every estimate
+
+
+@pytest.mark.asyncio
+async def test_the_base_url_is_taken_as_the_openai_sdk_takes_it(
+    server: _Reporting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``.../v1``, the bare host, and ``OPENAI_BASE_URL`` when none is given, all reach
+    ``/v1/chat/completions``."""
+    server.usage = {"prompt_tokens": 1, "completion_tokens": 1}
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1/")
+    for base in (f"{server.url}/v1", server.url, None):
+        async with ChatLookup(base, "m", prompt="Say {word}") as chat:
+            assert await chat.async_invoke({"word": "hi"}) == [{"answer": "ok"}]
+    assert server.asked == 3
+    monkeypatch.setenv("OPENAI_BASE_URL", "ftp://h")
+    from asyncio_ops import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="from OPENAI_BASE_URL"):
+        ChatLookup(None, "m", prompt="Say {word}")
