@@ -16,6 +16,7 @@ import asyncio
 import base64
 import email.utils
 import json as jsonlib
+import logging
 import math
 import random
 import ssl
@@ -45,6 +46,7 @@ from .._lookup import BaseLookup, Row
 from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
 from .._resources import SharedResources
+from .._slow_down import SLOW_DOWN, pace_of
 from ._errors import aiohttp_error
 from ._template import JsonTemplate, ParamsTemplate, Template, text_of
 
@@ -63,6 +65,8 @@ _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
 
 Rows = tuple[Row, ...]
 _EMPTY: Final[Rows] = ()
+
+log = logging.getLogger("asyncio_ops.connectors")
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -197,13 +201,16 @@ class HttpLookup(BaseLookup[_Runtime]):
 
     Transient failures — a status in ``retry_statuses``, a broken connection, a
     request timeout — are retried up to ``max_retries`` times inside
-    ``async_invoke`` (so within the operator's per-element timeout), waiting
-    ``Retry-After`` for 429/503 when the server sends it, else exponential
-    backoff from ``backoff`` up to ``max_backoff`` seconds with jitter. A
-    Retry-After longer than ``max_retry_after`` is not waited for: the error
-    (retryable, with ``retry_after`` set) is raised at once so that the
-    operator's retry strategy, which has the element's whole budget in view,
-    decides. Retries assume the request is a read: safe to repeat.
+    ``async_invoke`` (so within the operator's per-element timeout), after
+    exponential backoff from ``backoff`` up to ``max_backoff`` seconds with
+    jitter. A 429 or 503 (when in ``retry_statuses``) asks the client to slow
+    down: it is sent again, as often as it takes within the operator's timeout,
+    not counted against ``max_retries``, after its ``Retry-After`` (at most
+    ``max_retry_after`` seconds: a longer one is clipped and logged); without a
+    ``rate_limit`` the process's pace for the host slows down (halved, then
+    raised again one request per second per second: ``connectors/_slow_down.py``),
+    with one the limit is paused for every process sharing it. Retries assume
+    the request is a read: safe to repeat.
 
     Limits per worker process: ``max_connections`` sockets in the one shared
     session; ``rate_limit`` requests per second (retries included) for every
@@ -235,7 +242,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         max_retries: int = 3,
         backoff: float = 0.1,
         max_backoff: float = 5.0,
-        max_retry_after: float = 30.0,
+        max_retry_after: float = 60.0,
         result_path: str | None = None,
         value_field: str = "value",
         not_found_empty: bool = True,
@@ -276,6 +283,7 @@ class HttpLookup(BaseLookup[_Runtime]):
         # a RateLimit (per process, or shared through Redis), or a number: requests per
         # second for this process and host, a RateLimit of rate_burst at once
         self.limit = rate_limit_option(rate_limit, burst=self.rate_burst, name=f"http:{host}")
+        self._service = host  # whose pace this lookup keeps without a RateLimit
         self.rate_limit = rate_limit
         self.max_connections = at_least(max_connections, "max_connections", 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
@@ -538,26 +546,47 @@ class HttpLookup(BaseLookup[_Runtime]):
         """
         attempt = 0
         limit = self.limit
+        # no RateLimit: the process's pace for this host, learned from its 429s and 503s
+        pace = pace_of(("http", self._service), f"HttpLookup {self._service}") if (
+            limit is None
+        ) else None  # fmt: skip
         while True:
+            if pace is not None:
+                self._throttle_waited += await pace.wait()
             try:
                 async with self._limited(limit):
-                    return await self._attempt(runtime, url, params, body)
+                    answer = await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 status = exc.status if isinstance(exc, LookupResponseError) else None
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
-                if limit is not None and retry_after is not None:
-                    await limit.pause(retry_after)  # every process sharing the limit waits
+                if status in SLOW_DOWN and exc.retryable:
+                    # "slow down": sent again within the operator's timeout, not counted
+                    # against max_retries; the pace (or the shared limit) slows down
+                    if pace is not None:
+                        pace.slow_down(retry_after, self.max_retry_after)
+                        await self._before_retry(0.0, status)  # held by pace.wait()
+                        continue
+                    assert limit is not None
+                    held = _clipped(retry_after, self.max_retry_after, self.url.text)
+                    if held is not None:
+                        await limit.pause(held)  # every process sharing the limit waits
+                    delay = held if held is not None else self._backoff(attempt)
+                    await self._before_retry(delay, status)
+                    continue
                 if not exc.retryable or attempt >= self.max_retries:
                     raise
-                if retry_after is not None:
-                    if retry_after > self.max_retry_after:
-                        raise
-                    delay = retry_after
-                else:
-                    delay = min(self.max_backoff, self.backoff * 2**attempt)
-                    delay *= random.uniform(0.5, 1.0)  # jitter: retries of many rows spread out
+                delay = self._backoff(attempt)
+            else:
+                if pace is not None:
+                    pace.answered()
+                return answer
             attempt += 1
             await self._before_retry(delay, status)
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: retries of many rows spread out."""
+        delay: float = min(self.max_backoff, self.backoff * 2**attempt)
+        return delay * random.uniform(0.5, 1.0)
 
     async def _attempt(
         self, runtime: _Runtime, url: str, params: list[tuple[str, str]], body: Any
@@ -631,6 +660,15 @@ class HttpLookup(BaseLookup[_Runtime]):
             f"headers={redact_headers(self.headers)!r}, batch={self.batch!r}, "
             f"rate_limit={self.rate_limit!r})"
         )
+
+
+def _clipped(retry_after: float | None, most: float, url: str) -> float | None:
+    """A server's Retry-After, at most ``most`` seconds (a longer one is logged)."""
+    if retry_after is None or retry_after <= most:
+        return retry_after
+    log.warning("HttpLookup %s: a Retry-After of %s s is clipped to max_retry_after=%s s",
+                redact_url(url), retry_after, most)  # fmt: skip
+    return most
 
 
 def _basic_credentials(url: str) -> str | None:

@@ -40,8 +40,13 @@ Semantics:
 - ``rate_limit``: a :class:`~asyncio_ops.connectors.RateLimit` (per worker, or
   shared through Redis by every executor): each request acquires one request
   and its estimated tokens (prompt characters / 4, plus ``max_tokens``) before
-  it is sent; a 429 or 503 with ``Retry-After`` pauses the limit for everyone
-  and is retried up to ``max_retries`` times after it; other statuses raise
+  it is sent; a 429 or 503 with ``Retry-After`` pauses the limit for everyone.
+- A 429 or 503 asks the client to slow down, and never fails a row by itself:
+  the request is sent again, as often as it takes within the operator's
+  ``timeout``, after its ``Retry-After`` (at most ``max_retry_after`` seconds:
+  a longer one is clipped and logged); without a ``rate_limit`` the process's
+  pace for the endpoint slows down (``connectors/_slow_down.py``). A 500, 502
+  or 504 is sent again up to ``max_retries`` times; other statuses raise
   :class:`LookupResponseError`. Once answered, the request's estimate is
   settled against what a quota counts for it (``RateLimit.settle``): the
   prompt tokens the answer reports, and ``max_tokens`` (or the completion, if
@@ -71,6 +76,7 @@ Semantics:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import string
 import uuid
@@ -96,6 +102,7 @@ from .. import (
     SharedResources,
 )
 from .._redact import Scrubber, redact_url
+from .._slow_down import SLOW_DOWN, pace_of
 from ..http._errors import aiohttp_error
 from ..http._lookup import parse_retry_after
 
@@ -107,6 +114,7 @@ if TYPE_CHECKING:
 __all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]
 
 _NO_BATCHES: Final = BatchStatistics(0, 0, 0, 0, 0)
+log = logging.getLogger("asyncio_ops.connectors")
 # tokens spent from each lookup's max_total_tokens in this process, by the lookup's
 # budget id (without a shared RateLimit)
 _SPENT: Final[dict[str, int]] = {}
@@ -221,6 +229,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         max_connections: int,
         prices: tuple[float, float] | None,
         max_total_tokens: int | None,
+        max_retry_after: float,
     ) -> None:
         super().__init__(cache=cache)
         base_url = _api_root(base_url)
@@ -236,6 +245,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         self.rate_limit = rate_limit
         self.request_timeout = seconds(timeout, "timeout")
         self.max_retries = at_least(max_retries, "max_retries", 0)
+        self.max_retry_after = seconds(max_retry_after, "max_retry_after", low_ok=True)
         self.max_connections = at_least(max_connections, "max_connections", 1)
         self.prices = prices
         self.max_total_tokens = (
@@ -275,9 +285,10 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         return Usage(self._requests, self._prompt_tokens, self._completion_tokens, cost)
 
     async def _post(self, path: str, body: dict[str, Any], estimate: int, what: str) -> Any:
-        """POST ``body``; the decoded JSON answer. Retries a 429/503 after its Retry-After
-        (pausing the limit), up to ``max_retries`` times. ``estimate``: its tokens before
-        it is sent; ``what``: the rows it asks for, for errors."""
+        """POST ``body``; the decoded JSON answer. A 429/503 is sent again after its
+        Retry-After (pausing the limit, or slowing the pace) within the operator's
+        timeout, a 5xx up to ``max_retries`` times (module docstring). ``estimate``: its
+        tokens before it is sent; ``what``: the rows it asks for, for errors."""
         reserved = await self._reserve_budget(estimate, what)
         answered = False
         billed: int | None = None
@@ -337,7 +348,13 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limit = self.rate_limit
         attempt = 0
+        # no RateLimit: the process's pace for this endpoint, learned from its 429s and 503s
+        pace = pace_of(("model", self.base_url), f"{type(self).__name__} {redact_url(url)}") if (
+            limit is None
+        ) else None  # fmt: skip
         while True:
+            if pace is not None:
+                self._throttle_waited += await pace.wait()
             try:
                 async with self._limited(limit, estimate):
                     status, raw, after = await self._send(session, url, body, headers)
@@ -348,6 +365,8 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                 raise mapped from exc
             self._requests += 1
             if 200 <= status < 300:
+                if pace is not None:
+                    pace.answered()
                 try:
                     answer = json.loads(raw)
                 except ValueError as exc:
@@ -366,13 +385,25 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                         counted = prompt + max(completion, int(body.get("max_tokens") or 0))
                         await self._settle(limit, estimate, counted)
                 return answer, billed
-            retry = status in (429, 503) and attempt < self.max_retries
-            if retry:
-                wait = after if after is not None else min(30.0, 0.5 * 2**attempt)
-                if limit is not None:
-                    await limit.pause(wait)  # every process sharing the limit waits
+            if status in SLOW_DOWN:
+                # "slow down": sent again within the operator's timeout, not counted
+                # against max_retries; the pace (or the shared limit) slows down
+                if pace is not None:
+                    pace.slow_down(after, self.max_retry_after)
+                    await self._before_retry(0.0, status)  # held by pace.wait()
+                    continue
+                assert limit is not None
+                held = min(after, self.max_retry_after) if after is not None else None
+                if after is not None and after > self.max_retry_after:
+                    log.warning("%s: a Retry-After of %s s is clipped to max_retry_after=%s s",
+                                redact_url(url), after, self.max_retry_after)  # fmt: skip
+                if held is not None:
+                    await limit.pause(held)  # every process sharing the limit waits
+                await self._before_retry(held if held is not None else 0.5, status)
+                continue
+            if status in (500, 502, 504) and attempt < self.max_retries:
+                await self._before_retry(min(30.0, 0.5 * 2**attempt), status)
                 attempt += 1
-                await self._before_retry(wait, status)
                 continue
             raise LookupResponseError(
                 f"POST {redact_url(url)} answered {status} (model {self.model!r})",
@@ -417,11 +448,12 @@ class ChatLookup(_ModelLookup):
         max_connections: int = 16,
         prices: tuple[float, float] | None = None,
         max_total_tokens: int | None = None,
+        max_retry_after: float = 60.0,
     ) -> None:
         super().__init__(
             base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
-            prices=prices, max_total_tokens=max_total_tokens,
+            prices=prices, max_total_tokens=max_total_tokens, max_retry_after=max_retry_after,
         )  # fmt: skip
         self.prompt = _Template(prompt, "prompt")
         self.system = system
@@ -526,11 +558,12 @@ class EmbeddingLookup(_ModelLookup):
         max_connections: int = 16,
         prices: tuple[float, float] | None = None,
         max_total_tokens: int | None = None,
+        max_retry_after: float = 60.0,
     ) -> None:
         super().__init__(
             base_url, model, api_key_env=api_key_env, rate_limit=rate_limit, cache=cache,
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
-            prices=prices, max_total_tokens=max_total_tokens,
+            prices=prices, max_total_tokens=max_total_tokens, max_retry_after=max_retry_after,
         )  # fmt: skip
         self.input = _Template(input, "input")
         self.batch_size = at_least(batch_size, "batch_size", 1)

@@ -250,25 +250,31 @@ async def test_5xx_is_retried_with_backoff(server: Server) -> None:
 
 @pytest.mark.asyncio
 async def test_retries_exhausted_raise_a_retryable_error(server: Server) -> None:
-    server.script["customer"] = [(503, {}), (503, {}), (503, {})]
+    server.script["customer"] = [(502, {}), (502, {}), (502, {})]
     async with HttpLookup(server.url("/customers/{id}"), backoff=0.01, max_retries=1) as lookup:
         with pytest.raises(LookupResponseError) as info:
             await lookup.async_invoke({"id": 2})
-    assert info.value.status == 503
+    assert info.value.status == 502
     assert is_retryable(info.value)  # the operator's retry strategy may still try later
     assert server.count("customer") == 2
 
 
 @pytest.mark.asyncio
-async def test_retry_after_beyond_the_budget_is_raised_at_once(server: Server) -> None:
-    server.script["customer"] = [(429, {"Retry-After": "120"})]
-    async with HttpLookup(server.url("/customers/{id}"), max_retry_after=5.0) as lookup:
-        started = time.monotonic()
-        with pytest.raises(LookupResponseError) as info:
-            await lookup.async_invoke({"id": 2})
-        assert time.monotonic() - started < 2.0
-    assert info.value.retry_after == 120.0
-    assert info.value.status == 429
+async def test_a_day_long_retry_after_is_clipped_and_slow_downs_are_not_retries(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 429 or 503 is "slow down", not a failure: sent again after its Retry-After,
+    clipped to max_retry_after (logged), as often as it takes, whatever max_retries
+    says."""
+    server.script["customer"] = [(429, {"Retry-After": "86400"}), (503, {}), (503, {})]
+    async with HttpLookup(server.url("/customers/{id}"), max_retry_after=0.3,
+                          max_retries=0) as lookup:  # fmt: skip
+        with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+            assert await lookup.async_invoke({"id": 2}) == [{"id": 2, "name": "customer-2"}]
+        assert lookup.service_retries()[:2] == (3, 3)
+    assert "clipped to 0.3 s" in caplog.text
+    hits = server.hits["customer"]
+    assert len(hits) == 4 and 0.25 <= hits[1] - hits[0] < 30
 
 
 @pytest.mark.asyncio

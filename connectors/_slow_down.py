@@ -1,0 +1,109 @@
+"""Slowing down for a service that says so: a connector's request pace, learned from 429s.
+
+Contract. A connector given no :class:`~asyncio_ops.connectors.RateLimit` still meets
+services that answer 429 ("too many requests") or 503 ("unavailable") when asked
+too fast. Such an answer is not an error of the row: the connector sends it again,
+as often as it takes, within the operator's ``timeout`` (only other errors count
+against ``max_retries``), and every request of the worker process to that service
+(its :class:`Pace`, one per service key and event loop) slows down:
+
+- until the first "slow down" nothing is paced: requests go as the operator's
+  capacity lets them;
+- a "slow down" sets the pace to half the rate requests went at over the last
+  second (multiplicative decrease, at most once a second), and holds every request
+  for the answer's ``Retry-After`` (clipped to ``max_pause``, with a warning), or a
+  short backoff without one;
+- each answer that is not a "slow down" raises the pace by one request per second
+  per second (``1 / rate`` per answer: additive increase), so the pace finds the
+  service's rate from below and probes above it now and then; a minute without a
+  "slow down" lifts the pace.
+
+With a ``RateLimit`` the limit paces instead, and a ``Retry-After`` pauses it for
+every process sharing it (:meth:`RateLimit.pause`, clipped the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Hashable
+from typing import Final
+
+__all__ = ["SLOW_DOWN", "Pace", "pace_of"]
+
+log = logging.getLogger("asyncio_ops.connectors")
+
+SLOW_DOWN: Final = frozenset({429, 503})  # the statuses that ask a client to slow down
+_MIN_RATE: Final = 0.5  # requests per second: the pace never stops a service for good
+_DECREASE_EVERY: Final = 1.0  # seconds between two cuts of the pace
+_LIFT_AFTER: Final = 60.0  # seconds without a "slow down" before the pace is lifted
+_BACKOFF: Final = 0.5  # seconds held after a "slow down" that names no Retry-After
+
+
+class Pace:
+    """One service's request pace in one process and event loop (module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rate: float | None = None  # requests per second; None: not paced
+        self.next_at = 0.0  # when the next paced request may go (monotonic)
+        self.held_until = 0.0  # a Retry-After holds every request until then
+        self.cut_at = -float("inf")  # the last decrease
+        self.sent: collections.deque[float] = collections.deque()  # the last second's sends
+        self.slow_downs = 0
+
+    async def wait(self) -> float:
+        """Wait for this request's turn; the seconds waited."""
+        now = time.monotonic()
+        sent = self.sent
+        sent.append(now)
+        while sent[0] < now - 1.0:
+            sent.popleft()
+        if self.rate is not None and now - self.cut_at > _LIFT_AFTER:
+            self.rate = None  # a minute without a "slow down": not paced any more
+        turn = max(now, self.held_until)
+        if self.rate is not None:
+            turn = max(turn, self.next_at)
+            self.next_at = turn + 1.0 / self.rate
+        if turn <= now:
+            return 0.0
+        await asyncio.sleep(turn - now)
+        return turn - now
+
+    def slow_down(self, retry_after: float | None, max_pause: float) -> float:
+        """The service said "slow down": cut the pace (at most once a second) and hold
+        every request for ``retry_after`` (clipped to ``max_pause``, logged) or a short
+        backoff; returns the seconds held."""
+        now = time.monotonic()
+        self.slow_downs += 1
+        if now - self.cut_at >= _DECREASE_EVERY:
+            self.cut_at = now
+            went = len(self.sent) if self.rate is None else self.rate
+            self.rate = max(_MIN_RATE, went / 2)
+        hold = _BACKOFF if retry_after is None else retry_after
+        if not hold <= max_pause:  # NaN too
+            log.warning(
+                "%s: a Retry-After of %s s is clipped to %s s", self.name, retry_after, max_pause
+            )
+            hold = max_pause
+        self.held_until = max(self.held_until, now + hold)
+        return hold
+
+    def answered(self) -> None:
+        """An answer that is not a "slow down": additive increase of the pace."""
+        if self.rate is not None:
+            self.rate += 1.0 / self.rate
+
+
+_PACES: Final[dict[tuple[int, Hashable], Pace]] = {}
+
+
+def pace_of(key: Hashable, name: str) -> Pace:
+    """The pace of the service ``key`` in this process and the running event loop."""
+    index = (id(asyncio.get_running_loop()), key)
+    pace = _PACES.get(index)
+    if pace is None:
+        pace = _PACES[index] = Pace(name)
+    return pace
