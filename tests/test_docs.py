@@ -254,6 +254,10 @@ def test_bash_blocks_name_what_exists(block: Block) -> None:
         if words[:2] == ["docker", "compose"]:
             assert (ROOT / "docker-compose.yml").is_file()
             checked += 1
+        script = words[1] if words[0] == "bash" and len(words) > 1 else words[0]
+        if script.startswith(("./", ".ci/")):  # a command of the repository's own
+            assert (ROOT / script).is_file(), f"{block}: no file {script}"
+            checked += 1
     assert checked or "venv-pack" in block.code or "spark-class" in block.code, (
         f"{block}: nothing checked"
     )

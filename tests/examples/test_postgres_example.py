@@ -13,8 +13,9 @@ from asyncio_ops.connectors.postgres.testing import ThrowawayPostgres, find_serv
 
 from examples import _pg, enrich_orders_postgres
 from examples.http_service.app import customer
+from tests.helpers import with_jvm_options
 
-from .conftest import unavailable
+from .conftest import Run, unavailable
 
 INIT_SQL = Path(__file__).resolve().parents[2] / "examples" / "sql" / "init.sql"
 
@@ -130,13 +131,39 @@ def test_throwaway_postgres_starts_seeds_and_cleans_up() -> None:
 
 @pytest.mark.spark
 @pytest.mark.postgres
-def test_example_without_dsn_uses_a_throwaway_postgres(run_example: Any) -> None:
+def test_the_demo_command_runs_from_a_clean_clone(tmp_path: Path) -> None:
+    """The README's demo command, ``./demo``, from a clean clone of this checkout in a
+    temporary directory, as a user runs it (small sizes), against the throwaway
+    PostgreSQL it starts. Its environment is this test session's (a second run reuses
+    the environment: the install a first run makes is what ``.ci/run``, the README's
+    other command, does on every clean clone)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
     _server_bin()
-    run = run_example(
-        "enrich_orders_postgres.py", "--orders", "3000", "--customers", "500", "--json",
-        env={_pg.DSN_ENV: None},
+    root = Path(__file__).resolve().parents[2]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(root), str(clone)], check=True)
+    venv = tmp_path / "venv"  # this session's interpreter, as scripts/setup.sh finds a venv
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "bin" / "activate").write_text(f'PATH="{Path(sys.executable).parent}:$PATH"\n')
+    digest = hashlib.sha256((clone / "pyproject.toml").read_bytes()
+                            + (clone / "setup.py").read_bytes()).hexdigest()[:16]  # fmt: skip
+    (venv / ".asyncio_ops-install").write_text(f"{clone} {digest}\n")
+    env = {k: v for k, v in os.environ.items() if k != _pg.DSN_ENV}
+    env = with_jvm_options({**env, "ASYNCIO_OPS_VENV": str(venv)})
+    done = subprocess.run(
+        ["./demo", "--orders", "3000", "--customers", "500", "--json"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=200, check=False,
     )  # fmt: skip
+    run = Run(done.returncode, done.stdout, done.stderr)
     assert run.returncode == 0, run.describe()
+    assert "== reusing" in run.stdout and "== running examples/enrich_orders_postgres.py" in (
+        run.stdout
+    )  # fmt: skip
     result = run.result
     assert result["throwaway"] is True
     assert result["rows"] == 3000 and result["missing"] == 0 and result["mismatches"] == 0
@@ -144,3 +171,14 @@ def test_example_without_dsn_uses_a_throwaway_postgres(run_example: Any) -> None
     assert "starting a throwaway PostgreSQL" in run.stdout
     port = int(result["dsn"].rsplit(":", 1)[1].split("/")[0])
     assert not _port_open(port), "the throwaway server outlived the example"
+    # a Python below 3.11 is named before anything is installed
+    old = tmp_path / "python3.9"
+    old.write_text('#!/bin/sh\n[ "$1" = -V ] && echo "Python 3.9.18"; exit 1\n')
+    old.chmod(0o755)
+    refused = subprocess.run(
+        ["./demo"], cwd=clone, capture_output=True, text=True, timeout=60, check=False,
+        env={**env, "PYTHON": str(old), "ASYNCIO_OPS_VENV": str(tmp_path / "new")},
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "needs Python 3.11 or newer" in refused.stderr and "Python 3.9.18" in refused.stderr
+    assert not (tmp_path / "new").exists()
