@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
@@ -97,6 +98,10 @@ def add_batch_statistics(a: BatchStatistics, b: BatchStatistics) -> BatchStatist
 
 
 _SEALED: Final = ("async_invoke", "async_invoke_arrow")
+# the row being looked up, in the task that looks it up (for _before_retry's record)
+_ROW: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
+    "asyncio_ops_lookup_row", default=None
+)
 # the schema metadata of a checkpointed cache: the fingerprint of what its answers answer
 _SCOPE: Final = "asyncio_ops.cache_scope"
 
@@ -158,6 +163,9 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         self._limit_permits = 0
         self._limit_tokens = 0
         self._limit_waited = 0.0
+        # the last "slow down" answered for each row still waiting (id of the row), for
+        # the row's timeout to raise
+        self._refusals: dict[int, BaseException] = {}
         # the service's answers this lookup retried itself (asyncio_ops.SupportsServiceRetries)
         self._retried = 0
         self._throttled = 0
@@ -223,7 +231,30 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             if missing:
                 self._null_keys += 1
                 return []
-        return await self.lookup(value)
+        token = _ROW.set(id(value))
+        try:
+            answer = await self.lookup(value)
+        except asyncio.CancelledError:
+            raise  # a timeout: timeout(value) names the row's last "slow down"
+        except BaseException:
+            if self._refusals:
+                self._refusals.pop(id(value), None)
+            raise
+        finally:
+            _ROW.reset(token)
+        if self._refusals:
+            self._refusals.pop(id(value), None)
+        return answer
+
+    def timeout(self, value: Mapping[str, Any]) -> list[Row]:
+        """The operator's timeout of ``value``: the last "slow down" (429, 503) the service
+        answered for it, when it was still asking the row to wait (so a service that
+        answers 503 for good fails a job naming the status and the URL), else
+        :class:`asyncio_ops.AsyncTimeoutError`."""
+        refused = self._refusals.pop(id(value), None)
+        if refused is not None:
+            raise refused
+        return list(super().timeout(value))  # type: ignore[arg-type]
 
     async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any] | ArrowResult:
         """``lookup_many`` of the chunk's rows whose request fields are all set, its row
@@ -481,12 +512,18 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 for k, w, r in zip(keys, written, rows, strict=True)
             )
 
-    async def _before_retry(self, delay: float, status: int | None) -> None:
+    async def _before_retry(
+        self, delay: float, status: int | None, error: BaseException | None = None
+    ) -> None:
         """Wait ``delay`` seconds before sending a request again, counted: a retry, and a
-        throttle when the service answered ``status`` 429 or 503 ("slow down")."""
+        throttle when the service answered ``status`` 429 or 503 ("slow down"), whose
+        ``error`` the row's timeout then raises (:meth:`timeout`)."""
         self._retried += 1
         if status in (429, 503):
             self._throttled += 1
+            row = _ROW.get()
+            if error is not None and row is not None:
+                self._refusals[row] = error
         self._throttle_waited += delay
         await asyncio.sleep(delay)
 

@@ -13,10 +13,11 @@ against ``max_retries``), and every request of the worker process to that servic
   second (multiplicative decrease, at most once a second), and holds every request
   for the answer's ``Retry-After`` (clipped to ``max_pause``, with a warning), or a
   short backoff without one;
-- each answer that is not a "slow down" raises the pace by one request per second
-  per second (``1 / rate`` per answer: additive increase), so the pace finds the
-  service's rate from below and probes above it now and then; a minute without a
-  "slow down" lifts the pace.
+- each answer that is not a "slow down" raises the pace by one request per second,
+  so it doubles each second its requests are answered (TCP's slow start): the
+  pace climbs back to the service's rate within seconds of a storm, and probes
+  above it now and then (to be cut again); ten seconds without a "slow down"
+  lift the pace.
 
 With a ``RateLimit`` the limit paces instead, and a ``Retry-After`` pauses it for
 every process sharing it (:meth:`RateLimit.pause`, clipped the same way).
@@ -28,6 +29,7 @@ import asyncio
 import collections
 import logging
 import time
+import weakref
 from collections.abc import Hashable
 from typing import Final
 
@@ -38,7 +40,7 @@ log = logging.getLogger("asyncio_ops.connectors")
 SLOW_DOWN: Final = frozenset({429, 503})  # the statuses that ask a client to slow down
 _MIN_RATE: Final = 0.5  # requests per second: the pace never stops a service for good
 _DECREASE_EVERY: Final = 1.0  # seconds between two cuts of the pace
-_LIFT_AFTER: Final = 60.0  # seconds without a "slow down" before the pace is lifted
+_LIFT_AFTER: Final = 10.0  # seconds without a "slow down" before the pace is lifted
 _BACKOFF: Final = 0.5  # seconds held after a "slow down" that names no Retry-After
 
 
@@ -53,24 +55,32 @@ class Pace:
         self.cut_at = -float("inf")  # the last decrease
         self.sent: collections.deque[float] = collections.deque()  # the last second's sends
         self.slow_downs = 0
+        self.turns = asyncio.Lock()  # paced requests take their turns in order
 
     async def wait(self) -> float:
-        """Wait for this request's turn; the seconds waited."""
-        now = time.monotonic()
+        """Wait for this request's turn; the seconds waited. Paced requests take their
+        turns one after the other (first come, first served), each spaced by the pace
+        at its turn, so a pace that rises takes effect at once."""
+        started = now = time.monotonic()
         sent = self.sent
         sent.append(now)
         while sent[0] < now - 1.0:
             sent.popleft()
         if self.rate is not None and now - self.cut_at > _LIFT_AFTER:
-            self.rate = None  # a minute without a "slow down": not paced any more
-        turn = max(now, self.held_until)
-        if self.rate is not None:
-            turn = max(turn, self.next_at)
-            self.next_at = turn + 1.0 / self.rate
-        if turn <= now:
+            self.rate = None  # long enough without a "slow down": not paced any more
+        if self.rate is None and now >= self.held_until:
             return 0.0
-        await asyncio.sleep(turn - now)
-        return turn - now
+        async with self.turns:
+            while True:
+                now = time.monotonic()
+                rate = self.rate
+                turn = max(self.held_until, self.next_at if rate is not None else now)
+                if turn <= now:
+                    break
+                await asyncio.sleep(turn - now)  # the pace or the hold may change meanwhile
+            if rate is not None:
+                self.next_at = now + 1.0 / rate
+        return now - started
 
     def slow_down(self, retry_after: float | None, max_pause: float) -> float:
         """The service said "slow down": cut the pace (at most once a second) and hold
@@ -92,18 +102,25 @@ class Pace:
         return hold
 
     def answered(self) -> None:
-        """An answer that is not a "slow down": additive increase of the pace."""
+        """An answer that is not a "slow down": one request per second more, so the pace
+        doubles each second its requests are answered (TCP's slow start)."""
         if self.rate is not None:
-            self.rate += 1.0 / self.rate
+            self.rate += 1.0
 
 
-_PACES: Final[dict[tuple[int, Hashable], Pace]] = {}
+# per event loop (a loop that ends takes its paces with it), per service
+_PACES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, Pace]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def pace_of(key: Hashable, name: str) -> Pace:
     """The pace of the service ``key`` in this process and the running event loop."""
-    index = (id(asyncio.get_running_loop()), key)
-    pace = _PACES.get(index)
+    loop = asyncio.get_running_loop()
+    paces = _PACES.get(loop)
+    if paces is None:
+        paces = _PACES[loop] = {}
+    pace = paces.get(key)
     if pace is None:
-        pace = _PACES[index] = Pace(name)
+        pace = paces[key] = Pace(name)
     return pace

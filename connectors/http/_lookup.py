@@ -208,7 +208,7 @@ class HttpLookup(BaseLookup[_Runtime]):
     not counted against ``max_retries``, after its ``Retry-After`` (at most
     ``max_retry_after`` seconds: a longer one is clipped and logged); without a
     ``rate_limit`` the process's pace for the host slows down (halved, then
-    raised again one request per second per second: ``connectors/_slow_down.py``),
+    raised again as answers come: ``connectors/_slow_down.py``),
     with one the limit is paused for every process sharing it. Retries assume
     the request is a read: safe to repeat.
 
@@ -564,14 +564,14 @@ class HttpLookup(BaseLookup[_Runtime]):
                     # against max_retries; the pace (or the shared limit) slows down
                     if pace is not None:
                         pace.slow_down(retry_after, self.max_retry_after)
-                        await self._before_retry(0.0, status)  # held by pace.wait()
+                        await self._before_retry(0.0, status, exc)  # held by pace.wait()
                         continue
                     assert limit is not None
                     held = _clipped(retry_after, self.max_retry_after, self.url.text)
                     if held is not None:
                         await limit.pause(held)  # every process sharing the limit waits
                     delay = held if held is not None else self._backoff(attempt)
-                    await self._before_retry(delay, status)
+                    await self._before_retry(delay, status, exc)
                     continue
                 if not exc.retryable or attempt >= self.max_retries:
                     raise

@@ -388,9 +388,10 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
             if status in SLOW_DOWN:
                 # "slow down": sent again within the operator's timeout, not counted
                 # against max_retries; the pace (or the shared limit) slows down
+                refused = self._refused(url, status, after, raw)
                 if pace is not None:
                     pace.slow_down(after, self.max_retry_after)
-                    await self._before_retry(0.0, status)  # held by pace.wait()
+                    await self._before_retry(0.0, status, refused)  # held by pace.wait()
                     continue
                 assert limit is not None
                 held = min(after, self.max_retry_after) if after is not None else None
@@ -399,17 +400,20 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                                 redact_url(url), after, self.max_retry_after)  # fmt: skip
                 if held is not None:
                     await limit.pause(held)  # every process sharing the limit waits
-                await self._before_retry(held if held is not None else 0.5, status)
+                await self._before_retry(held if held is not None else 0.5, status, refused)
                 continue
             if status in (500, 502, 504) and attempt < self.max_retries:
                 await self._before_retry(min(30.0, 0.5 * 2**attempt), status)
                 attempt += 1
                 continue
-            raise LookupResponseError(
-                f"POST {redact_url(url)} answered {status} (model {self.model!r})",
-                status=status, retry_after=after, body=raw[:200],
-                retryable=status in (429, 500, 502, 503, 504),
-            )  # fmt: skip
+            raise self._refused(url, status, after, raw)
+
+    def _refused(self, url: str, status: int, after: float | None, raw: bytes) -> Exception:
+        return LookupResponseError(
+            f"POST {redact_url(url)} answered {status} (model {self.model!r})",
+            status=status, retry_after=after, body=raw[:200],
+            retryable=status in (429, 500, 502, 503, 504),
+        )  # fmt: skip
 
     async def _send(
         self, session: aiohttp.ClientSession, url: str, body: dict[str, Any],

@@ -607,7 +607,8 @@ async def test_http_server_always_hanging_up_fails_naming_the_url(
 async def test_http_429_storm_with_retry_after_every_row_once(
     storm_server: tuple[Storm, str],
 ) -> None:
-    """For 1 s every request gets 429 Retry-After: 0.3; rows wait as told, then complete."""
+    """For 1 s every request gets 429 Retry-After: 0.3; rows wait as told, then complete,
+    and the process's pace keeps most of them out of the storm."""
     storm, base = storm_server
     storm.status, storm.retry_after = 429, "0.3"
     storm.status_until = time.monotonic() + 1.0
@@ -619,7 +620,7 @@ async def test_http_429_storm_with_retry_after_every_row_once(
         run_async_wait(lookup, rows, timeout=budget, capacity=100, retry=retry_connector_errors()),
     )
     assert [v["name"] for v in values(out)] == [f"customer-{i}" for i in range(1, 201)]
-    assert storm.statuses[429] >= 100
+    assert 1 <= storm.statuses[429] < 200  # slowed down: not every row sent into the storm
     assert elapsed < budget
     # Retry-After was honoured: no key was asked again sooner than 0.3 s after a 429.
     for times in storm.hits.values():
@@ -632,8 +633,8 @@ async def test_http_429_storm_with_retry_after_every_row_once(
 async def test_http_5xx_storm_recovers_through_backoff_and_operator_retry(
     storm_server: tuple[Storm, str],
 ) -> None:
-    """503 without Retry-After for 1.2 s: the connector's retries (2) are not enough alone;
-    the operator's retry strategy carries the rows through. Every row once."""
+    """503 without Retry-After for 1.2 s: "slow down", which the connector sends again
+    itself, whatever its max_retries (2); every row once."""
     storm, base = storm_server
     storm.status, storm.retry_after = 503, None
     storm.status_until = time.monotonic() + 1.2
@@ -652,7 +653,7 @@ async def test_http_5xx_storm_recovers_through_backoff_and_operator_retry(
         ),
     )
     assert sorted(v["name"] for v in values(out)) == sorted(f"customer-{i}" for i in range(1, 101))
-    assert storm.statuses[503] >= 100
+    assert storm.statuses[503] >= 1
     assert elapsed < budget
 
 
@@ -666,8 +667,10 @@ async def test_http_permanent_503_fails_with_status_and_url_without_secret(
     storm.status_until = time.monotonic() + 3600
     lookup = _http(base, max_retries=2, timeout=2.0)
     retry = AsyncRetryStrategy.fixed_delay(2, 10, exception_predicate=is_retryable)
+    # a 503 is "slow down": sent again until the operator's timeout, whose error is the
+    # service's last answer for the row
     with pytest.raises(AsyncOperatorError) as caught:
-        await within(15, run_async_wait(lookup, [{"customer_id": 9}], timeout=10.0, retry=retry))
+        await within(15, run_async_wait(lookup, [{"customer_id": 9}], timeout=3.0, retry=retry))
     cause = caught.value.__cause__
     assert isinstance(cause, LookupResponseError)
     assert cause.status == 503 and cause.retry_after == pytest.approx(0.05)
