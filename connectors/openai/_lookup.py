@@ -78,7 +78,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import string
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,7 +94,6 @@ from .. import (
     LookupBudgetExceeded,
     LookupCache,
     LookupDecodeError,
-    LookupKeyError,
     LookupResponseError,
     RateLimit,
     Row,
@@ -105,6 +103,7 @@ from .._redact import Scrubber, redact_url
 from .._slow_down import SLOW_DOWN, pace_of
 from ..http._errors import aiohttp_error
 from ..http._lookup import parse_retry_after
+from ._wire import Template, api_root, reported_usage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -152,67 +151,6 @@ class Usage:
     cost: float | None
 
 
-class _Template:
-    """``str.format`` fields over a row; a missing column named."""
-
-    def __init__(self, text: str, option: str) -> None:
-        if not isinstance(text, str) or not text:
-            raise ConfigurationError(f"{option} must be a non-empty template, got {text!r}")
-        try:
-            self.fields = tuple(
-                dict.fromkeys(f for _, f, _, _ in string.Formatter().parse(text) if f)
-            )
-        except ValueError as exc:
-            raise ConfigurationError(f"{option} {text!r} is not a valid template: {exc}") from exc
-        self.text = text
-        self.option = option
-
-    def render(self, row: Mapping[str, Any]) -> str:
-        try:
-            return self.text.format_map(row)
-        except KeyError as exc:
-            raise LookupKeyError(
-                f"{self.option} uses the column {exc.args[0]!r}, which the row lacks; "
-                f"columns present: {sorted(row)!r}"
-            ) from None
-
-
-def _usage(usage: Any, url: str, what: str) -> tuple[int, int]:
-    """``(prompt_tokens, completion_tokens)`` of an answer's ``usage``, trusted only when
-    each is a whole number >= 0 (``prompt_tokens`` required; ``completion_tokens`` 0 when
-    absent, as embeddings report none): anything else is a LookupDecodeError naming the
-    endpoint and the rows, never a count that gives tokens back to a budget or a limit."""
-    counts = []
-    for name, required in (("prompt_tokens", True), ("completion_tokens", False)):
-        value = usage.get(name) if isinstance(usage, dict) else None
-        if value is None and not required:
-            counts.append(0)
-            continue
-        if type(value) is not int or value < 0:
-            raise LookupDecodeError(
-                f"POST {redact_url(url)} answered a usage whose {name} is {value!r}, not a "
-                f"whole number of tokens >= 0 (usage {usage!r:.200}), for {what}"
-            )
-        counts.append(value)
-    return counts[0], counts[1]
-
-
-def _api_root(base_url: str | None) -> str:
-    """The API's root URL, as the OpenAI SDK takes its base URL: given, else the
-    environment's ``OPENAI_BASE_URL`` (read on the driver, where the lookup is built),
-    else ``https://api.openai.com/v1``; the bare host (``http://host:8000``) means its
-    ``/v1``, a URL ending in ``/v1`` is the root itself. Requests go to
-    ``<root>/chat/completions`` and ``<root>/embeddings``."""
-    given = base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL")
-    url = (given or "https://api.openai.com/v1").rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigurationError(
-            f"base_url must be an http(s) URL, got {redact_url(url)!r}"
-            + (" (from OPENAI_BASE_URL)" if base_url is None else "")
-        )
-    return url if url.endswith("/v1") else f"{url}/v1"
-
-
 class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
     """What both lookups share: the session, the key, the limit, retries, usage."""
 
@@ -232,7 +170,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         max_retry_after: float,
     ) -> None:
         super().__init__(cache=cache)
-        base_url = _api_root(base_url)
+        base_url = api_root(base_url)
         if not isinstance(model, str) or not model:
             raise ConfigurationError(f"model must be a model name, got {model!r}")
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
@@ -376,7 +314,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                 usage = answer.get("usage") if isinstance(answer, dict) else None
                 billed = None
                 if usage is not None:
-                    prompt, completion = _usage(usage, url, what)
+                    prompt, completion = reported_usage(usage, url, what)
                     billed = prompt + completion
                     self._prompt_tokens += prompt
                     self._completion_tokens += completion
@@ -459,7 +397,7 @@ class ChatLookup(_ModelLookup):
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
             prices=prices, max_total_tokens=max_total_tokens, max_retry_after=max_retry_after,
         )  # fmt: skip
-        self.prompt = _Template(prompt, "prompt")
+        self.prompt = Template(prompt, "prompt")
         self.system = system
         self.max_tokens = at_least(max_tokens, "max_tokens", 1)
         self.temperature = float(temperature)
@@ -569,7 +507,7 @@ class EmbeddingLookup(_ModelLookup):
             timeout=timeout, max_retries=max_retries, max_connections=max_connections,
             prices=prices, max_total_tokens=max_total_tokens, max_retry_after=max_retry_after,
         )  # fmt: skip
-        self.input = _Template(input, "input")
+        self.input = Template(input, "input")
         self.batch_size = at_least(batch_size, "batch_size", 1)
 
     def _column(self) -> str:
