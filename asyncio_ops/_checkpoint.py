@@ -450,13 +450,8 @@ class CheckpointStorage:
     def other_uids(self) -> list[str]:
         """The other operators' ids under this location (its directories but this one's),
         sorted; one listing."""
-        parent = self.root[: -len(self.uid) - 1]
-        try:
-            found = self.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
-        except (OSError, pa.ArrowException) as exc:
-            raise CheckpointError(f"cannot list checkpoint location {parent}: {exc}") from exc
         return sorted(
-            info.base_name for info in found
+            info.base_name for info in self._entries(self.root[: -len(self.uid) - 1])
             if info.type == pafs.FileType.Directory and info.base_name != self.uid
             and not info.base_name.startswith(".")
         )  # fmt: skip

@@ -122,15 +122,15 @@ class LookupCache(Generic[V]):
             raise ConfigurationError(f"cache_key must be a non-empty string, got {cache_key!r}")
         self.shared = shared
         self.name = name
-        # what the answers are answers to: the lookup's fingerprint of what decides them
-        # (bind(), on first use), or cache_key, which replaces it (sharing on purpose)
+        # the user's name of the question, which replaces the lookup's fingerprint of
+        # what decides its answers (sharing on purpose; BaseLookup._cache_scope)
         self.cache_key = cache_key
-        self.scope: str | None = cache_key
+        self.scope: str | None = None  # the question the answers answer: bind()
         self.bound = False  # given to a lookup (one cache belongs to one lookup)
         self.shared_timeout = positive_seconds(shared_timeout, "shared_timeout")
         # the Redis side (connectors/_shared_cache.py), made in the worker that uses it
         self.layer: SharedLayer | None = (
-            SharedLayer(shared, name, self.ttl, self.shared_timeout, cache_key)
+            SharedLayer(shared, name, self.ttl, self.shared_timeout)
             if shared is not None and name is not None
             else None
         )
@@ -166,12 +166,11 @@ class LookupCache(Generic[V]):
         )
 
     def bind(self, scope: str) -> None:
-        """What this cache's answers answer: the lookup's fingerprint of the settings that
-        decide them, part of every shared key (unless ``cache_key`` was given)."""
-        if self.cache_key is None:
-            self.scope = scope
-            if self.layer is not None:
-                self.layer.scope = scope
+        """What this cache's answers answer (its lookup's ``cache_key`` or fingerprint of
+        the settings that decide them), part of every shared key."""
+        self.scope = scope
+        if self.layer is not None:
+            self.layer.scope = scope
 
     # -- operations ------------------------------------------------------------------
     def get(self, key: Hashable) -> V | _Miss:

@@ -55,6 +55,7 @@ from ._cache import CacheStatistics, LookupCache
 from ._exceptions import ConnectorError, LookupKeyError
 from ._keys import KeyFields
 from ._rate_limit import RateLimit
+from ._slow_down import Pace, clipped
 
 if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
     import pyarrow as pa
@@ -232,19 +233,16 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 self._null_keys += 1
                 return []
         token = _ROW.set(id(value))
+        cancelled = False
         try:
-            answer = await self.lookup(value)
+            return await self.lookup(value)
         except asyncio.CancelledError:
-            raise  # a timeout: timeout(value) names the row's last "slow down"
-        except BaseException:
-            if self._refusals:
-                self._refusals.pop(id(value), None)
+            cancelled = True  # a timeout: timeout(value) names the row's last "slow down"
             raise
         finally:
             _ROW.reset(token)
-        if self._refusals:
-            self._refusals.pop(id(value), None)
-        return answer
+            if self._refusals and not cancelled:
+                self._refusals.pop(id(value), None)
 
     def timeout(self, value: Mapping[str, Any]) -> list[Row]:
         """The operator's timeout of ``value``: the last "slow down" (429, 503) the service
@@ -526,6 +524,27 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 self._refusals[row] = error
         self._throttle_waited += delay
         await asyncio.sleep(delay)
+
+    async def _slowed_down(
+        self, pace: Pace | None, limit: RateLimit | None, status: int, error: BaseException,
+        retry_after: float | None, max_retry_after: float, fallback: float,
+    ) -> None:  # fmt: skip
+        """The service answered "slow down" (``status`` 429 or 503, ``error``) to a request
+        about to be sent again (not counted against ``max_retries``): without a rate
+        limit the process's ``pace`` slows down and holds every request (this one waits
+        in ``pace.wait()``); with one, the ``limit`` is paused for every process
+        sharing it for the ``retry_after`` (clipped to ``max_retry_after``), or this
+        request waits ``fallback`` seconds."""
+        if pace is not None:
+            pace.slow_down(retry_after, max_retry_after)
+            await self._before_retry(0.0, status, error)
+            return
+        held = None
+        if retry_after is not None:
+            held = clipped(retry_after, max_retry_after, repr(self), "max_retry_after")
+            if limit is not None:
+                await limit.pause(held)
+        await self._before_retry(held if held is not None else fallback, status, error)
 
     def service_retries(self) -> tuple[int, int, float]:
         """``asyncio_ops.SupportsServiceRetries``: requests this lookup sent again inside

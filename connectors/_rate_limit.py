@@ -75,6 +75,7 @@ from ._rate_scripts import PAUSE as _PAUSE
 from ._rate_scripts import RESERVE as _RESERVE
 from ._rate_scripts import SETTINGS as _SETTINGS
 from ._rate_scripts import TOTAL as _TOTAL
+from ._slow_down import clipped
 
 log = logging.getLogger("asyncio_ops.connectors")
 
@@ -289,14 +290,9 @@ class RateLimit:
         most ``max_pause``: a server's Retry-After is not trusted without bounds (one
         ``Retry-After: 86400`` would hold every job sharing the limit for a day); a
         longer one is clipped, with a warning."""
-        wanted = max(0.0, float(seconds_))
-        if not wanted <= self.max_pause:  # NaN too
-            log.warning(
-                "RateLimit %s: a pause of %s s asked (a server's Retry-After) is clipped to "
-                "max_pause=%s s", self.name or "(per process)", seconds_, self.max_pause,
-            )  # fmt: skip
-            wanted = self.max_pause
-        await self._local().pause(wanted)
+        who = f"RateLimit {self.name or '(per process)'}"
+        await self._local().pause(clipped(max(0.0, float(seconds_)), self.max_pause, who,
+                                          "max_pause"))  # fmt: skip
 
     def statistics(self) -> RateLimitStatistics:
         state = self._state

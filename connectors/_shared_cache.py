@@ -47,13 +47,11 @@ _ROWS: Final = b"\x01"
 class SharedLayer:
     """One cache's Redis side in one process and event loop (see the module docstring)."""
 
-    def __init__(
-        self, url: str, name: str, ttl: float, timeout: float, scope: str | None = None
-    ) -> None:
+    def __init__(self, url: str, name: str, ttl: float, timeout: float) -> None:
         self.url = url
         self.name = name
         # the question the answers answer (LookupCache.bind), before the first read
-        self.scope = scope
+        self.scope: str | None = None
         self.ttl_ms = None if ttl == float("inf") else max(1, int(ttl * 1000))
         self.timeout = timeout
         self.client: aioredis.Redis | None = None

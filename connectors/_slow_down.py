@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Hashable
 from typing import Final
 
-__all__ = ["SLOW_DOWN", "Pace", "pace_of"]
+__all__ = ["SLOW_DOWN", "Pace", "clipped", "pace_of"]
 
 log = logging.getLogger("asyncio_ops.connectors")
 
@@ -42,6 +42,17 @@ _MIN_RATE: Final = 0.5  # requests per second: the pace never stops a service fo
 _DECREASE_EVERY: Final = 1.0  # seconds between two cuts of the pace
 _LIFT_AFTER: Final = 10.0  # seconds without a "slow down" before the pace is lifted
 _BACKOFF: Final = 0.5  # seconds held after a "slow down" that names no Retry-After
+
+
+def clipped(seconds: float, most: float, who: str, option: str = "") -> float:
+    """A wait a server asked for (a Retry-After), at most ``most`` seconds: a longer one
+    (or NaN) is clipped, with a warning naming ``who`` (and the ``option`` that bounds
+    it). Nothing a server sends holds a client without bounds."""
+    if seconds <= most:
+        return seconds
+    bound = f"{option}={most}" if option else str(most)
+    log.warning("%s: a Retry-After of %s s is clipped to %s s", who, seconds, bound)
+    return most
 
 
 class Pace:
@@ -54,7 +65,6 @@ class Pace:
         self.held_until = 0.0  # a Retry-After holds every request until then
         self.cut_at = -float("inf")  # the last decrease
         self.sent: collections.deque[float] = collections.deque()  # the last second's sends
-        self.slow_downs = 0
         self.turns = asyncio.Lock()  # paced requests take their turns in order
 
     async def wait(self) -> float:
@@ -82,24 +92,17 @@ class Pace:
                 self.next_at = now + 1.0 / rate
         return now - started
 
-    def slow_down(self, retry_after: float | None, max_pause: float) -> float:
+    def slow_down(self, retry_after: float | None, max_pause: float) -> None:
         """The service said "slow down": cut the pace (at most once a second) and hold
-        every request for ``retry_after`` (clipped to ``max_pause``, logged) or a short
-        backoff; returns the seconds held."""
+        every request for ``retry_after`` (:func:`clipped` to ``max_pause``) or a short
+        backoff."""
         now = time.monotonic()
-        self.slow_downs += 1
         if now - self.cut_at >= _DECREASE_EVERY:
             self.cut_at = now
             went = len(self.sent) if self.rate is None else self.rate
             self.rate = max(_MIN_RATE, went / 2)
-        hold = _BACKOFF if retry_after is None else retry_after
-        if not hold <= max_pause:  # NaN too
-            log.warning(
-                "%s: a Retry-After of %s s is clipped to %s s", self.name, retry_after, max_pause
-            )
-            hold = max_pause
+        hold = _BACKOFF if retry_after is None else clipped(retry_after, max_pause, self.name)
         self.held_until = max(self.held_until, now + hold)
-        return hold
 
     def answered(self) -> None:
         """An answer that is not a "slow down": one request per second more, so the pace

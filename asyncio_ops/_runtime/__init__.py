@@ -11,6 +11,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_feed``: rows into operator elements, event time and watermarks, replay;
 - ``_sink``: output rows and batches into Arrow batches of the output schema;
 - ``_versions``: one streaming version's files (key-group chains, manifests) and retention;
+- ``_claim``: whose state a version is (the query that wrote it, the uid that claims it);
 - ``_replay_log``: the lookups a task attempt completed, for its retry;
 - ``_checkpointing``: what a partition of the async operator writes and restores;
 - ``_inflight``: what a micro-batch carries over, where, and how it moves on rescale;

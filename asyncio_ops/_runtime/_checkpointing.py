@@ -50,6 +50,7 @@ from .._keygroups import (
     compute_key_group_range_for_operator_index,
 )
 from .._snapshot import SnapshotEntry
+from ._claim import claim
 from ._inflight import (
     WATERMARK_META,
     CarryOver,
@@ -79,7 +80,6 @@ from ._versions import (
     IN_FLIGHT,
     OUTPUT_SCHEMA,
     VersionFiles,
-    claim,
     concurrently,
     read_previous,
     write_version,

@@ -75,6 +75,7 @@ from ..state._rocksdb import RocksDBKeyedStateBackend
 from ..state._schema import types_json
 from . import _parked, _warm
 from ._adapters import describe_row
+from ._claim import claim
 from ._feed import BoundedOutOfOrderness, event_time_seconds
 from ._inflight import WATERMARK_META, WatermarkState, make_backend, manifest_watermark
 from ._retention import KEPT_FROM, Retention, drop_manifest
@@ -85,7 +86,6 @@ from ._versions import (
     Chain,
     VersionFiles,
     apply_chains,
-    claim,
     extends,
     full_due,
     key_group_prefix,

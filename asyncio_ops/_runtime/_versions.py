@@ -271,6 +271,12 @@ ASYNC_WAIT: Final = b"async_wait"
 _QUERY: Final = b"aops.query"
 
 
+def query_of(manifest: pa.Table) -> str | None:
+    """The streaming query a manifest says wrote it (None: not recorded)."""
+    raw = (manifest.schema.metadata or {}).get(_QUERY)
+    return raw.decode() if raw else None
+
+
 def _int(meta: dict[bytes, bytes], key: bytes, name: str) -> int:
     try:
         return int(meta[key])
@@ -307,8 +313,7 @@ class VersionFiles:
 
     def query(self) -> str | None:
         """The streaming query that wrote this version (None: not recorded)."""
-        raw = (self.manifests[0].schema.metadata or {}).get(_QUERY)
-        return raw.decode() if raw else None
+        return query_of(self.manifests[0])
 
     def check_operator(self, operator: bytes) -> None:
         """CheckpointError naming the file if another kind of operator wrote this version."""
@@ -679,79 +684,6 @@ def read_previous(
     return None
 
 
-def claim(
-    storage: CheckpointStorage,
-    version: int,
-    query: str | None,
-    previous: VersionFiles | None,
-    allow_non_restored_state: bool = True,
-) -> None:
-    """Whose state this is, checked before a streaming micro-batch ``version`` of query
-    ``query`` (its ``sql.streaming.queryId``; None: unknown, nothing checked) restores
-    ``previous`` (None: the operator has no version):
-
-    - a version another query wrote is that query's state: CheckpointError naming both
-      ids (two queries given one location and uid, in turn or in other applications);
-    - micro-batch 0 of a query whose uid holds another query's versions: the same;
-    - micro-batch N > 0 (the query restores: its Spark checkpoint committed batches)
-      with no version of this uid, while the location holds the state of other uids
-      this query wrote (or whose writer is not recorded): the state would be left
-      unclaimed, which is what a changed default uid looks like (a class renamed, a
-      key changed), so it is refused naming the uids found, unless
-      ``allow_non_restored_state`` (Flink's name): the operator then starts empty.
-    """
-    if query is None:
-        return
-    if previous is not None:
-        wrote = previous.query()
-        if wrote is not None and wrote != query:
-            raise _foreign(storage, wrote, query)
-        return
-    if version == 0:
-        held = storage.versions()
-        wrote = _writer(storage, held[-1]) if held else None
-        if wrote is not None and wrote != query:
-            raise _foreign(storage, wrote, query)
-        return
-    if allow_non_restored_state:
-        return
-    unclaimed = []
-    for uid in storage.other_uids():
-        other = CheckpointStorage(storage.location, uid)
-        held = other.versions()
-        if held and _writer(other, held[-1], "") in ("", query):
-            unclaimed.append(uid)
-    if unclaimed:
-        where = storage.describe(storage.root)[: -len(storage.uid)]
-        raise CheckpointError(
-            f"micro-batch {version} restores from {where}, which holds no state for uid "
-            f"{storage.uid!r} but holds this query's state for uid(s) {unclaimed}: "
-            "starting empty would leave that state behind (a default uid changes with "
-            "the function's class name, its key or the operator's options). "
-            f"Pin the operator to its state with uid={unclaimed[0]!r} (and keep uid= from "
-            "now on), or start it empty on purpose with allow_non_restored_state=True"
-        )
-
-
-def _writer(storage: CheckpointStorage, version: int, unknown: str | None = None) -> str | None:
-    """The query that wrote ``version``, as one of its manifests names it (a version being
-    written may hold some only); ``unknown`` when none names one (or none is there)."""
-    for name in storage.list_files(version, "subtask-")[:1]:
-        manifest = storage.read_if_present(version, name, Kind.MANIFEST)
-        raw = (manifest.schema.metadata or {}).get(_QUERY) if manifest is not None else None
-        return raw.decode() if raw else unknown
-    return unknown
-
-
-def _foreign(storage: CheckpointStorage, wrote: str, query: str) -> CheckpointError:
-    return CheckpointError(
-        f"checkpoint_location {storage.describe(storage.root)} (uid {storage.uid!r}) holds the "
-        f"state of streaming query {wrote}, not of this query ({query}): two queries never "
-        "share one state. Give this query its own checkpoint_location or uid=; a query "
-        "restarted from its own Spark checkpoint keeps its id and its state"
-    )
-
-
 def write_version(
     storage: CheckpointStorage,
     version: int,
@@ -783,7 +715,7 @@ def write_version(
     their order): a generator's are never all in memory (``Changes.full``). A key
     group of neither keeps its chain. ``writer``: the attempt's token, in the
     file's name and the manifest; ``query``: the streaming query's id, in the
-    manifest (:func:`claim`).
+    manifest (``_claim``).
     """
     writer = writer or uuid.uuid4().hex[:12]
     new: dict[int, Chain] = dict(chains or {})

@@ -248,7 +248,7 @@ def _wait(
 
 def _default_on_empty(function: AsyncFunction[Any, Any]) -> str:
     """``on_empty`` when not given: the function's ``default_on_empty``, checked."""
-    value = getattr(function, "default_on_empty", "drop")
+    value = function.default_on_empty
     if value not in ON_EMPTY:
         raise ConfigurationError(
             f"{type(function).__name__}.default_on_empty must be one of {list(ON_EMPTY)}, "

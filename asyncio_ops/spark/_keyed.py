@@ -52,8 +52,8 @@ def key_group_column(key_cols: Sequence[str], max_parallelism: int) -> Column:
 def partition_by_key_group(
     df: DataFrame, key_cols: Sequence[str], max_parallelism: int, num_partitions: int | None
 ) -> tuple[DataFrame, int]:
-    """``df`` with ``__aops_key_group``, repartitioned so partition i owns its key-group range."""
-    check_parallelism(max_parallelism)
+    """``df`` with ``__aops_key_group``, repartitioned so partition i owns its key-group range
+    (``max_parallelism`` checked with the operator's options)."""
     parallelism = num_partitions or int(
         df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200
     )

@@ -16,7 +16,6 @@ import asyncio
 import base64
 import email.utils
 import json as jsonlib
-import logging
 import math
 import random
 import ssl
@@ -66,7 +65,6 @@ _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
 Rows = tuple[Row, ...]
 _EMPTY: Final[Rows] = ()
 
-log = logging.getLogger("asyncio_ops.connectors")
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -559,19 +557,11 @@ class HttpLookup(BaseLookup[_Runtime]):
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 status = exc.status if isinstance(exc, LookupResponseError) else None
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None
-                if status in SLOW_DOWN and exc.retryable:
-                    # "slow down": sent again within the operator's timeout, not counted
-                    # against max_retries; the pace (or the shared limit) slows down
-                    if pace is not None:
-                        pace.slow_down(retry_after, self.max_retry_after)
-                        await self._before_retry(0.0, status, exc)  # held by pace.wait()
-                        continue
-                    assert limit is not None
-                    held = _clipped(retry_after, self.max_retry_after, self.url.text)
-                    if held is not None:
-                        await limit.pause(held)  # every process sharing the limit waits
-                    delay = held if held is not None else self._backoff(attempt)
-                    await self._before_retry(delay, status, exc)
+                if status in SLOW_DOWN and exc.retryable:  # sent again, not counted
+                    assert status is not None
+                    backoff = self._backoff(attempt)
+                    await self._slowed_down(pace, limit, status, exc, retry_after,
+                                            self.max_retry_after, backoff)  # fmt: skip
                     continue
                 if not exc.retryable or attempt >= self.max_retries:
                     raise
@@ -660,15 +650,6 @@ class HttpLookup(BaseLookup[_Runtime]):
             f"headers={redact_headers(self.headers)!r}, batch={self.batch!r}, "
             f"rate_limit={self.rate_limit!r})"
         )
-
-
-def _clipped(retry_after: float | None, most: float, url: str) -> float | None:
-    """A server's Retry-After, at most ``most`` seconds (a longer one is logged)."""
-    if retry_after is None or retry_after <= most:
-        return retry_after
-    log.warning("HttpLookup %s: a Retry-After of %s s is clipped to max_retry_after=%s s",
-                redact_url(url), retry_after, most)  # fmt: skip
-    return most
 
 
 def _basic_credentials(url: str) -> str | None:

@@ -76,7 +76,6 @@ Semantics:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
@@ -113,7 +112,6 @@ if TYPE_CHECKING:
 __all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]
 
 _NO_BATCHES: Final = BatchStatistics(0, 0, 0, 0, 0)
-log = logging.getLogger("asyncio_ops.connectors")
 # tokens spent from each lookup's max_total_tokens in this process, by the lookup's
 # budget id (without a shared RateLimit)
 _SPENT: Final[dict[str, int]] = {}
@@ -323,22 +321,9 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
                         counted = prompt + max(completion, int(body.get("max_tokens") or 0))
                         await self._settle(limit, estimate, counted)
                 return answer, billed
-            if status in SLOW_DOWN:
-                # "slow down": sent again within the operator's timeout, not counted
-                # against max_retries; the pace (or the shared limit) slows down
-                refused = self._refused(url, status, after, raw)
-                if pace is not None:
-                    pace.slow_down(after, self.max_retry_after)
-                    await self._before_retry(0.0, status, refused)  # held by pace.wait()
-                    continue
-                assert limit is not None
-                held = min(after, self.max_retry_after) if after is not None else None
-                if after is not None and after > self.max_retry_after:
-                    log.warning("%s: a Retry-After of %s s is clipped to max_retry_after=%s s",
-                                redact_url(url), after, self.max_retry_after)  # fmt: skip
-                if held is not None:
-                    await limit.pause(held)  # every process sharing the limit waits
-                await self._before_retry(held if held is not None else 0.5, status, refused)
+            if status in SLOW_DOWN:  # sent again, not counted against max_retries
+                await self._slowed_down(pace, limit, status, self._refused(url, status, after, raw),
+                                        after, self.max_retry_after, 0.5)  # fmt: skip
                 continue
             if status in (500, 502, 504) and attempt < self.max_retries:
                 await self._before_retry(min(30.0, 0.5 * 2**attempt), status)
