@@ -368,9 +368,7 @@ class CheckpointStorage:
                     size = f.size()  # known: the file was opened with a HEAD
                     if size <= max(_KEEP_WHOLE, 2 * sum(n for _, n in ranges)):
                         whole = f.read_at(size, 0)
-                got = [
-                    f.read_at(n, o) if whole is None else whole[o : o + n] for o, n in ranges
-                ]
+                got = [f.read_at(n, o) if whole is None else whole[o : o + n] for o, n in ranges]
             out = _verified(got, ranges, kind, where, identity)
             if whole is not None and self.local is not None:  # its ranges verified
                 self.local.put(self._relative(version, name), whole)
@@ -399,8 +397,12 @@ class CheckpointStorage:
         try:
             return _verified(got, ranges, kind, where, identity)
         except CorruptCheckpointError as exc:
-            log.warning("asyncio_ops: the local copy of %s failed verification (%s); reading "
-                        "the checkpoint's", where, exc)
+            log.warning(
+                "asyncio_ops: the local copy of %s failed verification (%s); reading "
+                "the checkpoint's",
+                where,
+                exc,
+            )
             self.local.drop(relative)
             return None
 

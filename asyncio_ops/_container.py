@@ -195,9 +195,7 @@ def _plain_list(t: pa.DataType) -> bool:
 
 def _pack(table: pa.Table) -> pa.Table:
     """``table`` with its packable columns packed (see above)."""
-    if table.num_rows < 2 or not any(
-        f.type in _PLAIN or _plain_list(f.type) for f in table.schema
-    ):
+    if table.num_rows < 2 or not any(f.type in _PLAIN or _plain_list(f.type) for f in table.schema):
         return table
     fields: list[pa.Field] = []
     columns: list[pa.ChunkedArray | pa.Array] = []
@@ -208,8 +206,11 @@ def _pack(table: pa.Table) -> pa.Table:
             values = whole.values.dictionary_encode()
             if 2 * len(values.dictionary) <= len(values):
                 item = field.type.value_field.with_type(values.type)
-                how, column = _DICTIONARY_LIST, pa.ListArray.from_arrays(
-                    whole.offsets, values, type=pa.list_(item), mask=whole.is_null()
+                how, column = (
+                    _DICTIONARY_LIST,
+                    pa.ListArray.from_arrays(
+                        whole.offsets, values, type=pa.list_(item), mask=whole.is_null()
+                    ),
                 )
         elif field.type in _PLAIN and column.null_count < len(column):
             whole = column.combine_chunks()
@@ -254,17 +255,23 @@ def _unpack(table: pa.Table) -> pa.Table:
         meta = {k: v for k, v in field.metadata.items() if k != _PACKED}
         how = field.metadata[_PACKED]
         column = table.column(i)
-        if how == _DICTIONARY and pa.types.is_dictionary(field.type) and (
-            field.type.value_type in _PLAIN
+        if (
+            how == _DICTIONARY
+            and pa.types.is_dictionary(field.type)
+            and (field.type.value_type in _PLAIN)
         ):
             column, kind = column.cast(field.type.value_type), field.type.value_type
         elif how in (_FIXED, _SPLIT) and pa.types.is_fixed_size_binary(field.type):
             if how == _SPLIT:
                 column = _streams(column.combine_chunks(), False)
             column, kind = column.cast(pa.binary()), pa.binary()
-        elif how == _DICTIONARY_LIST and pa.types.is_list(field.type) and (
-            pa.types.is_dictionary(field.type.value_type)
-            and field.type.value_type.value_type in _PLAIN
+        elif (
+            how == _DICTIONARY_LIST
+            and pa.types.is_list(field.type)
+            and (
+                pa.types.is_dictionary(field.type.value_type)
+                and field.type.value_type.value_type in _PLAIN
+            )
         ):
             item = field.type.value_field
             kind = pa.list_(item.with_type(item.type.value_type))

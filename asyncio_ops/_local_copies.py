@@ -80,11 +80,18 @@ def private_directory(path: Path, what: str, env: str) -> bool:
     except OSError as exc:
         log.warning("asyncio_ops: no %s: cannot create %s (%s)", what, path, exc)
         return False
-    if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid() or (
-        info.st_mode & 0o022
+    if (
+        not path.is_dir()
+        or path.is_symlink()
+        or info.st_uid != os.getuid()
+        or (info.st_mode & 0o022)
     ):
-        log.warning("asyncio_ops: no %s: %s is not a private directory of this user; set %s",
-                    what, path, env)
+        log.warning(
+            "asyncio_ops: no %s: %s is not a private directory of this user; set %s",
+            what,
+            path,
+            env,
+        )
         return False
     return True
 
@@ -125,12 +132,15 @@ class LocalCopies:
                 tmp.unlink()
             if not self._warned:  # once per process and operator: a full disk says it often
                 self._warned = True
-                log.warning("asyncio_ops: cannot keep a local copy of %s in %s (%s); "
-                            "restores read it from the checkpoint", relative, self.root, exc)
+                log.warning(
+                    "asyncio_ops: cannot keep a local copy of %s in %s (%s); "
+                    "restores read it from the checkpoint",
+                    relative,
+                    self.root,
+                    exc,
+                )
 
-    def read(
-        self, relative: str, ranges: Sequence[tuple[int, int]] | None
-    ) -> list[bytes] | None:
+    def read(self, relative: str, ranges: Sequence[tuple[int, int]] | None) -> list[bytes] | None:
         """The copy's bytes (whole, or each ``(offset, length)`` range), or None if there
         is no copy or it is shorter than a range asks."""
         if not self._ready():
@@ -170,9 +180,7 @@ class LocalCopies:
                 continue
             with contextlib.suppress(OSError):
                 for file in os.scandir(entry.path):
-                    if file.name.startswith(prefix) and (
-                        f"{entry.name}/{file.name}" not in named
-                    ):
+                    if file.name.startswith(prefix) and (f"{entry.name}/{file.name}" not in named):
                         with contextlib.suppress(OSError):
                             os.unlink(file.path)
                 with contextlib.suppress(OSError):

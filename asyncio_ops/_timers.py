@@ -169,9 +169,7 @@ class TimerHeap:
         """A registration mark: every timer added after this call has a sequence ``>=`` it."""
         return next(self._seq)
 
-    def poll_due(
-        self, up_to: float, added_before: int | None = None
-    ) -> tuple[Timer, int] | None:
+    def poll_due(self, up_to: float, added_before: int | None = None) -> tuple[Timer, int] | None:
         """Remove and return the earliest timer with ``timestamp <= up_to`` and its
         group, if any.
 

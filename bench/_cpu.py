@@ -40,7 +40,7 @@ def _role(pid: str, comm: str) -> str | None:
         line = cmdline(pid)
         if "pyspark.daemon" in line:
             return "spark python"
-        if "examples.http_service" in line:
+        if "asyncio_ops.services.customers" in line:
             return "http service"
     return None
 

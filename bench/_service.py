@@ -1,10 +1,10 @@
-"""The example customer service (``examples/http_service/app.py``) as a process of its
+"""The example customer service (``examples/services/customers.py``) as a process of its
 own, for the benchmarks that look customers up over HTTP.
 
 :func:`start_service` runs it on a free port of 127.0.0.1 and returns once
 ``/healthz`` answers (30 s at most; a service that exits or never answers is an
 error); :func:`stop_service` ends it. Its command line names
-``examples.http_service.app``, which is how ``bench._cpu`` finds its CPU time.
+``asyncio_ops.services.customers``, which is how ``bench._cpu`` finds its CPU time.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def start_service(
     """The running service and its base URL (``http://127.0.0.1:PORT``)."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.http_service.app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "asyncio_ops.services.customers", "--host", "127.0.0.1",
          "--port", str(port), "--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms),
          "--customers", str(customers), "--max-concurrent", str(max_concurrent)],
         cwd=ROOT, stdout=subprocess.DEVNULL,

@@ -4,7 +4,7 @@
     python -m bench.adaptive --quick    # ~1 minute, smaller runs
 
 Run it as a module from the repository root. The example customer service
-(``examples/http_service/app.py``) runs as its own process, answering each
+(``examples/services/customers.py``) runs as its own process, answering each
 request after 20 ms plus up to 10 ms of jitter, in two modes:
 
 - ``scales``: every request waits its own latency, however many are in flight

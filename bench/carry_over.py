@@ -113,6 +113,7 @@ def bench(n: int, repeat: int, keyed: bool, backend: str) -> tuple[tuple[float, 
         other = PartitionCheckpoint(s, TaskInfo(1, 2, batch_id=1), pa.list_(pa.struct(list(OUT))))
         other.finish([], WatermarkState(-math.inf, -math.inf), IN)  # partition 1: nothing
         reader = PartitionCheckpoint(s, TaskInfo(0, 2, batch_id=2), pa.list_(pa.struct(list(OUT))))
+
         def read() -> Any:
             restored = reader.restore()
             assert restored is not None

@@ -4,7 +4,7 @@ hand-written mapInArrow client.
 Run: ``python -m bench.llm`` (``--rows 600 --tpm 30000 --burst 2 --concurrency 16
 --redis redis://127.0.0.1:6379/0``; needs the Redis the tests use).
 
-The server is ``examples/openai_service`` on 127.0.0.1 with a quota of ``--tpm``
+The server is ``examples/services/models.py`` on 127.0.0.1 with a quota of ``--tpm``
 tokens per minute, of which ``--burst`` seconds' worth may go at once (a
 request costs its prompt's words plus ``max_tokens``, 16 here, about 22
 tokens), answering 429 with ``Retry-After`` beyond it. Both sides label the
@@ -33,9 +33,9 @@ from typing import Any
 import pyarrow as pa
 from asyncio_ops.connectors import RateLimit
 from asyncio_ops.connectors.openai import ChatLookup
+from asyncio_ops.services.models import OpenAIServiceThread
 
 from asyncio_ops.spark import session, unordered_wait
-from examples.openai_service.app import OpenAIServiceThread
 
 PROMPT = "Is this review positive? {text}"
 WORDS = ("good", "broken", "great", "late", "excellent", "noisy", "love", "cheap")

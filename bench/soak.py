@@ -3,7 +3,7 @@
     python -m bench.soak                      # 20M rows, bounded by --minutes (10)
     python -m bench.soak --rows 2000000 --minutes 3
 
-Not part of CI. Starts ``examples/http_service/app.py`` on 127.0.0.1 (5 ms
+Not part of CI. Starts ``examples/services/customers.py`` on 127.0.0.1 (5 ms
 latency), then runs chunks of ``--chunk`` rows on ``local[2]`` through
 ``unordered_wait`` + ``HttpLookup`` with the service's batch endpoint, where
 ``--fail`` (5%) of lookups raise a transient error first and are retried by the

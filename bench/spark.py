@@ -342,8 +342,14 @@ def main() -> None:
         f"loadavg={os.getloadavg()[0]:.1f}"
     )
     # warm-up: JVM code paths, Python workers, imports, for every variant
-    for variant in ("unordered_wait", "ordered_wait", FLINK, "hand-written", "python udf",
-                    CHECKPOINTED):
+    for variant in (
+        "unordered_wait",
+        "ordered_wait",
+        FLINK,
+        "hand-written",
+        "python udf",
+        CHECKPOINTED,
+    ):
         run_variant(spark, variant, 4_000 if variant != "python udf" else 20, 0.001, cap)
 
     # Variants run interleaved, round after round, and each figure is the best

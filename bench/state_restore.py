@@ -320,8 +320,10 @@ def print_memory(keys: int) -> None:
             for step in ("bulk", "cold"):
                 got[step] = run_case(keys, f"memory,{kind},{root},{step}")
             bulk, cold = got["bulk"], got["cold"]
-            print(f"| {kind} | {bulk['before_snapshot_mb']:,.0f} | {bulk['peak_mb']:,.0f} | "
-                  f"{cold['peak_mb'] - cold['start_mb']:,.0f} | {cold['seconds']:.2f} s |")
+            print(
+                f"| {kind} | {bulk['before_snapshot_mb']:,.0f} | {bulk['peak_mb']:,.0f} | "
+                f"{cold['peak_mb'] - cold['start_mb']:,.0f} | {cold['seconds']:.2f} s |"
+            )
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

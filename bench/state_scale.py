@@ -446,7 +446,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per query")
     p.add_argument(
-        "--full-snapshot-interval", dest="interval", type=int, default=50,
+        "--full-snapshot-interval",
+        dest="interval",
+        type=int,
+        default=50,
         help="keyed_process's full_snapshot_interval (its default: 50)",
     )
     args = p.parse_args()
@@ -512,9 +515,7 @@ def main() -> None:
                 inputs[keys] = write_input(root, keys, args.small, args.batches, args.seed)
             started = time.perf_counter()
             try:
-                r = run(
-                    spark, side, inputs[keys], root, args.batches, args.timeout, args.interval
-                )
+                r = run(spark, side, inputs[keys], root, args.batches, args.timeout, args.interval)
             except (Exception, SystemExit) as exc:  # report it, keep the other rows
                 failures.append(f"{label(side)} at {keys:,} keys: {exc}")
                 print(f"  FAILED: {failures[-1]}", flush=True)

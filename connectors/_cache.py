@@ -226,9 +226,7 @@ class LookupCache(Generic[V]):
         for key, value in items:
             self.put(key, value, empty=not value)
         if self.layer is not None:
-            kept: list[tuple[Hashable, Any]] = [
-                (k, v) for k, v in items if self.cache_empty or v
-            ]
+            kept: list[tuple[Hashable, Any]] = [(k, v) for k, v in items if self.cache_empty or v]
             await self.layer.put_many(kept)
 
     def _evict_one(self) -> None:
@@ -297,9 +295,7 @@ class LookupCache(Generic[V]):
         return key in self._entries
 
     def __repr__(self) -> str:
-        shared = (
-            f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""
-        )
+        shared = f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""
         return (
             f"LookupCache(ttl={self.ttl!r}, max_size={self.max_size!r}, "
             f"cache_empty={self.cache_empty!r}, size={len(self._entries)}{shared})"

@@ -499,8 +499,11 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         scope = self._cache_scope().encode()
         for table in tables:
             if (table.schema.metadata or {}).get(_SCOPE.encode()) != scope:
-                log.info("%s: a checkpointed cache of another question (its query, URL, "
-                         "model or prompt changed) is not restored", type(self).__name__)
+                log.info(
+                    "%s: a checkpointed cache of another question (its query, URL, "
+                    "model or prompt changed) is not restored",
+                    type(self).__name__,
+                )
                 continue
             keys = table.column("key").to_pylist()
             written = table.column("written_at").to_pylist()

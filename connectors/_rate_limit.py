@@ -310,8 +310,11 @@ class RateLimit:
 
 
 def _positive(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or (
-        not math.isfinite(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not value > 0
+        or (not math.isfinite(value))
     ):
         raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
@@ -328,9 +331,7 @@ class _State:
         share = 1.0 if limit.shared is None else (limit.local_share or 1.0)
         rps, tpm = limit.requests_per_second, limit.tokens_per_minute
         self.requests_bucket = None if rps is None else _Gcra(rps * share, limit.burst)
-        self.tokens_bucket = (
-            None if tpm is None else _Gcra(tpm / 60.0 * share, limit.token_burst)
-        )
+        self.tokens_bucket = None if tpm is None else _Gcra(tpm / 60.0 * share, limit.token_burst)
         self.paused_until = -math.inf
         self.pause_log: list[tuple[float, float]] = []  # (start, length) of each pause
         self.leased: collections.deque[float] = collections.deque()  # due times, local clock

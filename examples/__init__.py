@@ -1,2 +1,3 @@
-"""Runnable examples of asyncio_ops (see docs/quickstart.md); helpers live in ``_pg`` and
-``http_service``."""
+"""Runnable examples of asyncio_ops (see docs/quickstart.md); helpers live in ``_pg``
+and ``_common``; the local services they call live in ``services`` (installed as
+``asyncio_ops.services``)."""

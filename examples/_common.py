@@ -42,9 +42,7 @@ def add_batch_options(
 _STARTED: list[SparkSession] = []
 
 
-def spark_session(
-    master: str | None, app_name: str, partitions: int | None = None
-) -> SparkSession:
+def spark_session(master: str | None, app_name: str, partitions: int | None = None) -> SparkSession:
     """A local (or given) SparkSession with quiet logs and UTC time.
 
     A script run where a SparkSession is already active (a notebook's, a test's) gets

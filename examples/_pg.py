@@ -14,7 +14,7 @@ install or run. The throwaway server is
 ``asyncio_ops.connectors.postgres.testing.ThrowawayPostgres``. The customers
 table is :func:`seed_sql` (``examples/sql/init.sql`` is ``seed_sql()`` for the
 default table and size; a test keeps them equal).
-Customer ``i`` is ``examples.http_service.app.customer(i)``.
+Customer ``i`` is ``asyncio_ops.services.customers.customer(i)``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def seed_sql(table: str = "customers", customers: int = DEFAULT_CUSTOMERS) -> st
     """SQL that creates ``table`` (if missing) and fills it with customers ``1..customers``.
 
     Idempotent: existing ids are kept (``ON CONFLICT DO NOTHING``). The rows are
-    deterministic and equal to ``examples.http_service.app.customer(id)``.
+    deterministic and equal to ``asyncio_ops.services.customers.customer(id)``.
     """
     if not isinstance(customers, int) or customers < 0:
         raise ValueError(f"customers must be an int >= 0, got {customers!r}")

@@ -3,7 +3,7 @@
     python examples/enrich_http.py                       # starts the customer service itself
     python examples/enrich_http.py --url http://127.0.0.1:8080   # docker compose's service
 
-Without ``--url`` the customer service (``examples/http_service/app.py``) is
+Without ``--url`` the customer service (``examples/services/customers.py``) is
 started in this process on a free 127.0.0.1 port, answering after
 ``--latency-ms``. Each partition keeps up to ``--capacity`` requests in flight
 through ``HttpLookup``: one per row (``GET /customers/{customer_id}``), or with
@@ -28,12 +28,12 @@ if __package__ in (None, ""):  # run as a script: make the ``examples`` package 
 
 from asyncio_ops.connectors import is_retryable
 from asyncio_ops.connectors.http import HttpBatch, HttpLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import functions as F
 
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from examples._common import add_batch_options, orders, report, spark_session, stop_session, timed
-from examples.http_service.app import ServiceThread
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

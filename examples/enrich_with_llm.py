@@ -4,7 +4,7 @@
     python examples/enrich_with_llm.py --base-url https://api.openai.com \\
         --model gpt-4o-mini --tpm 200000                   # a real endpoint (OPENAI_API_KEY)
 
-Without ``--base-url`` an OpenAI-compatible server (``examples/openai_service``:
+Without ``--base-url`` an OpenAI-compatible server (``examples/services/models.py``:
 deterministic sentiment answers, token counting, a quota that answers 429) is
 started in this process on a free 127.0.0.1 port, with a quota of ``--tpm``
 tokens per minute. Each review row becomes a chat completion through
@@ -26,11 +26,11 @@ if __package__ in (None, ""):  # run as a script: make the ``examples`` package 
 
 from asyncio_ops.connectors import RateLimit
 from asyncio_ops.connectors.openai import ChatLookup
+from asyncio_ops.services.models import OpenAIServiceThread
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from examples._common import report, spark_session, stop_session, timed
-from examples.openai_service.app import OpenAIServiceThread
 
 WORDS = ("good", "broken", "great", "late", "excellent", "noisy", "love", "cheap")
 

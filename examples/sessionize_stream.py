@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as a script: make the ``examples`` package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncio_ops.connectors.http import HttpLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import DataFrame, SparkSession
 
 from asyncio_ops.spark import keyed_process, unordered_wait
@@ -48,7 +49,6 @@ from asyncio_ops.state import (
     ValueStateDescriptor,
 )
 from examples._common import report, spark_session, stop_session
-from examples.http_service.app import ServiceThread
 
 SECONDS_PER_FILE = 10.0
 VIEWS_PER_ACTIVE_FILE = 4

@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the ``examples`` package 
 
 from asyncio_ops.connectors import is_retryable
 from asyncio_ops.connectors.http import HttpLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -41,7 +42,6 @@ from pyspark.sql.streaming import StreamingQuery
 from asyncio_ops import AsyncRetryStrategy
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from examples._common import report, spark_session, stop_session
-from examples.http_service.app import ServiceThread
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -169,7 +169,7 @@ def test_the_spark_layer_imports_the_faces_below_it_not_their_private_modules() 
             if module is None:
                 continue
             for face in ("asyncio_ops._runtime.", "asyncio_ops.state."):
-                if module.startswith(face) and module[len(face):].startswith("_"):
+                if module.startswith(face) and module[len(face) :].startswith("_"):
                     offences.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module}")
     assert offences == [], "the Spark layer behind a face:\n" + "\n".join(offences)
 
@@ -218,6 +218,4 @@ def test_a_module_over_600_lines_says_it_is_one_job() -> None:
             doc = ast.get_docstring(ast.parse(text)) or ""
             if "one job" not in doc.lower():
                 long.append(f"{path.relative_to(PACKAGE.parent)}: {text.count(chr(10))} lines")
-    assert long == [], "modules over 600 lines that do not say their one job:\n" + "\n".join(
-        long
-    )
+    assert long == [], "modules over 600 lines that do not say their one job:\n" + "\n".join(long)

@@ -501,8 +501,10 @@ class ArrowChunkFunction(ChunkFunction):
         batch: pa.RecordBatch = value.row
         index, columns, errors = self._unpack(batch, results)
         if not self.keep_empty and index is not None:  # the rows no result stands for
-            self.dropped += batch.num_rows - len(errors) - (
-                pc.count_distinct(index).as_py() if len(index) else 0
+            self.dropped += (
+                batch.num_rows
+                - len(errors)
+                - (pc.count_distinct(index).as_py() if len(index) else 0)
             )
         if self.keep_empty and (index is not None or errors):
             if index is None:  # every row once, but for the failed ones

@@ -505,9 +505,7 @@ def carried_format(
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(raw))
             except (pa.ArrowException, ValueError) as exc:
-                raise CheckpointError(
-                    f"checkpoint file {path}: unreadable {what} schema"
-                ) from exc
+                raise CheckpointError(f"checkpoint file {path}: unreadable {what} schema") from exc
             held, held_path = schemas.setdefault(key, (schema, path))
             if held is not None and not schema.equals(held):
                 raise CheckpointError(

@@ -99,6 +99,7 @@ IN_FLIGHT_BATCH: Final = "in-flight-batch"
 WATERMARK: Final = "watermark"
 TIMEOUTS: Final = "async-timeouts"
 
+
 @dataclass(frozen=True, slots=True)
 class WatermarkState:
     """Highest event time seen and the current watermark (-inf: none yet)."""

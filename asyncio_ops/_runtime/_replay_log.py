@@ -55,8 +55,7 @@ def read_segment(storage: CheckpointStorage, version: Version, name: str) -> pa.
     missing = set(COLUMNS) - set(table.column_names)
     if missing:
         raise CheckpointError(
-            f"checkpoint file {storage.path(version, name)} lacks the column(s) "
-            f"{sorted(missing)}"
+            f"checkpoint file {storage.path(version, name)} lacks the column(s) {sorted(missing)}"
         )
     return table
 

@@ -146,8 +146,7 @@ def seed_chains(storage: CheckpointStorage, op: KeyedProcessOperator) -> None:
         table = storage.read(SEED, name, Kind.MANIFEST)
         if not table.schema.remove_metadata().equals(_SCHEMA):
             raise CheckpointError(
-                f"checkpoint file {path} has the columns {table.schema.names}, not "
-                f"{_SCHEMA.names}"
+                f"checkpoint file {path} has the columns {table.schema.names}, not {_SCHEMA.names}"
             )
         cols = table.to_pydict()
         for kg, file, offset, length, size in zip(

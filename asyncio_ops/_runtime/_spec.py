@@ -152,4 +152,3 @@ def key_selector(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
         (column,) = columns
         return lambda row: row[column]
     return lambda row: tuple(row[c] for c in columns)
-

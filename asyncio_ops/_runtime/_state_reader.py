@@ -300,12 +300,12 @@ def _flat(entries: Entries, only: str | None) -> dict[Identity, Item]:
         else:
             out[(name, key_enc, ns, None, None)] = (kind, data[0], data[1])
     return out
+
+
 Timers = dict[tuple[str, bytes, bytes], set[float]]
 
 
-def _rebuild(
-    kg: int, sections: list[tuple[str, Any]], types: StateTypes
-) -> tuple[Entries, Timers]:
+def _rebuild(kg: int, sections: list[tuple[str, Any]], types: StateTypes) -> tuple[Entries, Timers]:
     """Apply one key group's chain (full section, then deltas): its entries by
     ``(state, key, namespace)`` and its timers by ``(domain, key, namespace)``; a typed
     state's values of an older type converted into the one ``types`` records."""

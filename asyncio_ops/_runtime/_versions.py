@@ -762,9 +762,7 @@ def write_version(
     named: dict[bytes, bytes] = {}
     if operator_state is not None:  # keyed_process: its watermark is in the manifest
         ops = f"ops-p{partition:05d}-{writer}.ckpt"
-        storage.write(
-            version, ops, Kind.OPERATOR_STATE, table(Kind.OPERATOR_STATE, operator_state)
-        )
+        storage.write(version, ops, Kind.OPERATOR_STATE, table(Kind.OPERATOR_STATE, operator_state))
         named[_OPS] = ops.encode()
     manifest = _manifest_table(new).replace_schema_metadata(
         {

@@ -272,8 +272,7 @@ def default_capacity(
         preferred = function.preferred_capacity()
         if type(preferred) is not int or preferred < 1:
             raise ConfigurationError(
-                f"{function!r}.preferred_capacity() must return a positive int, got "
-                f"{preferred!r}"
+                f"{function!r}.preferred_capacity() must return a positive int, got {preferred!r}"
             )
         return preferred
     return DEFAULT_CAPACITY

@@ -28,9 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def keyword_names(fn: Callable[..., Any]) -> frozenset[str]:
     """The parameters of ``fn`` that a caller may give by keyword (its ``**`` excluded)."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return frozenset(
-        p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds
-    )
+    return frozenset(p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds)
 
 
 def known_keywords(*, forwards_to: Callable[..., Any] | None = None) -> Callable[[F], F]:

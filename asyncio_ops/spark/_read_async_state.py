@@ -164,9 +164,7 @@ def read_carried(spark: SparkSession, found: VersionFiles, where: str) -> DataFr
     except CheckpointError as exc:
         raise type(exc)(f"{where}: {exc}") from exc
     schema = _carried_schema(written)
-    arrow_schema = to_arrow_schema(
-        schema, timezone=spark.conf.get("spark.sql.session.timeZone")
-    )
+    arrow_schema = to_arrow_schema(schema, timezone=spark.conf.get("spark.sql.session.timeZone"))
 
     def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -239,9 +237,7 @@ def read_replay_log(
             StructField("results", from_arrow_type(results_type), True),
         ]
     )
-    arrow_schema = to_arrow_schema(
-        schema, timezone=spark.conf.get("spark.sql.session.timeZone")
-    )
+    arrow_schema = to_arrow_schema(schema, timezone=spark.conf.get("spark.sql.session.timeZone"))
     first_path = storage.path(version, names[0])
 
     def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

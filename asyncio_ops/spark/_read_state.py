@@ -174,8 +174,10 @@ def read_state(
         )
     for name, given in (("version", version), ("from_version", from_version),
                         ("to_version", to_version)):  # fmt: skip
-        if given is not None and not isinstance(given, str) and (
-            isinstance(given, bool) or not isinstance(given, int) or given < 0
+        if (
+            given is not None
+            and not isinstance(given, str)
+            and (isinstance(given, bool) or not isinstance(given, int) or given < 0)
         ):
             raise ConfigurationError(f"{name} must be an int >= 0 or None, got {given!r}")
     if changes:
@@ -292,5 +294,3 @@ def _key_fields(found: VersionFiles) -> list[StructField]:
             f"checkpoint file {found.paths[0]}: unreadable key schema {raw[:100]!r}"
         ) from exc
     return list(parsed.fields)
-
-

@@ -60,9 +60,7 @@ def session(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    chosen = resolve_master(
-        master, conf, os.environ, SparkSession.getActiveSession() is not None
-    )
+    chosen = resolve_master(master, conf, os.environ, SparkSession.getActiveSession() is not None)
     builder = SparkSession.builder.appName(app_name)
     if chosen is not None:
         builder = builder.master(chosen)

@@ -255,9 +255,7 @@ def _split(
     return base, typed
 
 
-def _typed_values(
-    base: pa.Table, typed: dict[str, tuple[Any, pa.ChunkedArray]]
-) -> list[Any]:
+def _typed_values(base: pa.Table, typed: dict[str, tuple[Any, pa.ChunkedArray]]) -> list[Any]:
     """The ``value`` of every row, a typed state's rows from its own column."""
     values: list[Any] = base.column("value").to_pylist()
     states = base.column("state")
@@ -279,8 +277,12 @@ def _dumps(
     last_entry = -1
     current: list[Any] | None = None
     for state, kind, has_ttl, key, ns, map_key, ts, value, entry in rows:
-        if state is None or kind is None or has_ttl is None or ns is None or (
-            value is None and state not in typings
+        if (
+            state is None
+            or kind is None
+            or has_ttl is None
+            or ns is None
+            or (value is None and state not in typings)
         ):
             raise CorruptStateError(f"{where}: a state entry lacks its state, kind or value")
         dump = dumps.get(state)

@@ -66,7 +66,6 @@ Rows = tuple[Row, ...]
 _EMPTY: Final[Rows] = ()
 
 
-
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delay-seconds or HTTP-date).
 

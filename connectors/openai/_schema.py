@@ -212,9 +212,11 @@ def _value(value: Any, type_: pa.DataType, nullable: bool, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad(path, value, f"an integer ({type_})")
         bits = type_.bit_width
-        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if pa.types.is_signed_integer(
-            type_
-        ) else (0, 2**bits - 1)
+        low, high = (
+            (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+            if pa.types.is_signed_integer(type_)
+            else (0, 2**bits - 1)
+        )
         if not low <= value <= high:
             raise _bad(path, value, f"an integer from {low} to {high} ({type_})")
         return value

@@ -371,9 +371,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
                 out.append([output(value, match) for match in matches])
         return out
 
-    async def lookup_many(
-        self, batch: pa.RecordBatch
-    ) -> tuple[Any, dict[str, Any]] | ArrowResult:
+    async def lookup_many(self, batch: pa.RecordBatch) -> tuple[Any, dict[str, Any]] | ArrowResult:
         """The matches of a chunk of rows as Arrow, for the columnar path.
 
         Returns ``(row_index, columns)``: for each output row, the input row it

@@ -164,5 +164,3 @@ def shipped_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = dist / "asyncio_ops.zip"
     shutil.copy(wheel, target)
     return target
-
-

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from asyncio_ops.services.models import OpenAIServiceThread, sentiment
 
-from examples.openai_service.app import OpenAIServiceThread, sentiment
 from tests.cluster.conftest import ROOT, SPARK_HOME, _env
 from tests.connectors.conftest import REDIS_URL
 from tests.helpers import unavailable
@@ -83,9 +83,22 @@ def test_two_jobs_naming_one_shared_limit_split_it(
     with OpenAIServiceThread(requests_per_minute=RATE * 60,
                              burst_seconds=(BURST + 1) / RATE) as service:  # fmt: skip
         jobs = [
-            _submit(url, shipped_zip, tmp_path, "share", service.url, REDIS_URL, redis_name,
-                    label, str(ROWS), str(RATE), str(BURST), str(barrier),
-                    str(tmp_path / f"{label}.json"), cores=1)
+            _submit(
+                url,
+                shipped_zip,
+                tmp_path,
+                "share",
+                service.url,
+                REDIS_URL,
+                redis_name,
+                label,
+                str(ROWS),
+                str(RATE),
+                str(BURST),
+                str(barrier),
+                str(tmp_path / f"{label}.json"),
+                cores=1,
+            )
             for label in ("job-a", "job-b")
         ]
         for job in jobs:
@@ -109,9 +122,11 @@ def test_two_jobs_naming_one_shared_limit_split_it(
     both = {label: sum(1 for t in ts if start <= t <= end) for label, ts in by_job.items()}
     share = both["job-a"] / (both["job-a"] + both["job-b"])
     assert 0.3 <= share <= 0.7, both
-    print(f"\nshared limit {RATE}/s burst {BURST}: {achieved:.2f} requests/s over "
-          f"{times[-1] - times[0]:.1f} s, busiest second {busiest}, overlap {end - start:.1f} s "
-          f"split {both}")
+    print(
+        f"\nshared limit {RATE}/s burst {BURST}: {achieved:.2f} requests/s over "
+        f"{times[-1] - times[0]:.1f} s, busiest second {busiest}, overlap {end - start:.1f} s "
+        f"split {both}"
+    )
 
 
 @pytest.mark.timeout(420)

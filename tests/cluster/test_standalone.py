@@ -24,9 +24,9 @@ from tests.conftest import S3Server
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def _write_events(source: Path, keys: list[str], batches: list[tuple[int, int]]) -> list[
-    tuple[str, int]
-]:
+def _write_events(
+    source: Path, keys: list[str], batches: list[tuple[int, int]]
+) -> list[tuple[str, int]]:
     """One JSON file per micro-batch of ``(start, n)`` events ``{"key", "seq"}`` (keys in
     turn, seq from ``start``); the events written."""
     source.mkdir()
@@ -136,7 +136,10 @@ def test_a_speculative_copy_on_s3_gives_each_row_once(
 
 @pytest.mark.timeout(600)
 def test_a_worker_lost_between_micro_batches_leaves_the_counts_exact(
-    cluster: tuple[str, Path], shipped_zip: Path, s3_server: S3Server, tmp_path: Path,
+    cluster: tuple[str, Path],
+    shipped_zip: Path,
+    s3_server: S3Server,
+    tmp_path: Path,
     lose_a_worker: Callable[[int], None],
 ) -> None:
     """Three micro-batches of a running count per key, state on S3. After micro-batch 1

@@ -16,9 +16,9 @@ from asyncio_ops.connectors.http import HttpLookup
 from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
 from asyncio_ops.connectors.redis import RedisLookup
+from asyncio_ops.services.models import OpenAIServiceThread
 
 from asyncio_ops import ConfigurationError
-from examples.openai_service.app import OpenAIServiceThread
 from tests.connectors.test_shared_cache import CountingServer
 
 from .support import PgTables
@@ -106,9 +106,7 @@ async def test_another_embedding_model_is_asked_again(
 
 
 @pytest.mark.asyncio
-async def test_http_headers_decide_but_a_rotated_token_does_not(
-    name: str, redis_url: str
-) -> None:
+async def test_http_headers_decide_but_a_rotated_token_does_not(name: str, redis_url: str) -> None:
     with CountingServer() as server:
 
         def lookup(**headers: str) -> HttpLookup:

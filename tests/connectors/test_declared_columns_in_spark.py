@@ -10,11 +10,11 @@ import pytest
 from asyncio_ops.connectors import LookupQueryError
 from asyncio_ops.connectors.http import HttpLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
+from asyncio_ops.services.customers import ServiceThread, customer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import ordered_wait
-from examples.http_service.app import ServiceThread, customer
 from tests.spark.conftest import spark
 
 from .support import PgTables

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 from asyncio_ops.connectors.http import HttpLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import AsyncMetrics, ordered_wait
-from examples.http_service.app import ServiceThread
 from tests.spark.conftest import spark
 
 __all__ = ["spark"]
@@ -57,9 +57,7 @@ def flaky() -> Iterator[_Flaky]:
         yield service
 
 
-def test_a_connectors_retries_and_throttles_are_counted(
-    spark: SparkSession, flaky: _Flaky
-) -> None:
+def test_a_connectors_retries_and_throttles_are_counted(spark: SparkSession, flaky: _Flaky) -> None:
     df = spark.range(ROWS, numPartitions=2).selectExpr("cast(id as int) as id")
     lookup = HttpLookup(flaky.url + "/item/{id}", backoff=0.001, max_backoff=0.001)
     metrics = AsyncMetrics(spark)

@@ -13,8 +13,7 @@ import pytest
 from aiohttp import web
 from asyncio_ops.connectors import LookupBudgetExceeded, LookupDecodeError
 from asyncio_ops.connectors.openai import ChatLookup
-
-from examples.http_service.app import ServiceThread
+from asyncio_ops.services.customers import ServiceThread
 
 
 class _Reporting(ServiceThread):

@@ -20,11 +20,11 @@ from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
 from asyncio_ops.connectors.redis import RedisLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import DataFrame, SparkSession
 
 from asyncio_ops import AsyncFunction
 from asyncio_ops.spark import AsyncMetrics, ordered_wait
-from examples.http_service.app import ServiceThread
 from tests.spark.conftest import spark
 
 from .support import PgTables
@@ -126,7 +126,9 @@ def test_http_sends_no_request_for_a_null_url_or_query_field(
         want += [(i, c, n, None) for i, c, n in ROWS if c is None or n is None]
     assert rows == sorted(want, key=repr)
     assert sorted(path for _, path, _ in recorder.seen) == [
-        "/customer/1?note=a", "/customer/3?note=c", "/customer/6?note=f"
+        "/customer/1?note=a",
+        "/customer/3?note=c",
+        "/customer/6?note=f",
     ]  # never /customer/ (the list endpoint), never a request without its note
     assert summary["skipped_null_keys"] == 3
     assert summary["received"] == len(ROWS)
@@ -139,9 +141,7 @@ def test_http_batch_endpoint_leaves_null_keys_out_of_the_batch(
     batch = HttpBatch(key="customer_id", result_key="cid", param="ids")
     lookup = HttpLookup(recorder.url + "/customers", result_path="items", batch=batch)
     rows, summary = _run(spark, lookup, "name string", "keep", chunk_size)
-    assert rows == sorted(
-        [(i, c, n, None if c is None else f"n{c}") for i, c, n in ROWS], key=repr
-    )
+    assert rows == sorted([(i, c, n, None if c is None else f"n{c}") for i, c, n in ROWS], key=repr)
     asked = sorted(k for _, path, _ in recorder.seen
                    for k in parse_qs(urlsplit(path).query, keep_blank_values=True)["ids"][0]
                    .split(","))  # fmt: skip

@@ -26,7 +26,8 @@ def _orders(spark: SparkSession) -> DataFrame:
     # customers 1..200 exist; ids above 200 and NULL ids find nothing
     return spark.range(0, 300, numPartitions=3).select(
         F.col("id"),
-        F.when(F.col("id") % 17 == 0, None).otherwise((F.col("id") % 230 + 1).cast("int"))
+        F.when(F.col("id") % 17 == 0, None)
+        .otherwise((F.col("id") % 230 + 1).cast("int"))
         .alias("customer_id"),
     )
 
@@ -51,9 +52,11 @@ def test_drop_and_keep_are_spark_inner_and_left_joins(
     got = wait(_orders(spark), lookup, timeout=30, output_schema="name string",
                chunk_size=chunk_size, on_empty=on_empty).collect()  # fmt: skip
     how = "left" if on_empty == "keep" else "inner"
-    joined = _orders(spark).join(
-        _customers(spark), F.col("customer_id") == F.col("cid"), how
-    ).select("id", "customer_id", "name")
+    joined = (
+        _orders(spark)
+        .join(_customers(spark), F.col("customer_id") == F.col("cid"), how)
+        .select("id", "customer_id", "name")
+    )
     want = joined.collect()
     matched = sum(1 for i in range(300) if i % 17 and i % 230 + 1 <= 200)
     assert len(want) == (300 if on_empty == "keep" else matched) and matched < 300

@@ -1,5 +1,5 @@
 """ChatLookup and EmbeddingLookup against a real OpenAI-compatible server on 127.0.0.1
-(examples/openai_service: deterministic answers, token counting, a quota with 429s)."""
+(examples/services/models.py: deterministic answers, token counting, a quota with 429s)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from asyncio_ops.connectors import (
     RateLimit,
 )
 from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
+from asyncio_ops.services.models import OpenAIServiceThread, embedding
 from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from examples.openai_service.app import OpenAIServiceThread, embedding
 from tests.spark.conftest import spark
 
 __all__ = ["spark"]

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from asyncio_ops.connectors import LookupDecodeError
 from asyncio_ops.connectors.openai import ChatLookup
+from asyncio_ops.services.models import OpenAIServiceThread, tokens
 from pyspark.sql import SparkSession
 
 from asyncio_ops import ConfigurationError
 from asyncio_ops.spark import unordered_wait
-from examples.openai_service.app import OpenAIServiceThread, tokens
 from tests.spark.conftest import spark
 
 __all__ = ["spark"]
@@ -62,7 +62,12 @@ def test_every_column_type_is_asked_for_and_typed_in_spark(spark: SparkSession) 
         assert r._error is None
         n = tokens(text)
         assert (r.label, r.flag, r.tiny, r.small, r.n, r.big) == (
-            label, label == "positive", n, n, n, n
+            label,
+            label == "positive",
+            n,
+            n,
+            n,
+            n,
         )
         assert r.ratio == pytest.approx(score) and r.score == score
         assert r.price == Decimal(str(score))
@@ -72,7 +77,9 @@ def test_every_column_type_is_asked_for_and_typed_in_spark(spark: SparkSession) 
         assert bytes(r.raw) == text.encode()[:8]
         assert r.tags == [f"tags: {label}"] * 2
         assert r.author.asDict(recursive=True) == {
-            "name": f"name: {label}", "karma": n, "badges": [f"badges: {label}"] * 2
+            "name": f"name: {label}",
+            "karma": n,
+            "badges": [f"badges: {label}"] * 2,
         }
         assert [x.asDict() for x in r.items] == [{"sku": f"sku: {label}", "qty": n}] * 2
         assert r.counts == {w: n for w in text.split()[:2]}
@@ -92,7 +99,8 @@ def test_every_column_type_is_asked_for_and_typed_in_spark(spark: SparkSession) 
     ]  # fmt: skip
     assert schema["properties"]["price"] == {"type": ["number", "null"]}
     assert schema["properties"]["author"]["properties"]["badges"] == {
-        "type": ["array", "null"], "items": {"type": ["string", "null"]}
+        "type": ["array", "null"],
+        "items": {"type": ["string", "null"]},
     }
     assert schema["properties"]["local"]["format"] == "date-time"
     assert "pattern" in schema["properties"]["local"]

@@ -26,6 +26,7 @@ from asyncio_ops.connectors import (
 )
 from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -37,7 +38,6 @@ from asyncio_ops import (
 )
 from asyncio_ops.spark import AsyncDataStream, keyed_process, ordered_wait, unordered_wait
 from asyncio_ops.state import KeyedProcessFunction
-from examples.http_service.app import ServiceThread
 from tests.spark.conftest import spark
 
 from .support import PgTables

@@ -17,12 +17,12 @@ from asyncio_ops.connectors import LookupBudgetExceeded, LookupCache, RateLimit
 from asyncio_ops.connectors.openai import ChatLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
 from asyncio_ops.connectors.redis import RedisLookup
+from asyncio_ops.services.models import OpenAIServiceThread
 from pyspark.sql import SparkSession
 
 from asyncio_ops import ConfigurationError
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
 from asyncio_ops.testing import ManualClock
-from examples.openai_service.app import OpenAIServiceThread
 from tests.spark.conftest import spark
 
 from .conftest import REDIS_URL

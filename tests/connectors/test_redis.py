@@ -188,8 +188,10 @@ def seeded(redis_url: str) -> Iterator[str]:
                 return
             async with client.pipeline(transaction=False) as pipe:
                 for i in range(1, 501):
-                    pipe.hset(f"{prefix}{i}", mapping={"name": f"user-{i}",
-                                                       "tier": "gold" if i % 5 == 0 else "basic"})
+                    pipe.hset(
+                        f"{prefix}{i}",
+                        mapping={"name": f"user-{i}", "tier": "gold" if i % 5 == 0 else "basic"},
+                    )
                 await pipe.execute()
         finally:
             await client.aclose()

@@ -1,4 +1,4 @@
-""""Slow down" never fails a job: a service that takes 8 requests a second and answers 429
+""" "Slow down" never fails a job: a service that takes 8 requests a second and answers 429
 with ``Retry-After: 1`` beyond that, a job of 120 rows with 64 in flight and no
 ``RateLimit``: every row is answered, none is an error row; each connector (HTTP, chat,
 embeddings) slows its pace to the service's and sends the refused requests again."""
@@ -15,10 +15,10 @@ from aiohttp import web
 from asyncio_ops.connectors import BaseLookup
 from asyncio_ops.connectors.http import HttpLookup
 from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
+from asyncio_ops.services.customers import ServiceThread
 from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import AsyncMetrics, unordered_wait
-from examples.http_service.app import ServiceThread
 from tests.spark.conftest import spark
 
 __all__ = ["spark"]

@@ -4,13 +4,22 @@ runs it, and again with other options in this process (tests/examples/conftest.p
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from asyncio_ops.services.customers import ServiceThread, customer
 
 from examples import enrich_http, enrich_with_llm
-from examples.http_service.app import ServiceThread, customer
 
 
 def test_service_answers_single_batch_and_errors() -> None:
@@ -40,6 +49,63 @@ def test_service_answers_single_batch_and_errors() -> None:
     assert results[4] == (200, {"items": [customer(3), customer(4)]})
     assert results[5][0] == 400
     assert results[6] == (200, {"status": "ok"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _call(url: str, body: dict[str, Any] | None, proc: subprocess.Popen[str]) -> Any:
+    """The JSON answer of ``url`` once the command's server listens (30 s at most)."""
+    data = None if body is None else json.dumps(body).encode()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, f"the command exited: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"{url} never answered"
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("module", "path", "body", "expected"),
+    [
+        ("asyncio_ops.services.customers", "/customers/7", None, customer(7)),
+        (
+            "asyncio_ops.services.models",
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "a great day"}]},
+            "positive",
+        ),
+    ],
+    ids=["customers", "models"],
+)
+def test_the_services_run_as_commands_from_any_directory(
+    tmp_path: Path, module: str, path: str, body: Any, expected: Any
+) -> None:
+    """``python -m asyncio_ops.services.<name>`` from a directory that is not the
+    repository (nothing of it on the path): the installed package holds the services."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        answer = _call(f"http://127.0.0.1:{port}{path}", body, proc)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"127.0.0.1:{port}" in out.splitlines()[0]
+    if body is None:
+        assert answer == expected
+    else:
+        assert answer["choices"][0]["message"]["content"] == expected
 
 
 def test_service_latency_is_applied() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from asyncio_ops.connectors.postgres.testing import ThrowawayPostgres, find_server_bin
+from asyncio_ops.services.customers import customer
 
 from examples import _pg, enrich_orders_postgres
-from examples.http_service.app import customer
 from tests.helpers import with_jvm_options
 
 from .conftest import Run, unavailable

@@ -136,9 +136,7 @@ def test_the_replay_log_is_read_beside_the_restore_on_a_remote_store(
     previous version carried over are read at once on S3, the replay log in a thread of
     its own; on local disk one after the other. Either way both come back whole, and a
     failure of either is the task's error."""
-    location = s3_server(f"carry-replay-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
-        tmp_path
-    )
+    location = s3_server(f"carry-replay-{uuid.uuid4().hex[:8]}") if where == "s3" else str(tmp_path)
     spec = _spec(location, True)
     assert spec.checkpoint is not None
     PartitionCheckpoint(spec, TaskInfo(0, 1, batch_id=1), RESULTS).finish(

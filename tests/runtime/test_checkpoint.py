@@ -342,8 +342,16 @@ def test_a_restore_parses_one_frame_at_a_time_and_applies_it_before_the_next(
     apply_chains(s, chains, lambda sec, where: events.append(
         f"apply {sec.tag} {sec.table.column('v').to_pylist()[0]}"))  # fmt: skip
     assert events == [
-        "parse 3", "apply 3 v3", "parse 9", "apply 9 v9", "parse 70", "apply 70 v70",
-        "parse 3", "apply 3 d3", "parse 70", "apply 70 d70",
+        "parse 3",
+        "apply 3 v3",
+        "parse 9",
+        "apply 9 v9",
+        "parse 70",
+        "apply 70 v70",
+        "parse 3",
+        "apply 3 d3",
+        "parse 70",
+        "apply 70 d70",
     ]
     lost = {**chains, 9: (*chains[9], (2, chains[3][1][1], *chains[3][1][2:]))}
     with pytest.raises(CorruptCheckpointError, match=r"from0+1\.ckpt lacks key group 9 "):

@@ -1074,7 +1074,9 @@ def test_timers_travel_with_the_parked_database(
         workers.use(1)
         got = run(1, [(3, 130.0)])
         assert sorted((r["k"], r["fired"], r["total"]) for r in got) == [
-            (1, 110.0, 2), (1, 111.0, 2), (2, 110.0, 1)
+            (1, 110.0, 2),
+            (1, 111.0, 2),
+            (2, 110.0, 1),
         ]
     finally:
         workers.close()

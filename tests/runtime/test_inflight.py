@@ -83,9 +83,9 @@ def test_an_output_that_the_schema_cannot_hold_names_the_value() -> None:
                          deadlines=True)  # fmt: skip
 
 
-def _split(sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt") -> list[
-    tuple[str, Section]
-]:
+def _split(
+    sections: dict[int, Section], name: str = "/ck/kg-p00000-a.ckpt"
+) -> list[tuple[str, Section]]:
     """``(file, section)`` per key group, as earlier releases wrote them (a section per
     key group), from the one section: its rows grouped by key group (a stable sort)."""
     (shared,) = {id(s): s for s in sections.values()}.values()

@@ -371,9 +371,7 @@ def test_every_partitions_function_state_is_read_at_once_on_a_remote_store(
     previous version, in partition order: on S3 the files are read at once, in threads
     of their own beside the restore of the previous version's elements; on local disk
     one after the other."""
-    location = s3_server(f"fnstate-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
-        tmp_path
-    )
+    location = s3_server(f"fnstate-{uuid.uuid4().hex[:8]}") if where == "s3" else str(tmp_path)
     storage = CheckpointStorage(location, "op")
     for p in range(3):  # micro-batch 0: three workers, each its own function
         spec = spec_for(Memo(), None, checkpoint=storage)  # a token of its own
@@ -568,9 +566,7 @@ def test_the_async_operators_retention_runs_beside_its_task_on_a_remote_store(
     ``retain_versions``: on S3 in a thread of its own, started once its task has restored,
     beside the task; on local disk in line at its end. Either way exactly the newest
     ``retain_versions`` versions stay, and every row comes out."""
-    location = s3_server(f"async-retain-{uuid.uuid4().hex[:8]}") if where == "s3" else str(
-        tmp_path
-    )
+    location = s3_server(f"async-retain-{uuid.uuid4().hex[:8]}") if where == "s3" else str(tmp_path)
     storage = CheckpointStorage(location, "op")
     spec = spec_for(Lookup(), None, checkpoint=storage, retain_versions=3)
     seen = retention_threads(storage, monkeypatch)

@@ -224,7 +224,9 @@ def test_typed_state_is_seeded_checked_and_read_back_as_its_type(
     df = read_state(spark, str(tmp_path / "state"), uid="last", state="last")
     assert df.schema["value"].dataType.simpleString() == "struct<n:bigint,tags:array<string>>"
     assert sorted((r.k, r.value.n, list(r.value.tags)) for r in df.collect()) == [
-        (1, 11, ["t1", "x"]), (2, 20, ["t2"]), (3, 31, ["t3", "y"])
+        (1, 11, ["t1", "x"]),
+        (2, 20, ["t2"]),
+        (3, 31, ["t3", "y"]),
     ]
     chars = read_state(spark, str(tmp_path / "state"), uid="last", state="chars")
     assert chars.schema["value"].dataType.simpleString() == "bigint"  # typed reducing

@@ -43,8 +43,10 @@ def _run(
     """Everything in ``tmp/query/src`` through a streaming count per id (its own Spark
     checkpoint ``tmp/query/spark``, state under ``tmp/state``), once; the (id, n) rows
     it wrote in this run."""
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(
-        str(tmp / query / "src")
+    stream = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp / query / "src"))
     )
     out = keyed_process(stream, fn, key="id", output_schema="id long, n long",
                         checkpoint_location=str(tmp / "state"), num_partitions=2,

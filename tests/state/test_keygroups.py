@@ -63,9 +63,7 @@ keys = st.recursive(
         st.datetimes(),
         # an aware datetime in a DST gap or fold never equals another zone's datetime in
         # Python (PEP 495), not even its own instant in UTC, which is what it encodes as
-        st.datetimes(timezones=st.timezones()).filter(
-            lambda d: d == d.astimezone(dt.UTC)
-        ),
+        st.datetimes(timezones=st.timezones()).filter(lambda d: d == d.astimezone(dt.UTC)),
         st.decimals(allow_nan=False, allow_infinity=False),
     ),
     lambda inner: st.lists(inner, max_size=4).map(tuple),

@@ -19,7 +19,7 @@ stops growing and the latency grows instead:
 - ``POST /customers/batch`` with ``{"ids": [1, 2, 3]}`` -> ``{"items": [...]}``.
 - ``GET /healthz`` -> ``{"status": "ok"}`` (no latency).
 
-Run: ``python app.py --port 8080 --latency-ms 20`` (or the environment
+Run: ``python -m asyncio_ops.services.customers --port 8080 --latency-ms 20`` (or the environment
 variables ``PORT``, ``LATENCY_MS``, ``JITTER_MS``, ``CUSTOMERS``,
 ``MAX_CONCURRENT``). In a
 program: :class:`ServiceThread` serves on a free local port from a
@@ -65,7 +65,8 @@ def customer(customer_id: int) -> dict[str, Any]:
 CUSTOMERS_KEY: Final = web.AppKey("customers", int)
 LATENCY_KEY: Final = web.AppKey("latency", float)
 JITTER_KEY: Final = web.AppKey("jitter", float)
-WORKERS_KEY: Final = web.AppKey("workers", asyncio.Semaphore | None)
+# a saturating service's workers; absent: requests never queue
+WORKERS_KEY: Final = web.AppKey("workers", asyncio.Semaphore)
 
 
 async def _wait(app: web.Application) -> None:
@@ -75,7 +76,7 @@ async def _wait(app: web.Application) -> None:
         delay += random.uniform(0.0, jitter)
     if delay <= 0:
         return
-    workers = app[WORKERS_KEY]
+    workers = app.get(WORKERS_KEY)
     if workers is None:
         await asyncio.sleep(delay)
         return
@@ -150,7 +151,8 @@ def make_app(
     app[LATENCY_KEY] = latency
     app[JITTER_KEY] = jitter
     # asyncio's Semaphore wakes waiters in arrival order: a FIFO queue of requests
-    app[WORKERS_KEY] = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+    if max_concurrent:
+        app[WORKERS_KEY] = asyncio.Semaphore(max_concurrent)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/customers", get_customers)
     app.router.add_post("/customers/batch", post_batch)
@@ -240,7 +242,9 @@ class ServiceThread:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m asyncio_ops.services.customers", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     parser.add_argument(

@@ -31,7 +31,7 @@ against it unchanged), deterministic answers, token counting and a quota:
   request served or refused ``(monotonic time, model, status)``, and
   ``bodies``: every chat request's JSON body.
 
-Run: ``python -m examples.openai_service.app --port 8090`` (``--rpm``,
+Run: ``python -m asyncio_ops.services.models --port 8090`` (``--rpm``,
 ``--tpm``, ``--api-key``); in a program :class:`OpenAIServiceThread`.
 """
 
@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from examples.http_service.app import ServiceThread
+from .customers import ServiceThread
 
 POSITIVE: Final = frozenset({"good", "great", "love", "excellent"})
 STATS: Final = web.AppKey("stats", dict)
@@ -88,7 +88,7 @@ def _take(app: web.Application, cost: int) -> float:
             waits.append((amount - level) / rate)
     quota["at"] = now
     if waits:
-        return max(waits)
+        return float(max(waits))
     for name, amount in (("requests", 1), ("tokens", cost)):
         if quota[f"{name}_per_minute"]:
             quota[name] -= amount
@@ -131,9 +131,11 @@ def conforming(schema: Any, text: str, name: str = "") -> Any:
         if isinstance(properties, dict):
             return {key: conforming(sub, text, key) for key, sub in properties.items()}
         values = schema.get("additionalProperties")
-        return {w: conforming(values, text, w) for w in text.lower().split()[:2]} if isinstance(
-            values, dict
-        ) else {}
+        return (
+            {w: conforming(values, text, w) for w in text.lower().split()[:2]}
+            if isinstance(values, dict)
+            else {}
+        )
     if kind == "array":
         return [conforming(schema.get("items") or {}, text, name) for _ in range(2)]
     if kind == "string":
@@ -161,8 +163,9 @@ async def chat(request: web.Request) -> web.Response:
     request.app[STATS]["bodies"].append(body)
     messages = body.get("messages") or []
     prompt = sum(tokens(str(m.get("content", ""))) for m in messages)
-    refused = await _guard(request, prompt + int(body.get("max_tokens") or 16),
-                           str(body.get("model")))
+    refused = await _guard(
+        request, prompt + int(body.get("max_tokens") or 16), str(body.get("model"))
+    )
     if refused is not None:
         return refused
     text = str(messages[-1].get("content", "")) if messages else ""
@@ -214,8 +217,7 @@ def make_app(
     """``burst_seconds``: how many seconds of the quota may go at once (a minute's by
     default, as per-minute quotas allow)."""
     app = web.Application()
-    app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": [], "log": [],
-                  "bodies": []}
+    app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": [], "log": [], "bodies": []}
     app[QUOTA] = {"requests_per_minute": requests_per_minute,
                   "requests": requests_per_minute * burst_seconds / 60,
                   "tokens_per_minute": tokens_per_minute,
@@ -244,16 +246,23 @@ class OpenAIServiceThread(ServiceThread):
         self.stats: dict[str, Any] = self._app[STATS]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m asyncio_ops.services.models", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--rpm", type=int, default=0, help="requests per minute (0: no quota)")
     p.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no quota)")
     p.add_argument("--api-key", default="", help="require this bearer token")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    print(
+        f"model service on {args.host}:{args.port}: base URL http://{args.host}:{args.port}/v1",
+        flush=True,
+    )
     web.run_app(make_app(requests_per_minute=args.rpm, tokens_per_minute=args.tpm,
-                         api_key=args.api_key), host=args.host, port=args.port)  # fmt: skip
+                         api_key=args.api_key), host=args.host, port=args.port,
+                access_log=None, print=None)  # fmt: skip
 
 
 if __name__ == "__main__":

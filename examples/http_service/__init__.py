@@ -1,1 +1,0 @@
-"""The small HTTP customer lookup service used by the HTTP examples and benchmark."""
