@@ -17,6 +17,8 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
     <uid>/v<version>/fnstate-p<i>.ckpt  the function's own state (e.g. a lookup cache)
     <uid>/run-<id>/...                  the same files for one run of a batch job; the id
                                         starts with a sequence that orders the runs
+    <uid>/lease-<from>-<until>-<id>     an empty file: a reader's lease on the versions
+                                        from <from> on (asyncio_ops._runtime._leases)
 
 Streaming queries use their micro-batch ids as versions; a batch job writes
 one ``run-<id>`` directory per action (see ``docs/spark.md``).
@@ -442,12 +444,35 @@ class CheckpointStorage:
 
     def versions(self) -> list[int]:
         """The streaming (int) versions present, ascending."""
-        found = []
+        return self.root_listing()[0]
+
+    def root_listing(self) -> tuple[list[int], list[str]]:
+        """From one listing of the operator's directory: the streaming versions present
+        (ascending) and the names of the files beside them (sorted; e.g. the leases of
+        ``asyncio_ops._runtime._leases``)."""
+        found, files = [], []
         for info in self._entries(self.root):
-            m = _VERSION_DIR.match(info.base_name)
-            if m and info.type == pafs.FileType.Directory:
+            if info.type == pafs.FileType.File:
+                files.append(info.base_name)
+            elif (m := _VERSION_DIR.match(info.base_name)) and info.type == pafs.FileType.Directory:
                 found.append(int(m.group(1)))
-        return sorted(found)
+        return sorted(found), sorted(files)
+
+    def write_marker(self, name: str) -> None:
+        """Write the empty file ``<operator dir>/<name>``: its name is all it says."""
+        path = f"{self.root}/{name}"
+        try:
+            if not self.object_store:
+                self.fs.create_dir(self.root, recursive=True)
+            with self.fs.open_output_stream(path) as out:
+                out.write(b"")
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointError(f"cannot write {self.describe(path)}: {exc}") from exc
+
+    def delete_marker(self, name: str) -> None:
+        """Delete ``<operator dir>/<name>`` if it is there."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(f"{self.root}/{name}")
 
     def other_uids(self) -> list[str]:
         """The other operators' ids under this location (its directories but this one's),

@@ -10,7 +10,9 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_adapters``: the user's function as the operator sees it (rows, chunks, Arrow);
 - ``_feed``: rows into operator elements, event time and watermarks, replay;
 - ``_sink``: output rows and batches into Arrow batches of the output schema;
-- ``_versions``: one streaming version's files (key-group chains, manifests) and retention;
+- ``_versions``: one streaming version's files (key-group chains, manifests);
+- ``_retention``: which versions partition 0 deletes once it has written one;
+- ``_leases``: what keeps the versions a reader reads from retention;
 - ``_claim``: whose state a version is (the query that wrote it, the uid that claims it);
 - ``_replay_log``: the lookups a task attempt completed, for its retry;
 - ``_checkpointing``: what a partition of the async operator writes and restores;
@@ -34,6 +36,7 @@ from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
 from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, required_watermark, run_keyed_process
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
+from ._leases import hold_versions, lease_expired_note
 from ._metrics import RunMetrics
 from ._partition import run_partition
 from ._replay_log import read_segment, segment_of
@@ -92,6 +95,8 @@ __all__ = [
     "carried_format",
     "check_restore",
     "clear_seed",
+    "hold_versions",
+    "lease_expired_note",
     "micros",
     "named_version",
     "open_run",

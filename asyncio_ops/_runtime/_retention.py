@@ -11,10 +11,12 @@ attempts the least is kept, so a failed attempt that restarted a chain never
 hides what the manifest in force names; a partition whose files do not say,
 from earlier releases, has its manifest read). ``keyed_process`` records in
 partition 0's manifest the version before which every version is deleted
-(``KEPT_FROM``), and deletes from the one its previous manifest records, so
-the versions are listed only when no manifest says (the first time). The
-async operator's versions hold their elements whole: it keeps exactly the
-newest ``retain_versions``.
+(``KEPT_FROM``): while the oldest version to keep is not past the one its
+previous manifest records, there is nothing to delete and nothing is listed.
+The async operator's versions hold their elements whole: it keeps exactly the
+newest ``retain_versions``. Before deleting, one listing of the operator's
+directory gives the versions present and the readers' leases
+(``asyncio_ops._runtime._leases``): no version a lease holds is deleted.
 
 A ``keyed_process`` version older than the newest ``retain_versions`` stays
 only for the files its successors' chains name: it is never restored again,
@@ -50,6 +52,7 @@ from typing import Final
 
 from .._checkpoint import CheckpointStorage
 from .._container import Kind
+from ._leases import held_from
 from ._versions import concurrently, manifest_name
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -58,12 +61,27 @@ log = logging.getLogger("asyncio_ops.runtime")
 KEPT_FROM: Final = b"aops.kept_from"
 
 
-def _keep_from(storage: CheckpointStorage, version: int, retain: int, chained: bool) -> int:
-    """The oldest version to keep once ``version`` is written: of the newest ``retain``,
-    the oldest, or (``chained``: ``keyed_process``, whose chains may name earlier
-    versions) the oldest their chains name; the async operator's versions hold their
-    elements whole."""
-    return retained_from(storage, version, retain) if chained else version - retain + 1
+def _plan(
+    storage: CheckpointStorage, version: int, retain: int, chained: bool,
+    deleted_before: int | None,
+) -> tuple[int, list[int] | None]:  # fmt: skip
+    """The oldest version to keep once ``version`` is written, and the versions present
+    if they were listed (None: nothing to delete, nothing listed). Of the newest
+    ``retain``, the oldest, or (``chained``: ``keyed_process``, whose chains may name
+    earlier versions) the oldest their chains name; the async operator's versions hold
+    their elements whole. When that would delete a version, one listing of the operator's
+    directory gives the versions and the readers' leases (``_leases``): none at or after
+    a lease's first version is deleted."""
+    keep = retained_from(storage, version, retain) if chained else version - retain + 1
+    if keep <= 0 or (deleted_before is not None and keep <= deleted_before):
+        return keep, None
+    present, files = storage.root_listing()
+    held = held_from(storage, files)
+    if held is not None and held < keep:
+        log.info("retention of %s keeps versions from %s on: a reader's lease holds them "
+                 "(else from %s)", storage.describe(storage.root), held, keep)  # fmt: skip
+        keep = held if deleted_before is None else max(held, deleted_before)
+    return keep, present
 
 
 class Retention:
@@ -96,7 +114,7 @@ class Retention:
         self._chained = chained
         self._deleted_before = deleted_before
         self._ended = False
-        self._listed: Future[int] = Future()
+        self._listed: Future[tuple[int, list[int] | None]] = Future()
         self._done: Future[None] | None = None
         if storage.remote:
             pool = ThreadPoolExecutor(1, thread_name_prefix="aops-retention")
@@ -105,21 +123,23 @@ class Retention:
 
     def _run(self) -> None:
         try:
-            keep_from = _keep_from(self._storage, self._version, self._retain, self._chained)
+            plan = self._plan()
         except BaseException as exc:  # keep_from() raises it
             self._listed.set_exception(exc)
             return
-        self._listed.set_result(keep_from)
-        delete_before(self._storage, keep_from, self._deleted_before)
+        self._listed.set_result(plan)
+        delete_before(self._storage, *plan)
+
+    def _plan(self) -> tuple[int, list[int] | None]:
+        return _plan(self._storage, self._version, self._retain, self._chained,
+                     self._deleted_before)  # fmt: skip
 
     def keep_from(self) -> int:
         """The oldest version kept once ``version`` is written (the listing's error if it
         failed)."""
         if self._done is None and not self._listed.done():  # in line: listed once
-            self._listed.set_result(
-                _keep_from(self._storage, self._version, self._retain, self._chained)
-            )
-        return self._listed.result()
+            self._listed.set_result(self._plan())
+        return self._listed.result()[0]
 
     def join(self) -> None:
         """Wait for the deletion (remote) or delete (elsewhere); its error, if any."""
@@ -128,7 +148,8 @@ class Retention:
             self._listed.result()
             self._done.result()
         else:
-            delete_before(self._storage, self.keep_from(), self._deleted_before)
+            self.keep_from()
+            delete_before(self._storage, *self._listed.result())
 
     def abandon(self) -> None:
         """The task ends: if it failed before ``join()``, wait for the thread, if any
@@ -158,18 +179,11 @@ def retained_from(storage: CheckpointStorage, version: int, retain: int) -> int:
     return _oldest_named(storage, oldest) if oldest > 0 else 0
 
 
-def delete_before(
-    storage: CheckpointStorage, keep_from: int, deleted_before: int | None = None
-) -> None:
-    """Delete the versions older than ``keep_from``: those listed, or, when the versions
-    before ``deleted_before`` are known gone (partition 0's manifest before says so,
-    ``KEPT_FROM``), those from it on, without listing."""
-    if keep_from <= 0:
-        return
-    if deleted_before is None:
-        storage.delete_versions([v for v in storage.versions() if v < keep_from])
-    else:
-        storage.delete_versions(range(deleted_before, keep_from))
+def delete_before(storage: CheckpointStorage, keep_from: int, present: list[int] | None) -> None:
+    """Delete the versions older than ``keep_from`` among ``present`` (as
+    :func:`_plan` listed them; None: nothing to delete)."""
+    if present is not None:
+        storage.delete_versions([v for v in present if v < keep_from])
 
 
 _FLOOR_NAME: Final = re.compile(r"^kg-p(\d+)-.+-from(\d+)\.ckpt$")

@@ -83,6 +83,7 @@ from .._runtime import (
     VersionFiles,
     carried_elements,
     carried_format,
+    lease_expired_note,
     micros,
     read_segment,
     required_watermark,
@@ -152,8 +153,12 @@ def _carried_schema(written: CarriedFormat) -> StructType:
     )
 
 
-def read_carried(spark: SparkSession, found: VersionFiles, where: str) -> DataFrame:
-    """The elements the async operator carried over at ``found`` (module docstring)."""
+def read_carried(
+    spark: SparkSession, found: VersionFiles, where: str, until: int | None = None
+) -> DataFrame:
+    """The elements the async operator carried over at ``found`` (module docstring);
+    ``until``: the end of the read's lease (ms since the epoch), named by a task that
+    finds a file gone after it."""
     try:  # on the driver: a task finds what the manifests promise
         found.check_operator(ASYNC_WAIT)
         written = carried_format(found)
@@ -169,7 +174,13 @@ def read_carried(spark: SparkSession, found: VersionFiles, where: str) -> DataFr
     def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for partition in batch.column(0).to_pylist():
-                yield _elements_batch(carried_elements(found, partition, written), arrow_schema)
+                try:
+                    elements = carried_elements(found, partition, written)
+                except CheckpointError as exc:
+                    if note := lease_expired_note(until):
+                        raise CheckpointError(f"{exc}{note}") from exc
+                    raise
+                yield _elements_batch(elements, arrow_schema)
 
     units = [(i,) for i in range(found.num_partitions)]
     return _spread(spark, units, "partition int").mapInArrow(emit, schema)

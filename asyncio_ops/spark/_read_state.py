@@ -91,6 +91,8 @@ from .._runtime import (
     StateTypes,
     VersionFiles,
     all_chains,
+    hold_versions,
+    lease_expired_note,
     named_version,
     open_run,
     open_version,
@@ -135,6 +137,7 @@ def read_state(
     to_version: int | None = None,
     watermarks: bool = False,
     replay_log: bool = False,
+    lease: float = 3600.0,
 ) -> DataFrame:
     """The keyed state (or, with ``timers=True``, the timers) of the ``keyed_process``
     operator ``uid`` under ``checkpoint_location`` at ``version`` (default: the newest
@@ -148,7 +151,10 @@ def read_state(
     the elements it carried over, one row each; ``watermarks=True`` every old
     partition's watermark state (either operator); ``replay_log=True`` the replay log
     of ``version`` (an int, or a batch run's name; default: the newest run). See
-    ``_read_async_state``."""
+    ``_read_async_state``.
+
+    ``lease``: for how many seconds a running query's retention keeps the versions
+    this DataFrame reads (0: no lease); see the module docstring."""
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
     _errors.install()
@@ -195,12 +201,27 @@ def read_state(
         raise ConfigurationError("from_version= and to_version= need changes=True")
     if state is not None and not isinstance(state, str):
         raise ConfigurationError(f"state must be a state name (str) or None, got {state!r}")
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease >= 0:
+        raise ConfigurationError(f"lease must be seconds >= 0 (0: none), got {lease!r}")
     storage = CheckpointStorage(checkpoint_location, uid)
     if replay_log:
         run = open_run(storage, version)
         return read_replay_log(spark, storage, run, named_version(storage, run))
     assert not isinstance(version, str)
-    found = open_version(storage, to_version if changes else version)
+    wanted = to_version if changes else version
+
+    def pin() -> tuple[VersionFiles, VersionFiles | None]:
+        found = open_version(storage, wanted)
+        if not changes:
+            return found, None
+        assert from_version is not None and isinstance(found.version, int)
+        if from_version > found.version:
+            raise ConfigurationError(
+                f"from_version ({from_version}) is after the newest version ({found.version})"
+            )
+        return found, open_version(storage, from_version)
+
+    (found, old), until = hold_versions(storage, lease, pin, _needs, newest=wanted is None)
     where = named_version(storage, found.version)
     if watermarks:
         return read_watermarks(spark, found, where)
@@ -212,17 +233,12 @@ def read_state(
                 f"which keeps no keyed state: {given} reads keyed_process's; without it, "
                 "read_state gives the elements it carried over"
             )
-        return read_carried(spark, found, where)
+        return read_carried(spark, found, where, until)
     found.check_operator(KEYED_PROCESS)
     chains = all_chains(found)
     before: dict[int, Chain] = {}
     if changes:
-        assert from_version is not None
-        if from_version > found.version:  # type: ignore[operator]
-            raise ConfigurationError(
-                f"from_version ({from_version}) is after the newest version ({found.version})"
-            )
-        old = open_version(storage, from_version)
+        assert old is not None
         old.check_operator(KEYED_PROCESS)
         before = all_chains(old)
     key_fields = _key_fields(found)
@@ -262,12 +278,31 @@ def read_state(
                     kgs, batch.column(i).to_pylist(), strict=True)}
                 for i in (1, 2)
             )  # fmt: skip
-            yield from state_rows(
-                storage, mine, old if changes else None, key_names, typed, arrow_schema, state,
-                timers, types,
-            )  # fmt: skip
+            try:
+                yield from state_rows(
+                    storage, mine, old if changes else None, key_names, typed, arrow_schema,
+                    state, timers, types,
+                )  # fmt: skip
+            except CheckpointError as exc:
+                if note := lease_expired_note(until):
+                    raise CheckpointError(f"{exc}{note}") from exc
+                raise
 
     return groups.mapInArrow(emit, schema)
+
+
+def _needs(pinned: tuple[VersionFiles, VersionFiles | None]) -> set[int]:
+    """The versions whose files a read of ``pinned`` reads: each one's own, and those
+    its key groups' chains name (``keyed_process``)."""
+    out: set[int] = set()
+    for found in pinned:
+        if found is None:
+            continue
+        assert isinstance(found.version, int)
+        out.add(found.version)
+        if found.written_by() == KEYED_PROCESS:
+            out.update(link[0] for chain in all_chains(found).values() for link in chain)
+    return out
 
 
 def _typed_columns(kind: str, value: str, key: str | None) -> list[StructField]:

@@ -513,6 +513,84 @@ def test_retention_finds_the_oldest_version_chains_name_in_file_names(
     assert reads == ["subtask-00001.ckpt"] and s.versions() == [4, 5, 6]
 
 
+def test_retention_keeps_what_a_readers_lease_holds_until_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease (an empty file ``lease-<from>-<until>-<id>`` beside the versions) keeps
+    every version from its first on while it lasts; once it has ended, or if it claims
+    to end further ahead than any reader takes one, retention deletes it and what it
+    held. Time is the leases' clock, set by the test."""
+    from asyncio_ops._runtime import _leases
+    from asyncio_ops._runtime._retention import Retention
+    from asyncio_ops._runtime._versions import write_version
+
+    now = [1_800_000_000_000]
+    monkeypatch.setattr(_leases, "_now_ms", lambda: now[0])
+    s = CheckpointStorage(str(tmp_path), "op")
+    for v in range(6):  # a full section every version: each version's chains name itself
+        write_version(s, v, 0, 1, True, {1: _kg(1, f"f{v}")}, [], {}, writer=f"w{v}")
+    lease = _leases.take(s, 1, 60)
+    assert lease is not None and lease[1] == now[0] + 60_000
+    forged = _leases.lease_name(0, now[0] + int(_leases.LONGEST * 1000) + 1)
+    s.write_marker(forged)
+    Retention(s, 5, 2, None).join()  # keeps 4 and 5, and 1 on for the lease
+    assert s.versions() == [1, 2, 3, 4, 5]
+    assert s.root_listing()[1] == [lease[0]]  # the forged one is gone
+    now[0] += 59_000
+    Retention(s, 5, 2, None).join()
+    assert s.versions() == [1, 2, 3, 4, 5]
+    now[0] += 1_000  # the lease has ended
+    Retention(s, 5, 2, None).join()
+    assert s.versions() == [4, 5] and s.root_listing()[1] == []
+    assert "read_state's lease on these versions ended at" in _leases.lease_expired_note(lease[1])
+    assert _leases.lease_expired_note(now[0] + 1) == ""
+
+
+def test_a_reader_names_the_versions_deleted_before_it_could_lease_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``hold_versions`` leases what a read needs once it has pinned it; a version it
+    needs that is gone by then (a retention that listed the leases before the reader's
+    first) is a CheckpointError naming it, or, when the read asked for the newest
+    version, one more pinning, logged. Nothing of the leases stays behind an error."""
+    from asyncio_ops._runtime._leases import hold_versions
+    from asyncio_ops._runtime._versions import write_version
+
+    s = CheckpointStorage(str(tmp_path), "op")
+    for v in range(3):
+        write_version(s, v, 0, 1, True, {1: _kg(1, f"f{v}")}, [], {}, writer=f"w{v}")
+    pinned: list[int] = []
+
+    def pin() -> int:  # a retention deletes version 0 while the first pin reads manifests
+        if not pinned:
+            s.delete_versions([0])
+        pinned.append(max(s.versions()))
+        return pinned[-1]
+
+    with pytest.raises(CheckpointError, match=r"no longer holds version\(s\) \[0\]"):
+        hold_versions(s, 60, pin, lambda v: {0, v}, newest=False)
+    assert s.root_listing()[1] == []
+    pinned.clear()
+    write_version(s, 0, 0, 1, True, {1: _kg(1, "f0")}, [], {}, writer="again")
+    with caplog.at_level("WARNING", logger="asyncio_ops.runtime"):
+        found, until = hold_versions(s, 60, pin, lambda v: {v}, newest=True)
+    assert found == 2 and until is not None and caplog.text == ""  # nothing gone: no retry
+    (lease,) = s.root_listing()[1]
+    assert lease.startswith("lease-0000000002-")
+    s.delete_marker(lease)
+    calls: list[int] = []
+
+    def needs(v: int) -> set[int]:  # the first pin needs a version deleted meanwhile
+        calls.append(v)
+        return {1, v} if len(calls) > 1 else {0, v}
+
+    s.delete_versions([0])
+    with caplog.at_level("WARNING", logger="asyncio_ops.runtime"):
+        found, _ = hold_versions(s, 60, pin, needs, newest=True)
+    assert found == 2 and "lost version(s) [0] while pinned" in caplog.text
+    assert [n[:17] for n in s.root_listing()[1]] == ["lease-0000000001-"]
+
+
 # -- signed files (a key in ASYNCIO_OPS_STATE_SIGNING_KEY) -----------------------------------
 
 

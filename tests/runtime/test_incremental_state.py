@@ -784,8 +784,9 @@ def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_m
     retained version's chains name: it lists the oldest retained version (whose
     key-group files' names say the oldest version their chains name), reads no other
     partition's manifest at any number of partitions, and deletes from where its
-    manifest before says the deleted versions end. Counted from the server's log,
-    partition 0 kept warm: at most 10 requests."""
+    manifest before says the deleted versions end. Before it deletes, one listing of the
+    operator's directory gives the versions and the readers' leases. Counted from the
+    server's log, partition 0 kept warm: at most 11 requests."""
     spec = _s3_spec(s3_server, f"retain-{parts}", interval=2)
     storage = spec.checkpoint
     assert storage is not None
@@ -802,13 +803,14 @@ def test_partition_0s_retention_on_s3_lists_the_oldest_retained_version_and_no_m
                     made, raw = _requests(s3_server), list(s3_server.requests)
         # retained: 5, 6, 7; and 4, where chains of 5 start (a full every 2 versions)
         assert storage.versions() == [4, 5, 6, 7]
-        # its manifest of 6 (HEAD, GET), its two PUTs, one listing of version 5; pyarrow's
+        # its manifest of 6 (HEAD, GET), its two PUTs, one listing of version 5; as it
+        # deletes, one listing of the operator's directory (versions and leases); pyarrow's
         # deletion of version 3 (HEAD, LIST, POST of the objects, DELETE and PUT of
-        # directory markers): 10. The versions are not listed: partition 0's manifest of 6
-        # says every version before 3 is gone.
+        # directory markers): 11. No manifest of another partition is read.
+        root = storage.root.split("/", 1)[1]
         lists = [r.split("prefix=")[1].split(" ")[0] for r in raw if "list-type=2" in r]
-        assert sorted(lists) == [f"{storage.root.split('/', 1)[1]}/v{v:010d}/" for v in (3, 5)]
-        assert len(made) <= 10 and made.count("GET subtask") == 1, made  # its own manifest
+        assert sorted(lists) == [f"{root}/", *(f"{root}/v{v:010d}/" for v in (3, 5))]
+        assert len(made) <= 11 and made.count("GET subtask") == 1, made  # its own manifest
     finally:
         workers.close()
 

@@ -235,3 +235,55 @@ def test_a_checkpoint_without_key_columns_gives_the_key_as_json(
     got = read_state(spark, str(tmp_path), uid="old", state="count").collect()
     assert sorted((r.key, r.value) for r in got) == [('["a", 1]', "1"), ('["b", 1]', "1")]
     assert read_state(spark, str(tmp_path), uid="old").columns[:2] == ["key", "key_group"]
+
+
+def test_a_read_of_a_running_query_keeps_its_versions_from_retention(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``read_state`` pins a version when it is called and reads it when an action runs;
+    meanwhile the query goes on and its retention would delete the pinned version's
+    files. The read's lease keeps them: the DataFrame gives the state as it was at the
+    pinned version, however many versions later. Without a lease (``lease=0``) the read
+    fails, naming the file gone. The query here is the partition runner, version after
+    version, partition 0's retention keeping 2 (full snapshots every 2)."""
+    import pyarrow as pa
+
+    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._keygroups import assign_to_key_group
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime._keyed_partition import run_keyed_process
+
+    storage = CheckpointStorage(str(tmp_path), "running")
+    spec = KeyedProcessSpec(
+        function=Track(), key_columns=("user", "shard"), num_partitions=1, checkpoint=storage,
+        output_schema=pa.schema([("user", pa.string()), ("v", pa.int64())]),
+        retain_versions=2, full_snapshot_interval=2,
+    )  # fmt: skip
+    files = _events() * 3
+
+    def batch(version: int) -> None:
+        rows = [
+            {"user": u, "shard": s, "v": v, "ts": ts,
+             KEY_GROUP_COLUMN: assign_to_key_group((u, s), spec.max_parallelism)}
+            for u, s, v, ts in files[version]
+        ]  # fmt: skip
+        task = TaskInfo(partition_id=0, num_partitions=1, batch_id=version)
+        list(run_keyed_process(spec, [pa.RecordBatch.from_pylist(rows)], task))
+
+    def rows(df: Any) -> set[Any]:  # the key as JSON: this spec records no key columns
+        return {(*json.loads(r.key), r.state, r.kind, r.map_key, r.list_index, r.value)
+                for r in df.collect()}  # fmt: skip
+
+    for version in range(3):
+        batch(version)
+    unleased = read_state(spark, str(tmp_path), uid="running", lease=0)  # version 2
+    for version in range(3, 6):
+        batch(version)
+    with pytest.raises(Exception, match=r"checkpoint file .*v000000000[0-2]/kg-.* is missing"):
+        unleased.collect()
+    leased = read_state(spark, str(tmp_path), uid="running")  # version 5, by default
+    for version in range(6, 10):
+        batch(version)
+    assert storage.versions()[0] <= 5 < storage.versions()[-1] == 9  # kept for the lease
+    assert rows(leased) == _model(files, 5)[0]
+    assert rows(read_state(spark, str(tmp_path), uid="running")) == _model(files, 9)[0]
