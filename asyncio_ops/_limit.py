@@ -57,16 +57,26 @@ startup, which ends at once when that round's latency already breaks the guard.
 The limit stays within ``[minimum, maximum]``. Nothing here reads a clock: the
 caller passes ``now`` (the operator's clock, so a ``ManualClock`` drives it in
 tests), and nothing here awaits.
+
+What it did is visible: :attr:`AdaptiveLimit.low` and :attr:`AdaptiveLimit.high`
+are the lowest and highest limit it has had, :attr:`AdaptiveLimit.cuts` the
+number of cuts; one INFO line (logger ``asyncio_ops.limit``, naming
+:attr:`AdaptiveLimit.name`) says where startup settled, and one the first cut of
+a series (the first after a round without one), with its cause; the cuts after
+it in the series are DEBUG lines.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from typing import Final, Protocol, runtime_checkable
 
 from ._exceptions import ConfigurationError
 from .options import positive_int
+
+log = logging.getLogger("asyncio_ops.limit")
 
 DEFAULT_MAX_CAPACITY: Final = 1024
 """The default bound of an adaptive limit (and the queue size it needs)."""
@@ -106,8 +116,8 @@ class AdaptiveLimit:
         "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
         "_completions", "_cut_in_round", "_down_next", "_errors", "_floors", "_held",
         "_held_completions", "_held_errors", "_latencies", "_max_in_flight", "_min_latency",
-        "_probe", "_rounds_held", "_started", "_startup", "_transition", "changes", "limit",
-        "maximum", "minimum", "rounds",
+        "_probe", "_rounds_held", "_started", "_startup", "_transition", "changes", "cuts",
+        "high", "limit", "low", "maximum", "minimum", "name", "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +130,9 @@ class AdaptiveLimit:
         self.limit = min(max(positive_int(initial, "initial limit"), self.minimum), self.maximum)
         self.rounds = 0
         self.changes = 0
+        self.cuts = 0
+        self.low = self.high = self.limit  # the range it has been in
+        self.name = "capacity"  # who it is in its log lines (the runtime names the partition)
         self._startup = True
         self._best_rate = 0.0
         self._best_limit = self.limit
@@ -162,7 +175,7 @@ class AdaptiveLimit:
                 if self._probe > 1 and not self._cut_in_round:
                     self._failed_probe()  # the probe up did it: back to the held limit
                 else:
-                    self._cut()
+                    self._cut("the share of error answers rose with it")
         else:
             self._latencies.append(latency)
         if in_flight > self._max_in_flight:
@@ -182,7 +195,7 @@ class AdaptiveLimit:
         floor = self._min_latency if self._min_latency < math.inf else MAX_ROUND / 2
         if started is not None and now - started >= 2 * floor:
             self._next_round(now)
-        self._cut()
+        self._cut("a timeout or an overload answer (429, 503)")
 
     def _errors_rose(self) -> bool:
         """The round's error share is past the one before it (with enough evidence)."""
@@ -204,11 +217,12 @@ class AdaptiveLimit:
         self._rounds_held = 0
         self._set(self._best_limit)
 
-    def _cut(self) -> None:
+    def _cut(self, cause: str) -> None:
         if self._cut_in_round:
             return
         self._cut_in_round = True
-        if not self._ceiling:
+        first = not self._ceiling  # the first cut of a series
+        if first:
             self._ceiling = self._best_limit
         cut = math.floor(self.limit * OVERLOAD_CUT)
         if self._startup:  # the step just taken did it: back to the last good one
@@ -216,7 +230,12 @@ class AdaptiveLimit:
         self._startup = False
         self._probe = 0.0
         self._rounds_held = 0
+        before = self.limit
         self._set(cut)
+        self.cuts += 1
+        log.log(logging.INFO if first else logging.DEBUG,
+                "%s: cut from %d to %d in flight after %s", self.name, before, self.limit,
+                cause)  # fmt: skip
 
     # -- rounds ----------------------------------------------------------------------------
     def _next_round(self, now: float) -> None:
@@ -287,6 +306,8 @@ class AdaptiveLimit:
         self._ceiling = 0
         self._held = rate
         self._set(self._best_limit)
+        log.info("%s: settled at %d in flight after %d rounds (%.0f answers/s)",
+                 self.name, self.limit, self.rounds, rate)  # fmt: skip
 
     def _startup_round(self, rate: float, calm: bool) -> None:
         top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
@@ -346,3 +367,5 @@ class AdaptiveLimit:
             self.limit = limit
             self.changes += 1
             self._transition = True
+            self.low = min(self.low, limit)
+            self.high = max(self.high, limit)

@@ -132,6 +132,28 @@ def test_an_overload_cuts_the_limit_once_per_round() -> None:
     assert limit.limit == 49
 
 
+def test_what_the_limit_did_is_in_its_range_its_cuts_and_its_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run through startup and an overload storm: the limit's range and cuts count
+    what happened; INFO says where startup settled and the first cut of the storm (with
+    its cause), the storm's further cuts are DEBUG."""
+    kw = {**SERVICES["scaling"], "overload_storm": (3.0, 4.0)}
+    limit = AdaptiveLimit()
+    limit.name = "capacity of look, partition 3"
+    with caplog.at_level("DEBUG", logger="asyncio_ops.limit"):
+        out = simulate(limit, 6.0, **kw)
+    assert limit.low == min([16, *out.limits]) and limit.high == max([16, *out.limits])
+    assert limit.low <= 2 and limit.high >= 64
+    info = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    debug = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert info[0].startswith("capacity of look, partition 3: settled at "), info
+    cuts = [m for m in info if "cut from" in m]
+    assert cuts and all("a timeout or an overload answer (429, 503)" in m for m in cuts)
+    assert limit.cuts == len(cuts) + len(debug) and len(debug) >= 2  # the storm's
+    assert len(cuts) <= 3  # one per series, not one per cut
+
+
 def test_rounds_without_enough_work_change_nothing() -> None:
     limit = AdaptiveLimit(initial=64)
     t = 0.0

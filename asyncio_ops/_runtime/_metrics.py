@@ -57,8 +57,12 @@ class RunMetrics:
     skipped_null_keys: int = 0
     seconds: float = 0.0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
-    # capacity="auto": each partition's limit when it ended
+    # capacity="auto": each partition's limit when it ended, the lowest and highest any
+    # partition's limit had, and the cuts (timeouts, 429/503, a rising error share)
     capacity_limits: list[int] = field(default_factory=list)
+    capacity_low: int | None = None
+    capacity_high: int | None = None
+    capacity_cuts: int = 0
 
     def merge(self, other: RunMetrics) -> RunMetrics:
         for name in (
@@ -68,12 +72,17 @@ class RunMetrics:
             "cache_expirations", "prompt_tokens", "completion_tokens", "cost",
             "rate_limit_permits", "rate_limit_tokens", "rate_limit_wait_seconds",
             "connector_retried", "throttled", "throttle_wait_seconds", "skipped_null_keys",
+            "capacity_cuts",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_in_flight = max(self.max_in_flight, other.max_in_flight)
         self.max_worker_rss_mb = max(self.max_worker_rss_mb, other.max_worker_rss_mb)
         self.latency.merge(other.latency)
         self.capacity_limits = self.capacity_limits + other.capacity_limits
+        lows = [v for v in (self.capacity_low, other.capacity_low) if v is not None]
+        highs = [v for v in (self.capacity_high, other.capacity_high) if v is not None]
+        self.capacity_low = min(lows, default=None)
+        self.capacity_high = max(highs, default=None)
         return self
 
     def summary(self) -> dict[str, Any]:
@@ -114,4 +123,8 @@ class RunMetrics:
             "latency_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "latency_p99_ms": None if p99 is None else round(p99 * 1000, 3),
             "capacity_limits": sorted(self.capacity_limits),
+            "capacity_range": None
+            if self.capacity_low is None
+            else [self.capacity_low, self.capacity_high],
+            "capacity_cuts": self.capacity_cuts,
         }

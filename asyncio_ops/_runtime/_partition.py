@@ -215,6 +215,8 @@ def run_partition(
     # micro-batch (checkpointed: on any worker), else where this worker's last one did
     start = ckpt.previous_limit() if ckpt is not None and spec.capacity == "auto" else None
     op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec, start))
+    if op.limiter is not None:  # its log lines name the operator and the partition
+        op.limiter.name = f"capacity of {spec.operator_uid}, partition {task.partition_id}"
     started = time.perf_counter()
     counted_before = _function_counters(user_fn)
     watermarks = (
@@ -289,6 +291,8 @@ def run_partition(
         metrics.latency = op.latency
         if op.limiter is not None:  # capacity="auto": where this partition's limit ended
             metrics.capacity_limits = [op.limiter.limit]
+            metrics.capacity_low, metrics.capacity_high = op.limiter.low, op.limiter.high
+            metrics.capacity_cuts = op.limiter.cuts
             runtime.remember(spec, op.limiter)
         metrics.seconds = time.perf_counter() - started
         # peak resident memory of this worker process so far (kB on Linux)

@@ -35,6 +35,9 @@ def test_auto_capacity_gives_the_fixed_capacity_output(spark: SparkSession, wait
     limits = metrics.summary()["capacity_limits"]
     assert len(limits) == 3 and all(1 <= n <= 256 for n in limits), limits
     assert max(limits) > 16  # the limits grew from where they started
+    low, high = metrics.summary()["capacity_range"]
+    assert low <= min(limits) and high >= max(limits) and low <= 16 < high
+    assert metrics.summary()["capacity_cuts"] == 0  # no timeout, no overload answer
 
 
 def test_auto_capacity_is_validated(spark: SparkSession) -> None:
