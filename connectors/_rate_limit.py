@@ -1,5 +1,8 @@
 """RateLimit: requests per second and tokens per minute, per worker process or shared.
 
+One job: the limit, its state in a process and its round trips to Redis (the scripts
+Redis runs are in ``_rate_scripts``).
+
 Contract::
 
     limit = RateLimit(requests_per_second=20, tokens_per_minute=90_000,
@@ -45,6 +48,17 @@ first acquire, or later, ``"fail"`` (the default) raises
 ``"local"`` goes on with a per-process budget of ``local_share`` of the rates
 (give ``1/N`` for N tasks at once), logged once, and tries Redis again after
 ``retry_unavailable`` seconds. Never an unlimited burst.
+
+When Redis loses a record (a flush, a restart without persistence, an eviction,
+a failover): each process keeps, per record it changed, the value it left it at
+(a bucket's theoretical arrival time on the server's clock, a running total),
+and sends it with its next change. A record found gone while that value is
+still ahead restarts from it, and for ``RESTORE_WINDOW`` seconds every process's
+value raises it (the ``:restored`` key), so it soon holds the latest any had;
+the process logs a warning and counts it. A loss so never moves a process's
+schedule earlier nor refunds what it spent. A connection the server closed is
+made again (3 attempts): a reservation sent twice when its answer was lost
+takes more, never less.
 """
 
 from __future__ import annotations
@@ -73,6 +87,7 @@ __all__ = ["Permit", "RateLimit", "RateLimitStatistics", "rate_limit_option"]
 
 from ._rate_scripts import PAUSE as _PAUSE
 from ._rate_scripts import RESERVE as _RESERVE
+from ._rate_scripts import RESTORE_WINDOW
 from ._rate_scripts import SETTINGS as _SETTINGS
 from ._rate_scripts import TOTAL as _TOTAL
 from ._slow_down import clipped
@@ -94,7 +109,8 @@ class RateLimitStatistics:
     ``waited`` seconds spent waiting for them (summed over callers), ``round_trips``
     to Redis, ``fallbacks`` (acquires served by the local share while Redis was
     unreachable), ``dropped`` (shared limits: leased request permits whose slot
-    passed unused, lost to the budget rather than sent late)."""
+    passed unused, lost to the budget rather than sent late), ``restored`` (shared
+    limits: records Redis had lost that this process restored from what it knew)."""
 
     requests: int
     tokens: int
@@ -102,6 +118,7 @@ class RateLimitStatistics:
     round_trips: int
     fallbacks: int
     dropped: int = 0
+    restored: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,7 +316,8 @@ class RateLimit:
         if state is None:
             return RateLimitStatistics(0, 0, 0.0, 0, 0)
         return RateLimitStatistics(state.requests, state.tokens, state.waited,
-                                   state.round_trips, state.fallbacks, state.dropped)  # fmt: skip
+                                   state.round_trips, state.fallbacks, state.dropped,
+                                   state.restored)  # fmt: skip
 
     def __repr__(self) -> str:
         where = f", shared={redact_dsn(self.shared)!r}, name={self.name!r}" if self.shared else ""
@@ -346,7 +364,13 @@ class _State:
         self.round_trips = 0
         self.fallbacks = 0
         self.dropped = 0
+        self.restored = 0
+        self.restore_logged = -math.inf
         self.totals: dict[str, int] = {}
+        # shared: what this process knows of the records in Redis, as of its last change
+        # to each (a bucket's value on the server's clock, a running total): a record
+        # Redis lost restarts from them, never from nothing
+        self.floors: dict[str, float] = {}
 
     async def acquire(self, tokens: float) -> float:
         """Reserve and wait; the seconds it took."""
@@ -423,11 +447,18 @@ class _State:
         """The process's client for the shared limit (made on first use, connecting lazily)."""
         if self.client is None:
             import redis.asyncio as aioredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import ExponentialBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
 
             assert self.limit.shared is not None
+            # a connection the server closed (it restarted, or failed over) is made again:
+            # a reservation sent twice when its answer was lost only takes more, never less
             self.client = aioredis.Redis.from_url(
-                self.limit.shared, socket_timeout=5, socket_connect_timeout=5
-            )
+                self.limit.shared, socket_timeout=5, socket_connect_timeout=5,
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+                retry_on_error=[RedisConnectionError],
+            )  # fmt: skip
             self.script = self.client.register_script(_RESERVE)
         return self.client
 
@@ -469,10 +500,12 @@ class _State:
             if sent - self.settings_checked >= _SETTINGS_EVERY:
                 await self._check_settings(client)
                 self.settings_checked = sent
+            floor = self.floors.get(dimension)
             reply = await self.script(
-                keys=[f"{base}:{dimension}", f"{base}:pause"],
+                keys=[f"{base}:{dimension}", f"{base}:pause", f"{base}:restored"],
                 args=[repr(interval), repr(burst * interval), repr(float(units)), 60_000,
-                      repr(sent) if limit.clock is not None else ""],
+                      repr(sent) if limit.clock is not None else "",
+                      "" if floor is None else repr(floor)],
             )  # fmt: skip
         except Exception as exc:
             error = self._unreachable(exc)
@@ -480,6 +513,9 @@ class _State:
                 raise
             raise error from exc
         self.round_trips += 1
+        self.floors[dimension] = float(reply[2])
+        if int(reply[3]):
+            self._restored(f"its {dimension} schedule")
         first = float(reply[0])
         # due times on this process's clock: relative to when the reply came back
         arrived = self.now() if limit.clock is None else sent
@@ -512,11 +548,17 @@ class _State:
             assert limit.name is not None
             try:
                 client = self._connect()
-                added, total = await client.eval(
-                    _TOTAL, 1, f"asyncio_ops:rate:{limit.name}:total:{budget}", units,
+                floor = self.floors.get(f"total:{budget}")
+                added, total, restored = await client.eval(
+                    _TOTAL, 2, f"asyncio_ops:rate:{limit.name}:total:{budget}",
+                    f"asyncio_ops:rate:{limit.name}:restored", units,
                     -1 if maximum is None else maximum, 7 * 24 * 3600 * 1000,
+                    "" if floor is None else str(int(floor)),
                 )  # fmt: skip
                 self.round_trips += 1
+                self.floors[f"total:{budget}"] = float(total)
+                if int(restored):
+                    self._restored(f"its running total {budget!r}")
                 return int(total) if int(added) else None
             except Exception as exc:
                 self._outage(exc)
@@ -526,6 +568,22 @@ class _State:
             return None
         total = self.totals[budget] = total + units
         return total
+
+    def _restored(self, what: str) -> None:
+        """Redis had lost a record this process had changed, which it restored from what
+        it knew: counted, and logged (once per restore window)."""
+        self.restored += 1
+        now = self.now()
+        if now - self.restore_logged < RESTORE_WINDOW:
+            return
+        self.restore_logged = now
+        limit = self.limit
+        log.warning(
+            "shared rate limit %r: Redis at %s had lost %s (flushed, restarted without "
+            "persistence, evicted or failed over); restored from what this process had "
+            "reserved and spent. Run that Redis with persistence (appendonly yes) and "
+            "maxmemory-policy noeviction", limit.name, redact_dsn(limit.shared or ""), what,
+        )  # fmt: skip
 
     async def settle(self, tokens: float) -> None:
         """Take ``tokens`` more (or give back, if negative) from the token budget."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
@@ -146,3 +147,75 @@ def name(redis_url: str) -> Iterator[str]:
             await client.aclose()
 
     asyncio.run(clean())
+
+
+class OwnRedis:
+    """A Redis server of a test's own (``redis-server`` on a free port of 127.0.0.1,
+    nothing on disk, as the machine's): ``flush()`` empties it, ``restart()`` stops it
+    and starts it again on the same port, empty (a restart without persistence)."""
+
+    def __init__(self, binary: str) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.binary = binary
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Any = None
+        self.start()
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert self.proc.poll() is None, "redis-server exited"
+                assert time.monotonic() < deadline, "redis-server never answered"
+                time.sleep(0.05)
+        client.close()
+
+    def flush(self) -> None:
+        import redis
+
+        with redis.Redis(port=self.port) as client:
+            client.flushall()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    """A Redis of this test's own, which it may flush and restart (needs ``redis-server``:
+    skipped without it, failed under CI=true)."""
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("redis-server not on PATH (apt-get install redis-server)")
+    server = OwnRedis(binary)
+    try:
+        yield server
+    finally:
+        server.stop()

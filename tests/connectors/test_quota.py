@@ -160,6 +160,35 @@ async def test_a_shared_limit_keeps_one_budget_for_every_copy(
     assert billed < int(total) == 10 * requests <= 30
 
 
+@pytest.mark.asyncio
+async def test_a_job_wide_budget_is_never_passed_when_its_redis_forgets(
+    service: OpenAIServiceThread, own_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``max_total_tokens=100`` shared through a Redis of the test's own, 10 tokens a
+    request (each reserved at its estimate): the server flushed after 5 requests, 40
+    asked for. The total restarts from what the process had spent, so 10 requests are
+    answered and the rest refused, never 100 tokens more; a warning says what happened
+    and what Redis settings avoid it."""
+    limit = RateLimit(requests_per_second=1000, burst=10, shared=own_redis.url, name="bill")
+    chat = ChatLookup(service.url, "local", prompt="{text}", max_tokens=8,
+                      max_total_tokens=100, rate_limit=limit)  # fmt: skip
+    answered = refused = 0
+    with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+        async with chat:
+            for i in range(40):
+                if i == 5:
+                    own_redis.flush()
+                try:
+                    await chat.async_invoke({"text": f"row {i}"})  # 5 chars: 2 + 8 tokens
+                    answered += 1
+                except LookupBudgetExceeded:
+                    refused += 1
+    usage = chat.usage()
+    assert answered == 10 and refused == 30
+    assert usage.prompt_tokens + usage.completion_tokens <= 100
+    assert "had lost its running total" in caplog.text
+
+
 @pytest.mark.spark
 def test_the_limit_and_the_budget_reach_the_metrics_and_error_rows(
     spark: SparkSession, name: str

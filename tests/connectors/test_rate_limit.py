@@ -284,3 +284,64 @@ async def test_one_name_with_other_settings_is_refused_naming_both(name: str) ->
     with pytest.raises(ConfigurationError, match=refused):
         async with other.acquire():
             pass
+
+
+def _busiest(times: list[float], window: float) -> int:
+    """The most of ``times`` in any window of ``window`` seconds."""
+    times = sorted(times)
+    return max(sum(1 for u in times[i:] if u < t + window - 1e-9) for i, t in enumerate(times))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("loss", ["flush", "restart"])
+async def test_a_shared_limit_whose_redis_forgets_keeps_its_rate(
+    own_redis: Any, loss: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10 requests/s, burst 1, shared through a Redis of the test's own: 40 acquires
+    queued, the server flushed (or restarted, empty) at t = 1 s, 30 more queued. The
+    backlog already scheduled keeps its slots and the new reservations start after it,
+    from what this process had reserved: no 2-second window holds more than the limit
+    allows (21), as without the loss; the restore is counted and logged."""
+    clock = ManualClock(10_000.0)
+    limit = RateLimit(requests_per_second=10, burst=1, shared=own_redis.url, name="forgets",
+                      clock=clock)  # fmt: skip
+    got: list[float] = []
+
+    async def one() -> None:
+        async with limit.acquire():
+            got.append(round(clock.now() - 10_000.0, 6))
+
+    async def run_until(t: float, tasks: list[asyncio.Task[None]]) -> None:
+        while clock.now() - 10_000.0 < t - 1e-9 and not all(x.done() for x in tasks):
+            for _ in range(20):
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.001)  # the round trips to the server
+            clock.advance(0.01)
+
+    first = [asyncio.create_task(one()) for _ in range(40)]
+    await run_until(1.0, first)
+    own_redis.flush() if loss == "flush" else own_redis.restart()
+    with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+        second = [asyncio.create_task(one()) for _ in range(30)]
+        await run_until(20.0, first + second)
+        await asyncio.gather(*first, *second)
+    assert len(got) == 70
+    assert _busiest(got, 2.0) <= 21, sorted(got)
+    assert max(got) >= 6.9 - 1e-6  # 70 requests at 10/s: the last one at 6.9 s
+    assert limit.statistics().restored >= 1
+    assert "had lost its requests schedule" in caplog.text
+    assert "appendonly yes" in caplog.text and "noeviction" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_shared_total_whose_redis_forgets_is_never_refunded(own_redis: Any) -> None:
+    """A running total kept in Redis (a token budget's) restarts, after a flush, from
+    the total this process last saw, not from 0; without a floor of its own (another
+    process) it would start again."""
+    limit = RateLimit(requests_per_second=100, shared=own_redis.url, name="totals")
+    accepted = [await limit.take_total("b", 4, 100) for _ in range(15)]
+    assert accepted[-1] == 60
+    own_redis.flush()
+    more = [await limit.take_total("b", 4, 100) for _ in range(25)]
+    assert [t for t in more if t is not None] == list(range(64, 101, 4))  # 10 more
+    assert more[10:] == [None] * 15 and limit.statistics().restored == 1
