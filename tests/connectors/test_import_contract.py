@@ -45,15 +45,25 @@ def test_connectors_use_only_the_public_api_of_asyncio_ops() -> None:
 def test_every_package_of_the_repository_is_in_the_distribution() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(config["packages"])
-    found = {
-        ".".join(p.parent.relative_to(ROOT).parts)
-        for p in (ROOT / "asyncio_ops").rglob("__init__.py")
-    } | {
-        ".".join(("asyncio_ops", *p.parent.relative_to(ROOT).parts))
-        for p in CONNECTORS.rglob("__init__.py")
-    }
+    found = (
+        {
+            ".".join(p.parent.relative_to(ROOT).parts)
+            for p in (ROOT / "asyncio_ops").rglob("__init__.py")
+        }
+        | {
+            ".".join(("asyncio_ops", *p.parent.relative_to(ROOT).parts))
+            for p in CONNECTORS.rglob("__init__.py")
+        }
+        | {
+            ".".join(("asyncio_ops", *p.parent.relative_to(ROOT / "examples").parts))
+            for p in (ROOT / "examples" / "services").rglob("__init__.py")
+        }
+    )
     assert declared == found
-    assert config["package-dir"] == {"asyncio_ops.connectors": "connectors"}
+    assert config["package-dir"] == {
+        "asyncio_ops.connectors": "connectors",
+        "asyncio_ops.services": "examples/services",
+    }
 
 
 def test_installed_as_asyncio_ops_connectors_and_not_as_connectors(tmp_path: Path) -> None:
