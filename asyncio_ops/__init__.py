@@ -4,7 +4,10 @@ The engine-independent core lives here: stream elements, the three element
 queues, the timer service, retry strategies and :class:`AsyncWaitOperator`.
 The Spark DataFrame API is in :mod:`asyncio_ops.spark` (the only module that
 imports pyspark), state in :mod:`asyncio_ops.state`, test helpers in
-:mod:`asyncio_ops.testing`.
+:mod:`asyncio_ops.testing`. :data:`SIGNING_KEY_ENV`, :func:`signing_key`,
+:func:`mac` and :func:`verifies` are how asyncio_ops signs what it writes
+(checkpoints, state blobs, a connector's shared cache entries): one key from
+the environment, HMAC-SHA256.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from ._queues import (
 )
 from ._retry import AsyncRetryStrategy
 from ._runner import run_async_wait
+from ._signing import SIGNING_KEY_ENV, mac, signing_key, verifies
 from ._snapshot import OperatorSnapshot, SnapshotEntry
 from ._statistics import OperatorStatistics
 from ._timers import InternalTimerService, Timer, TimerHeap
@@ -66,6 +70,7 @@ from ._timers import InternalTimerService, Timer, TimerHeap
 __version__ = "0.1.0"
 
 __all__ = [
+    "SIGNING_KEY_ENV",
     "AdaptiveLimit",
     "ArrowResult",
     "AsyncFunction",
@@ -124,5 +129,8 @@ __all__ = [
     "WatermarkBoundedElementQueue",
     "WatermarkNotSupportedError",
     "__version__",
+    "mac",
     "run_async_wait",
+    "signing_key",
+    "verifies",
 ]

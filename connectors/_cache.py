@@ -26,7 +26,10 @@ question: its keys hold the lookup's fingerprint of what decides an answer
 ``cache_key`` when the user shares answers between lookups on purpose
 (``get_through``/``put_through``; ``connectors/_shared_cache.py``): the
 connectors read it for the keys this layer misses, before calling out. Redis
-down is a miss there, never a failure.
+down is a miss there, never a failure. With a signing key in
+``ASYNCIO_OPS_STATE_SIGNING_KEY`` its entries are signed over their bytes and
+their Redis key, and one that does not verify (forged, altered, copied from
+another question) is refused: a miss, counted in ``statistics().refused``.
 
 Time comes from an injected clock (``asyncio_ops._clock.Clock``; the system
 clock by default, ``asyncio_ops.testing.ManualClock`` in tests). Not
@@ -67,7 +70,9 @@ MISS: Final = _Miss()
 
 @dataclass(frozen=True)
 class CacheStatistics:
-    """A snapshot of a cache's counters (monotonic since creation or :meth:`reset`)."""
+    """A snapshot of a cache's counters (monotonic since creation or
+    :meth:`LookupCache.reset_statistics`). ``refused``: entries of the shared layer that
+    did not verify under the signing key (0 without a shared layer or a key)."""
 
     hits: int
     misses: int
@@ -75,6 +80,7 @@ class CacheStatistics:
     expirations: int
     size: int
     max_size: int
+    refused: int = 0
 
     @property
     def hit_ratio(self) -> float:
@@ -139,6 +145,7 @@ class LookupCache(Generic[V]):
         self._misses = 0
         self._evictions = 0
         self._expirations = 0
+        self._refused_before = 0  # the shared layer's refusals at reset_statistics()
 
     # -- pickling: configuration only, entries are per process ----------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -273,8 +280,9 @@ class LookupCache(Generic[V]):
         self._entries.clear()
 
     def reset_statistics(self) -> None:
-        """Set hits, misses, evictions and expirations back to zero."""
+        """Set hits, misses, evictions, expirations and refused back to zero."""
         self._hits = self._misses = self._evictions = self._expirations = 0
+        self._refused_before = self.layer.refused if self.layer is not None else 0
 
     def statistics(self) -> CacheStatistics:
         """Current counters and size."""
@@ -285,6 +293,7 @@ class LookupCache(Generic[V]):
             expirations=self._expirations,
             size=len(self._entries),
             max_size=self.max_size,
+            refused=self.layer.refused - self._refused_before if self.layer is not None else 0,
         )
 
     def __len__(self) -> int:

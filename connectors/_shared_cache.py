@@ -23,6 +23,29 @@ of mixed kinds) and keys that have no canonical bytes stay local, counted as
 ``skipped``. Redis unreachable, slow (``timeout``) or failing is a miss (and a
 write not made), counted as ``errors`` and logged once per process: never a
 failure of the lookup.
+
+Signing. Without a key, whatever is stored under a key is served: anyone who
+can write to the Redis (or its network) decides the answers every job naming
+the cache gets. With a key in ``ASYNCIO_OPS_STATE_SIGNING_KEY`` (read as
+checkpoints read it: ``asyncio_ops.signing_key``, at each read and write),
+every entry is written signed, an HMAC-SHA256 (``asyncio_ops.mac``) over its
+bytes and its Redis key, and read only if it verifies: an entry with no
+signature, one signed with another key, an altered one, or a genuine one
+copied under another key (another question's answer) is refused before it is
+parsed: a miss, so the lookup asks the service and writes its answer back,
+signed, over it. Refusals are counted (``refused``; each key read from Redis
+is one of ``hits``, ``misses`` or ``refused``) and logged: the first in a
+process naming the cache and the entry's key, then at most once a minute (and
+when the lookup closes) how many more. A signature proves who wrote an answer
+to which question, not when: someone who can write to the Redis can still
+delete entries (more calls), or put back an older genuine answer to the same
+question. Without a key nothing is verified, signed or not: a signed entry is
+read without its signature (a job without the key reads what a signed one
+paid for), an unsigned one as always.
+
+Format, by the first byte: ``0x00`` an empty answer, ``0x01`` rows (an Arrow
+IPC stream follows), ``0x02`` signed: the signature (32 bytes), then one of
+the first two, which the signature covers.
 """
 
 from __future__ import annotations
@@ -30,11 +53,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+
+from asyncio_ops import SIGNING_KEY_ENV, mac, signing_key, verifies
 
 from ._redact import redact_dsn
 
@@ -42,6 +68,13 @@ log = logging.getLogger("asyncio_ops.connectors")
 
 _EMPTY: Final = b"\x00"
 _ROWS: Final = b"\x01"
+_SIGNED: Final = b"\x02"
+# the first part an entry's signature covers: what it signs (no checkpoint frame's
+# signature verifies as an entry's: theirs begins with an identity, a NUL and a kind)
+_PURPOSE: Final = b"asyncio_ops shared cache entry"
+_SIGNATURE_SIZE: Final = len(mac(b"", b""))
+# after the first refusal is logged, how often the count of later ones is (seconds)
+_REFUSALS_LOGGED_EVERY: Final = 60.0
 
 
 class SharedLayer:
@@ -60,7 +93,10 @@ class SharedLayer:
         self.misses = 0
         self.errors = 0
         self.skipped = 0
+        self.refused = 0  # entries that did not verify under the signing key
         self._warned = False
+        self._refusals_logged_at: float | None = None  # time.monotonic() of the last log
+        self._refusals_unlogged = 0
 
     def _client(self) -> aioredis.Redis:
         loop = asyncio.get_running_loop()
@@ -94,8 +130,52 @@ class SharedLayer:
                 self.name, redact_dsn(self.url), type(exc).__name__, exc,
             )  # fmt: skip
 
+    def _opened(self, name: str, value: bytes, secret: bytes | None) -> bytes | None:
+        """The entry stored under ``name`` without its signature; None (counted, logged)
+        when a key is set and it does not verify."""
+        signed = value.startswith(_SIGNED)
+        if secret is None:  # nothing is verified: a signed entry's signature is skipped
+            return value[1 + _SIGNATURE_SIZE :] if signed else value
+        if not signed:
+            self._refuse(name, "it is not signed")
+            return None
+        signature, entry = value[1 : 1 + _SIGNATURE_SIZE], value[1 + _SIGNATURE_SIZE :]
+        if not verifies(secret, signature, _PURPOSE, entry, name.encode()):
+            self._refuse(name, "its signature does not verify: another key, another "
+                               "question's entry, or altered")  # fmt: skip
+            return None
+        return entry
+
+    def _refuse(self, name: str, why: str) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if self._refusals_logged_at is None:
+            self._refusals_logged_at = now
+            log.warning(
+                "shared cache %r at %s: the entry %s failed verification under %s (%s): "
+                "refused, a miss; the lookup asks the service and writes its answer over it "
+                "(later refusals are counted in statistics().refused and logged at most "
+                "once a minute)",
+                self.name, redact_dsn(self.url), name, SIGNING_KEY_ENV, why,
+            )  # fmt: skip
+            return
+        self._refusals_unlogged += 1
+        if now - self._refusals_logged_at >= _REFUSALS_LOGGED_EVERY:
+            self._log_refusals(now)
+
+    def _log_refusals(self, now: float) -> None:
+        log.warning(
+            "shared cache %r at %s: %d more entries failed verification under %s and were "
+            "refused since the last warning (%d in all)",
+            self.name, redact_dsn(self.url), self._refusals_unlogged, SIGNING_KEY_ENV,
+            self.refused,
+        )  # fmt: skip
+        self._refusals_logged_at = now
+        self._refusals_unlogged = 0
+
     async def get_many(self, keys: Sequence[Hashable]) -> dict[Hashable, tuple[Any, ...]]:
-        """The answers Redis holds for ``keys`` (a miss for everything on an error)."""
+        """The answers Redis holds for ``keys`` (a miss for everything on an error; with a
+        signing key, only the entries that verify)."""
         names: dict[Hashable, str] = {}
         for k in keys:
             name = self._key(k)
@@ -110,12 +190,16 @@ class SharedLayer:
         except Exception as exc:
             self._failed(exc)
             return {}
+        secret = signing_key()
         found: dict[Hashable, tuple[Any, ...]] = {}
         for key, value in zip(asked, raw, strict=True):
-            if value is None:
+            if not isinstance(value, bytes):  # None: not there
                 self.misses += 1
                 continue
-            rows = _decode(value) if isinstance(value, bytes) else None
+            entry = self._opened(names[key], value, secret)
+            if entry is None:  # refused (counted)
+                continue
+            rows = _decode(entry)
             if rows is None:  # damaged or of another release: a miss
                 self.misses += 1
                 continue
@@ -124,7 +208,9 @@ class SharedLayer:
         return found
 
     async def put_many(self, items: Sequence[tuple[Hashable, Sequence[Any]]]) -> None:
-        """Write answers back (each with the TTL); nothing on an error."""
+        """Write answers back (each with the TTL; signed with a signing key); nothing on an
+        error."""
+        secret = signing_key()
         writes = []
         for key, rows in items:
             name = self._key(key)
@@ -132,6 +218,8 @@ class SharedLayer:
             if name is None or data is None:
                 self.skipped += 1
                 continue
+            if secret is not None:
+                data = _SIGNED + mac(secret, _PURPOSE, data, name.encode()) + data
             writes.append((name, data))
         if not writes:
             return
@@ -144,6 +232,8 @@ class SharedLayer:
             self._failed(exc)
 
     async def aclose(self) -> None:
+        if self._refusals_unlogged:
+            self._log_refusals(time.monotonic())
         client, self.client = self.client, None
         if client is not None:
             await client.aclose()

@@ -40,6 +40,7 @@ def test_public_names_are_pinned() -> None:
         "ResultHandle",
         "RuntimeContext",
         "RuntimeHooks",
+        "SIGNING_KEY_ENV",
         "Scheduler",
         "SignalsOverload",
         "SnapshotEntry",
@@ -65,7 +66,10 @@ def test_public_names_are_pinned() -> None:
         "WatermarkBoundedElementQueue",
         "WatermarkNotSupportedError",
         "__version__",
+        "mac",
         "run_async_wait",
+        "signing_key",
+        "verifies",
     }
     for name in asyncio_ops.__all__:
         assert hasattr(asyncio_ops, name), name

@@ -1,20 +1,25 @@
 """A LookupCache shared through the real Redis on 127.0.0.1:6379: every worker, attempt and
 rerun that names it reads what any of them fetched (skipped without Redis, failed under
-CI=true). The source is a real HTTP server on 127.0.0.1 that counts what it is asked."""
+CI=true); with a signing key, only what verifies. The source is a real HTTP server on
+127.0.0.1 that counts what it is asked."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
 from aiohttp import web
 from asyncio_ops.connectors import LookupCache
 from asyncio_ops.connectors.http import HttpBatch, HttpLookup
 from pyspark.sql import SparkSession
 
+from asyncio_ops import SIGNING_KEY_ENV
 from asyncio_ops.spark import unordered_wait
 from tests.connectors.conftest import REDIS_URL as URL
 from tests.spark.conftest import spark
@@ -156,3 +161,143 @@ def test_a_second_action_in_spark_makes_no_call(
     assert sorted(server.asked) == list(range(1, 301))
     assert enrich() == first
     assert len(server.asked) == 300  # the second action read every answer from Redis
+
+
+# -- signed entries (a key in ASYNCIO_OPS_STATE_SIGNING_KEY) -----------------------------------
+def forged(row: dict[str, Any]) -> bytes:
+    """What anyone who can write to the Redis can write: an answer in the shared layer's
+    unsigned format (one byte, then the rows as an Arrow IPC stream)."""
+    table = pa.Table.from_pylist([row])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    rows: bytes = sink.getvalue().to_pybytes()
+    return b"\x01" + rows
+
+
+class Questions:
+    """Lookups of ``/items/{id}`` whose caches (one per lookup: one worker each) share
+    ``name``, and the Redis keys of their questions, learnt by asking."""
+
+    def __init__(self, server: CountingServer, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.redis = aioredis.Redis.from_url(URL)
+
+    def lookup(self) -> HttpLookup:
+        return HttpLookup(self.server.url + "/items/{id}", cache=LookupCache(
+            ttl=60, shared=URL, name=self.name))  # fmt: skip
+
+    async def keys(self) -> set[bytes]:
+        return {k async for k in self.redis.scan_iter(f"asyncio_ops:cache:{self.name}:*")}
+
+    async def ask(self, i: int) -> tuple[list[dict[str, Any]], LookupCache[Any]]:
+        """Item ``i`` as a new worker gets it (its own cache empty), and that cache."""
+        async with self.lookup() as lookup:
+            answer = await lookup.async_invoke({"id": i})
+        assert lookup.cache is not None
+        return answer, lookup.cache
+
+    async def key_of(self, i: int) -> bytes:
+        """The Redis key of item ``i``'s question: the one asking it adds."""
+        before = await self.keys()
+        await self.ask(i)
+        (key,) = await self.keys() - before
+        return key
+
+
+@pytest_asyncio.fixture
+async def questions(server: CountingServer, name: str) -> AsyncIterator[Questions]:
+    q = Questions(server, name)
+    yield q
+    await q.redis.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_forged_entry_is_refused_under_a_signing_key(
+    questions: Questions, server: CountingServer, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A correctly encoded answer written straight into Redis under a question's key is
+    refused (a miss: the service is asked), counted and logged naming the cache; the
+    answer the lookup then writes verifies and serves the next worker."""
+    monkeypatch.setenv(SIGNING_KEY_ENV, "k-1")
+    key = await questions.key_of(1)
+    assert (await questions.ask(1))[0] == [CountingServer.item(1)]  # genuine: served
+    assert server.asked == [1]
+    await questions.redis.set(key, forged({**CountingServer.item(1), "name": "forged"}))
+
+    with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+        answer, cache = await questions.ask(1)
+    assert answer == [CountingServer.item(1)]
+    assert server.asked == [1, 1]  # refused: the service answered
+    assert cache.statistics().refused == 1
+    assert cache.layer is not None and (cache.layer.hits, cache.layer.refused) == (0, 1)
+    (warning,) = [r for r in caplog.records if "failed verification" in r.getMessage()]
+    assert repr(questions.name) in warning.getMessage() and SIGNING_KEY_ENV in warning.getMessage()
+    cache.reset_statistics()
+    assert cache.statistics().refused == 0
+
+    answer, cache = await questions.ask(1)  # what the lookup wrote back verifies
+    assert answer == [CountingServer.item(1)] and server.asked == [1, 1]
+    assert cache.statistics().refused == 0
+
+
+@pytest.mark.asyncio
+async def test_an_entry_signed_with_another_key_or_copied_from_another_question_is_refused(
+    questions: Questions, server: CountingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SIGNING_KEY_ENV, "another key")
+    key = await questions.key_of(1)  # written signed, with a key that is not the job's
+    monkeypatch.setenv(SIGNING_KEY_ENV, "k-1")
+    answer, cache = await questions.ask(1)
+    assert answer == [CountingServer.item(1)] and server.asked == [1, 1]
+    assert cache.statistics().refused == 1
+
+    other = await questions.key_of(2)  # a genuine answer, to another question
+    copied = await questions.redis.get(other)
+    assert isinstance(copied, bytes)
+    await questions.redis.set(key, copied)
+    answer, cache = await questions.ask(1)
+    assert answer == [CountingServer.item(1)]  # not item 2's
+    assert server.asked == [1, 1, 2, 1] and cache.statistics().refused == 1
+
+
+@pytest.mark.asyncio
+async def test_a_flood_of_refused_entries_is_logged_once_then_counted(
+    questions: Questions, server: CountingServer, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Unsigned entries under every question (a Redis filled before the key was set, or
+    forged): the first refusal is logged, the others counted, and closing the lookup logs
+    how many more there were."""
+    keys = {i: await questions.key_of(i) for i in range(1, 6)}  # no key: written unsigned
+    monkeypatch.setenv(SIGNING_KEY_ENV, "k-1")
+    with caplog.at_level("WARNING", logger="asyncio_ops.connectors"):
+        async with questions.lookup() as lookup:
+            for i in keys:
+                assert await lookup.async_invoke({"id": i}) == [CountingServer.item(i)]
+    assert lookup.cache is not None and lookup.cache.statistics().refused == 5
+    assert server.asked == [1, 2, 3, 4, 5] * 2
+    logged = [r.getMessage() for r in caplog.records if repr(questions.name) in r.getMessage()]
+    assert len(logged) == 2, logged
+    assert "failed verification" in logged[0] and "4 more" in logged[1]
+
+
+@pytest.mark.asyncio
+async def test_without_a_key_entries_are_not_verified_signed_or_not(
+    questions: Questions, server: CountingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process without the key reads what a signed job wrote (its signature is not
+    checked), and what anyone wrote: a shared Redis is then trusted with the answers."""
+    monkeypatch.setenv(SIGNING_KEY_ENV, "k-1")
+    key = await questions.key_of(1)
+    monkeypatch.delenv(SIGNING_KEY_ENV)
+    answer, cache = await questions.ask(1)
+    assert answer == [CountingServer.item(1)] and server.asked == [1]
+    assert cache.layer is not None and cache.layer.hits == 1
+
+    await questions.redis.set(key, forged({**CountingServer.item(1), "name": "forged"}))
+    answer, cache = await questions.ask(1)
+    assert answer == [{**CountingServer.item(1), "name": "forged"}] and server.asked == [1]
+    assert cache.statistics().refused == 0
