@@ -63,7 +63,7 @@ from ._state_reader import (
     state_rows,
 )
 from ._stored import ROW
-from ._versions import ASYNC_WAIT, Chain, VersionFiles, read_version
+from ._versions import ASYNC_WAIT, Chain, VersionFiles, chain_manifests, read_version
 from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
 
 __all__ = [
@@ -93,6 +93,7 @@ __all__ = [
     "all_chains",
     "carried_elements",
     "carried_format",
+    "chain_manifests",
     "check_restore",
     "clear_seed",
     "hold_versions",

@@ -48,7 +48,9 @@ Per version directory (every file one container, ``asyncio_ops._container``):
   ``aops.input_schema``, ``aops.output_schema``; earlier releases wrote no
   output schema, which a restore takes from the job and ``read_state``
   cannot). A key group follows to whichever partition owns it next, which
-  reads its chain.
+  reads its chain. The manifests of the versions a version's chains name
+  (:func:`chain_manifests`) say what their sections were written with
+  (``keyed_process``: the state types, read by the driver's check of a restart).
 
 Incremental checkpoints (keyed_process): a version writes, per key group,
 the keys its micro-batch made current (a delta) and, when it has no chain
@@ -84,6 +86,7 @@ full snapshot is written the same way round, a key group at a time
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -151,6 +154,15 @@ def manifest_name(partition: int) -> str:
 def key_group_prefix(partition: int) -> str:
     """How the names of partition ``partition``'s key-group files start (``kg-p<i>-``)."""
     return f"kg-p{partition:05d}-"
+
+
+_WRITTEN_BY: Final = re.compile(r"^kg-p(\d+)-")
+
+
+def written_by(file: str) -> int | None:
+    """The partition whose key-group file ``file`` is (its name says: ``kg-p<i>-``)."""
+    m = _WRITTEN_BY.match(file)
+    return int(m[1]) if m else None
 
 
 def _list(name: str, item: pa.DataType) -> pa.Field:
@@ -639,6 +651,37 @@ def _needed(partitions: int, key_groups: tuple[KeyGroupRange, int] | None) -> li
         if compute_key_group_range_for_operator_index(max_parallelism, partitions, i)
         .intersection(wanted)
     ]  # fmt: skip
+
+
+def chain_manifests(
+    found: VersionFiles, chains: Iterable[Chain]
+) -> list[tuple[int, str, pa.Table | None]]:
+    """The manifests that wrote the links of ``chains`` (``found``'s) older than ``found``:
+    for each such link, the manifest of its version by the partition whose key-group file
+    it names (:func:`written_by`), each read once (together on a remote store), in
+    ``(version, partition)`` order: ``(version, path, manifest)``, the manifest None when
+    it is no longer there (each partition deletes its manifest of a version no longer
+    restored while the files its successors' chains name stay, not on an object store:
+    ``_retention``). Each records the state types its version was written with, so these
+    are every type the sections ``chains`` restore hold, from their manifests alone."""
+    storage = found.storage
+    wanted = sorted(
+        {
+            (link[0], partition)
+            for chain in chains
+            for link in chain
+            if link[0] != found.version and (partition := written_by(link[1])) is not None
+        }
+    )
+    got = concurrently(
+        storage,
+        lambda vp: storage.read_if_present(vp[0], manifest_name(vp[1]), Kind.MANIFEST),
+        wanted,
+    )
+    return [
+        (version, storage.path(version, manifest_name(partition)), manifest)
+        for (version, partition), manifest in zip(wanted, got, strict=True)
+    ]
 
 
 def read_previous(

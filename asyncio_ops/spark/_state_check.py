@@ -8,10 +8,18 @@ which also decides from it whether ``initial_state`` applies) and refuses, with
 
 - key columns of other types than the checkpoint's (their keys would hash
   into other key groups), naming the columns, both types and what to do;
-- a state whose declared kind or type cannot take the checkpointed one
-  (``state._types.evolution``: a narrowed or changed type, typed against
-  untyped, another map key type, another kind), naming the state, both
-  types, why and what to do.
+- a state whose declared kind or type cannot take a type the checkpoint
+  holds it in (``state._types.evolution``: a narrowed or changed type, typed
+  against untyped, another map key type, another kind), naming the version
+  holding it, the state, both types, why and what to do. The types held are
+  those the newest version's manifests record, then those of every older
+  version its key-group chains still name (a key group the query did not
+  touch since restores from sections written with the types of then), from
+  their manifests (:func:`held_types`, each read once; no data file): each
+  section restores into the declared type directly, so each type is checked
+  against it. A version whose manifests retention deleted (not on an object
+  store: ``_runtime._retention``) is not seen here; the workers still refuse
+  an incompatible type of its sections when they restore them.
 
 The declared states are what ``fn.open`` obtains (:func:`declared_states`: run
 once on a copy of ``fn`` with a throwaway heap backend of one key group and no
@@ -28,10 +36,11 @@ what ``read_state`` types its columns by).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from copy import deepcopy
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
@@ -45,13 +54,21 @@ from .._runtime import (
     STATE_TYPES,
     StateTypes,
     VersionFiles,
+    all_chains,
+    chain_manifests,
     check_restore,
     read_version,
     types_of_json,
 )
 from ..state import HeapKeyedStateBackend, KeyedProcessFunction
 
-__all__ = ["check_state_schema", "declared_states", "newest_complete", "recorded_types"]
+__all__ = [
+    "check_state_schema",
+    "declared_states",
+    "held_types",
+    "newest_complete",
+    "recorded_types",
+]
 
 
 def declared_states(fn: KeyedProcessFunction[Any, Any, Any]) -> StateTypes:
@@ -92,9 +109,27 @@ def newest_complete(storage: CheckpointStorage) -> VersionFiles | None:
 
 def recorded_types(found: VersionFiles) -> StateTypes | None:
     """The states the version's manifests record (None: written before they did)."""
+    return _recorded(zip(found.manifests, found.paths, strict=True))
+
+
+def held_types(found: VersionFiles) -> list[tuple[int, StateTypes]]:
+    """The states the manifests of the versions older than ``found`` that its key-group
+    chains name record (:func:`chain_manifests`), newest version first: the types the
+    sections those chains restore were written with. A version whose manifests are gone,
+    or written before they recorded states, is left out."""
+    by_version: dict[int, list[tuple[pa.Table, str]]] = {}
+    for version, path, manifest in chain_manifests(found, all_chains(found).values()):
+        if manifest is not None:
+            by_version.setdefault(version, []).append((manifest, path))
+    out = [(v, _recorded(by_version[v])) for v in sorted(by_version, reverse=True)]
+    return [(v, types) for v, types in out if types is not None]
+
+
+def _recorded(manifests: Iterable[tuple[pa.Table, str]]) -> StateTypes | None:
+    """The union of the states ``(manifest, path)`` record (None: none records any)."""
     out: StateTypes = {}
     seen = False
-    for manifest, path in zip(found.manifests, found.paths, strict=True):
+    for manifest, path in manifests:
         raw = (manifest.schema.metadata or {}).get(STATE_TYPES)
         if raw is None:
             continue
@@ -152,6 +187,15 @@ def check_state_schema(
         check_restore(recorded, declared)
     except IncompatibleStateError as exc:
         raise IncompatibleStateError(f"{where}: {exc}") from None
+    for version, held in held_types(found):
+        try:
+            check_restore(held, declared)
+        except IncompatibleStateError as exc:
+            raise IncompatibleStateError(
+                f"checkpoint version {version} of keyed_process uid {storage.uid!r} under "
+                f"{storage.location}, whose sections the key-group chains of version "
+                f"{found.version} still restore (key groups not written since): {exc}"
+            ) from None
 
 
 def _cols(cols: list[tuple[str, str]]) -> str:
