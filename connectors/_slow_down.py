@@ -67,19 +67,24 @@ class Pace:
         self.sent: collections.deque[float] = collections.deque()  # the last second's sends
         self.turns = asyncio.Lock()  # paced requests take their turns in order
 
-    async def wait(self) -> float:
-        """Wait for this request's turn; the seconds waited. Paced requests take their
-        turns one after the other (first come, first served), each spaced by the pace
-        at its turn, so a pace that rises takes effect at once."""
-        started = now = time.monotonic()
+    def free(self) -> bool:
+        """Count a request about to go; True if it may go now (not paced, not held), so
+        that the common case costs no await. Otherwise it waits in :meth:`wait`."""
+        now = time.monotonic()
         sent = self.sent
         sent.append(now)
         while sent[0] < now - 1.0:
             sent.popleft()
         if self.rate is not None and now - self.cut_at > _LIFT_AFTER:
             self.rate = None  # long enough without a "slow down": not paced any more
-        if self.rate is None and now >= self.held_until:
-            return 0.0
+        return self.rate is None and now >= self.held_until
+
+    async def wait(self) -> float:
+        """Wait for the turn of a request :meth:`free` counted; the seconds waited.
+        Paced requests take their turns one after the other (first come, first
+        served), each spaced by the pace at its turn, so a pace that rises takes effect
+        at once."""
+        started = now = time.monotonic()
         async with self.turns:
             while True:
                 now = time.monotonic()

@@ -280,7 +280,9 @@ class HttpLookup(BaseLookup[_Runtime]):
         # a RateLimit (per process, or shared through Redis), or a number: requests per
         # second for this process and host, a RateLimit of rate_burst at once
         self.limit = rate_limit_option(rate_limit, burst=self.rate_burst, name=f"http:{host}")
-        self._service = host  # whose pace this lookup keeps without a RateLimit
+        # whose pace this lookup keeps without a RateLimit: the host's
+        self._pace_key = ("http", host)
+        self._pace_name = f"HttpLookup {host}"
         self.rate_limit = rate_limit
         self.max_connections = at_least(max_connections, "max_connections", 1)
         # Not ``self.timeout``: that name is AsyncFunction.timeout(), the operator's hook.
@@ -544,15 +546,16 @@ class HttpLookup(BaseLookup[_Runtime]):
         attempt = 0
         limit = self.limit
         # no RateLimit: the process's pace for this host, learned from its 429s and 503s
-        pace = pace_of(("http", self._service), f"HttpLookup {self._service}") if (
-            limit is None
-        ) else None  # fmt: skip
+        pace = pace_of(self._pace_key, self._pace_name) if limit is None else None
         while True:
-            if pace is not None:
+            if pace is not None and not pace.free():
                 self._throttle_waited += await pace.wait()
             try:
-                async with self._limited(limit):
+                if limit is None:  # the common case: no context manager per request
                     answer = await self._attempt(runtime, url, params, body)
+                else:
+                    async with self._limited(limit):
+                        answer = await self._attempt(runtime, url, params, body)
             except (LookupResponseError, LookupConnectionError, LookupTimeout) as exc:
                 status = exc.status if isinstance(exc, LookupResponseError) else None
                 retry_after = exc.retry_after if isinstance(exc, LookupResponseError) else None

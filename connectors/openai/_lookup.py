@@ -289,7 +289,7 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
             limit is None
         ) else None  # fmt: skip
         while True:
-            if pace is not None:
+            if pace is not None and not pace.free():
                 self._throttle_waited += await pace.wait()
             try:
                 async with self._limited(limit, estimate):
