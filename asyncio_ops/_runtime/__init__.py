@@ -34,7 +34,13 @@ from __future__ import annotations
 
 from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
-from ._keyed_partition import KEY_SCHEMA, STATE_TYPES, required_watermark, run_keyed_process
+from ._keyed_partition import (
+    HELD_TYPES,
+    KEY_SCHEMA,
+    STATE_TYPES,
+    required_watermark,
+    run_keyed_process,
+)
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
 from ._leases import hold_versions, lease_expired_note
 from ._metrics import RunMetrics
@@ -72,6 +78,7 @@ __all__ = [
     "DEFAULT_FLUSH_ROWS",
     "ERROR_COLUMN",
     "ERROR_TYPE",
+    "HELD_TYPES",
     "KEYED_PROCESS",
     "KEY_GROUP_COLUMN",
     "KEY_SCHEMA",

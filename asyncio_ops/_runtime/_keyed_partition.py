@@ -55,6 +55,7 @@ the row.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -72,7 +73,7 @@ from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state import KeyedStateBackend
 from ..state._rocksdb import RocksDBKeyedStateBackend
-from ..state._schema import types_json
+from ..state._schema import types_json, types_of_json
 from . import _parked, _warm
 from ._adapters import describe_row
 from ._claim import claim
@@ -101,6 +102,10 @@ KEY_SCHEMA: bytes = b"aops.key_schema"
 # every state's kind and declared types (``state._schema.types_json``): read_state's typed
 # columns, and the driver's check of a restart's descriptors
 STATE_TYPES: bytes = b"aops.state_types"
+# the state types of the older versions this partition's chains name, carried forward from
+# the manifests restored (``[[types_json, [versions]], ...]``): the driver's check sees every
+# type a restore meets even where those versions' own manifests were deleted
+HELD_TYPES: bytes = b"aops.held_types"
 
 log = logging.getLogger("asyncio_ops.runtime")
 
@@ -224,7 +229,7 @@ def run_keyed_process(
                 watermarks.max_seen if watermarks is not None else -math.inf,
                 watermarks.current if watermarks is not None else restored.current,
             )
-            writer, chains = _snapshot(spec, task, op, state, chains, retention)
+            writer, chains = _snapshot(spec, task, op, state, chains, retention, previous)
             _warn_unclaimed(spec, task, backend)
             assert warm_key is not None and task.batch_id is not None
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
@@ -437,6 +442,7 @@ def _snapshot(
     watermarks: WatermarkState,
     chains: dict[int, Chain],
     retention: Retention | None,
+    previous: VersionFiles | None,
 ) -> tuple[str, dict[int, Chain]]:
     """Write version ``N``: deltas, and the full state of the key groups whose turn it is
     (or that have no chain); returns the attempt's token and the chains written.
@@ -459,6 +465,10 @@ def _snapshot(
     if spec.key_schema:
         meta[KEY_SCHEMA] = spec.key_schema.encode()
     meta[STATE_TYPES] = types_json(op.backend.state_types()).encode()
+    named = {link[0] for chain in kept.values() for link in chain} - {version}
+    held = held_types(previous, named)
+    if held:
+        meta[HELD_TYPES] = held.encode()
     if retention is not None:  # what partition 0 keeps, said in its manifest
         meta[KEPT_FROM] = str(retention.keep_from()).encode()
     written = write_version(
@@ -471,6 +481,28 @@ def _snapshot(
     restorable = max(spec.retain_versions, _parked.PARK_EVERY)
     drop_manifest(spec.checkpoint, version, task.partition_id, restorable)
     return writer, written
+
+
+def held_types(previous: VersionFiles | None, named: set[int]) -> str:
+    """``HELD_TYPES`` of a manifest whose chains name the older versions ``named``: the
+    state types each was written with, from the manifests of ``previous`` (the version
+    restored: its own types, and those it carried for older ones); "" when none is known
+    (a version written before manifests carried them)."""
+    if previous is None or not named:
+        return ""
+    known: dict[int, str] = {}
+    for manifest in previous.manifests:
+        meta = manifest.schema.metadata or {}
+        if (raw := meta.get(HELD_TYPES)) is not None:
+            for types, versions in json.loads(raw):
+                known.update((v, types) for v in versions if v in named)
+        if (own := meta.get(STATE_TYPES)) is not None and previous.version in named:
+            assert isinstance(previous.version, int)
+            known[previous.version] = types_json(types_of_json(own.decode()))
+    grouped: dict[str, list[int]] = {}
+    for v in sorted(known):
+        grouped.setdefault(known[v], []).append(v)
+    return json.dumps(sorted(grouped.items())) if grouped else ""
 
 
 def _kept_from(previous: VersionFiles | None) -> int | None:

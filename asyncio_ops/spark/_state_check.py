@@ -14,12 +14,14 @@ which also decides from it whether ``initial_state`` applies) and refuses, with
   holding it, the state, both types, why and what to do. The types held are
   those the newest version's manifests record, then those of every older
   version its key-group chains still name (a key group the query did not
-  touch since restores from sections written with the types of then), from
-  their manifests (:func:`held_types`, each read once; no data file): each
-  section restores into the declared type directly, so each type is checked
-  against it. A version whose manifests retention deleted (not on an object
-  store: ``_runtime._retention``) is not seen here; the workers still refuse
-  an incompatible type of its sections when they restore them.
+  touch since restores from sections written with the types of then): what
+  the newest manifests carry for them (``HELD_TYPES``, carried forward by each
+  partition from the manifests it restored), else their own manifests
+  (:func:`held_types`, each read once; no data file): each section restores
+  into the declared type directly, so each type is checked against it. Only
+  a checkpoint of an earlier release whose older manifests retention deleted
+  (not on an object store: ``_runtime._retention``) hides a type from here;
+  the workers still refuse it when they restore.
 
 The declared states are what ``fn.open`` obtains (:func:`declared_states`: run
 once on a copy of ``fn`` with a throwaway heap backend of one key group and no
@@ -50,6 +52,7 @@ from .._functions import RuntimeContext
 from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange
 from .._runtime import (
+    HELD_TYPES,
     KEY_SCHEMA,
     STATE_TYPES,
     StateTypes,
@@ -113,16 +116,36 @@ def recorded_types(found: VersionFiles) -> StateTypes | None:
 
 
 def held_types(found: VersionFiles) -> list[tuple[int, StateTypes]]:
-    """The states the manifests of the versions older than ``found`` that its key-group
-    chains name record (:func:`chain_manifests`), newest version first: the types the
-    sections those chains restore were written with. A version whose manifests are gone,
-    or written before they recorded states, is left out."""
+    """The states the versions older than ``found`` that its key-group chains name were
+    written with, newest version first: the types the sections those chains restore
+    hold. From what ``found``'s manifests carry for them (``HELD_TYPES``), and for a
+    version they do not cover (written before manifests carried them) from its own
+    manifests (:func:`chain_manifests`); a version whose manifests are gone, or that
+    recorded no states, is left out."""
+    held: dict[int, StateTypes] = {}
+    for manifest, path in zip(found.manifests, found.paths, strict=True):
+        raw = (manifest.schema.metadata or {}).get(HELD_TYPES)
+        if raw is None:
+            continue
+        try:
+            for types, versions in json.loads(raw):
+                parsed = types_of_json(types)
+                for v in versions:
+                    held.setdefault(int(v), {}).update(parsed)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint file {path}: unreadable held state types {raw[:100]!r}"
+            ) from exc
+    rest = [tuple(link for link in chain if link[0] not in held)
+            for chain in all_chains(found).values()]  # fmt: skip
     by_version: dict[int, list[tuple[pa.Table, str]]] = {}
-    for version, path, manifest in chain_manifests(found, all_chains(found).values()):
+    for version, path, manifest in chain_manifests(found, rest):
         if manifest is not None:
             by_version.setdefault(version, []).append((manifest, path))
-    out = [(v, _recorded(by_version[v])) for v in sorted(by_version, reverse=True)]
-    return [(v, types) for v, types in out if types is not None]
+    for v, manifests in by_version.items():
+        if (types := _recorded(manifests)) is not None:
+            held[v] = types
+    return [(v, held[v]) for v in sorted(held, reverse=True)]
 
 
 def _recorded(manifests: Iterable[tuple[pa.Table, str]]) -> StateTypes | None:

@@ -187,7 +187,10 @@ def test_a_field_re_added_with_another_type_than_untouched_key_groups_hold_is_re
     """A struct field dropped by a run that touched one key, then re-added with another
     type: the newest version records the struct without it, but the chains of the key
     groups that run did not touch still name the first run's sections, which hold the
-    field in its old type; the driver refuses before any job, naming that version."""
+    field in its old type; the driver refuses before any job, naming that version. The
+    run that dropped it lasts 11 micro-batches, so that the first version's manifests are
+    deleted (local disk: 10 versions on) while its sections stay: the newest manifests
+    carry its types forward."""
     out = "user string, a int, b string"
     src = tmp_path / "in"
     src.mkdir()
@@ -196,13 +199,16 @@ def test_a_field_re_added_with_another_type_than_untouched_key_groups_hold_is_re
         _query(spark, tmp_path, Pair("struct<a int, b string>", "x"), "heap", output_schema=out),
         tmp_path,
     )
-    _write(src, "b.json", [("u1", 10)])
+    for i in range(11):
+        _write(src, f"b{i:02d}.json", [("u1", 10 + i)])
     rows = _run(
         _query(spark, tmp_path, Pair("struct<a int>", None), "heap", output_schema=out), tmp_path
     )
-    assert [(r["user"], r["a"]) for r in rows] == [("u1", 10)]
+    assert sorted(r["a"] for r in rows) == list(range(10, 21))
 
     state = tmp_path / "state"
+    assert not list((state / "stats" / "v0000000000").glob("subtask-*"))  # deleted
+    assert list((state / "stats" / "v0000000000").glob("kg-*"))  # its sections stay
     versions = CheckpointStorage(str(state), "stats").versions()
     files = _files(state)
     with pytest.raises(IncompatibleStateError) as info:
