@@ -51,6 +51,7 @@ from ._functions import (
     SupportsTokenUsage,
 )
 from ._keyed_operator import KeyedProcessOperator
+from ._keygroups import canonical_bytes
 from ._limit import AdaptiveLimit, SignalsOverload
 from ._operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
 from ._queues import (
@@ -66,6 +67,7 @@ from ._signing import SIGNING_KEY_ENV, mac, signing_key, verifies
 from ._snapshot import OperatorSnapshot, SnapshotEntry
 from ._statistics import OperatorStatistics
 from ._timers import InternalTimerService, Timer, TimerHeap
+from .state import decode_canonical
 
 __version__ = "0.1.0"
 
@@ -129,6 +131,8 @@ __all__ = [
     "WatermarkBoundedElementQueue",
     "WatermarkNotSupportedError",
     "__version__",
+    "canonical_bytes",
+    "decode_canonical",
     "mac",
     "run_async_wait",
     "signing_key",

@@ -43,14 +43,13 @@ locks.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ._elements import Record, StreamElement, Watermark
 from ._exceptions import ConfigurationError, WatermarkNotSupportedError
-from .options import positive_int
+from .options import OutputMode, positive_int
 
 _EMPTY: tuple[()] = ()
 
@@ -368,17 +367,6 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
             "time; use OutputMode.WATERMARK_BOUNDED (unordered between watermarks) or "
             "OutputMode.ORDERED"
         )
-
-
-class OutputMode(enum.Enum):
-    """Order in which results leave the operator."""
-
-    ORDERED = "ordered"
-    """Input order, watermarks included (Flink's orderedWait)."""
-    UNORDERED = "unordered"
-    """Completion order; processing time only, watermarks are an error."""
-    WATERMARK_BOUNDED = "watermark_bounded"
-    """Completion order between watermarks; nothing crosses a watermark."""
 
 
 def make_queue(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._elements import StreamElement
 
 if TYPE_CHECKING:
-    from ._queues import OutputMode
+    from .options import OutputMode
 
 SNAPSHOT_VERSION: Final = 1
 

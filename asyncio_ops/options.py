@@ -13,6 +13,7 @@ or ``"1 minute"`` is accepted.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import Final, TypeVar
 from ._exceptions import ConfigurationError
 
 __all__ = [
+    "OutputMode",
     "at_least",
     "choice",
     "int_between",
@@ -32,6 +34,19 @@ __all__ = [
     "seconds",
     "seconds_or_zero",
 ]
+
+
+class OutputMode(enum.Enum):
+    """Order in which results leave the operator (the ``mode`` of the async operator;
+    ``ordered_wait`` / ``unordered_wait`` choose it)."""
+
+    ORDERED = "ordered"
+    """Input order, watermarks included (Flink's orderedWait)."""
+    UNORDERED = "unordered"
+    """Completion order; processing time only, watermarks are an error."""
+    WATERMARK_BOUNDED = "watermark_bounded"
+    """Completion order between watermarks; nothing crosses a watermark."""
+
 
 T = TypeVar("T")
 

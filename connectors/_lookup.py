@@ -472,7 +472,7 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             return None
         import pyarrow as pa
 
-        from asyncio_ops.state import canonical_bytes
+        from asyncio_ops import canonical_bytes
 
         try:
             rows = pa.array([[dict(m.items()) for m in value] for _, (_, value) in entries])
@@ -494,7 +494,7 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
         :meth:`cache_identity` in their metadata); others are skipped, with a note."""
         if self.cache is None:
             return
-        from asyncio_ops.state import decode_canonical
+        from asyncio_ops import decode_canonical
 
         scope = self._cache_scope().encode()
         for table in tables:

@@ -110,8 +110,7 @@ class SharedLayer:
         return self.client
 
     def _key(self, key: Hashable) -> str | None:
-        from asyncio_ops import UnsupportedKeyError
-        from asyncio_ops.state import canonical_bytes
+        from asyncio_ops import UnsupportedKeyError, canonical_bytes
 
         try:
             raw = canonical_bytes(key)

@@ -66,6 +66,8 @@ def test_public_names_are_pinned() -> None:
         "WatermarkBoundedElementQueue",
         "WatermarkNotSupportedError",
         "__version__",
+        "canonical_bytes",
+        "decode_canonical",
         "mac",
         "run_async_wait",
         "signing_key",

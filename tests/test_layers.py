@@ -44,6 +44,11 @@ RULES = [
     ("asyncio_ops", ("pyspark",), "only asyncio_ops.spark imports pyspark"),
     ("asyncio_ops._runtime", ("asyncio_ops.spark",), "the runtime knows pyarrow, not Spark"),
     (
+        "asyncio_ops.spark",
+        ("asyncio_ops._operator", "asyncio_ops._keyed_operator", "asyncio_ops._queues"),
+        "the Spark layer asks the runtime; it builds no operator and no queue",
+    ),
+    (
         "asyncio_ops.state",
         (
             "asyncio_ops._operator",

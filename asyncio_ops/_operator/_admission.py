@@ -28,7 +28,7 @@ from typing import Any
 
 from .._elements import Record, Watermark
 from .._limit import AdaptiveLimit
-from .._queues import OutputMode
+from ..options import OutputMode
 from ._core import _Entry, _OperatorCore, _Restored
 
 

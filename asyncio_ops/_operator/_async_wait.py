@@ -34,13 +34,13 @@ from .._functions import (
     maybe_await,
 )
 from .._limit import DEFAULT_MAX_CAPACITY, AdaptiveLimit
-from .._queues import OutputMode, make_queue
+from .._queues import make_queue
 from .._retry import AsyncRetryStrategy
 from .._snapshot import OperatorSnapshot
 from .._statistics import LatencyHistogram, OperatorStatistics
 from .._timeout_slots import TimeoutSlots
 from .._timers import InternalTimerService
-from ..options import capacity_or_auto, non_negative_int, positive_int, positive_seconds
+from ..options import OutputMode, capacity_or_auto, non_negative_int, positive_int, positive_seconds
 from ._admission import _Admission
 from ._completion import _Completion
 from ._core import _NO_HOOKS, FailureHandler, OutputFn, RuntimeHooks, _Entry

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from .._elements import Record, StreamElement, Watermark
 from .._functions import AsyncFunction, RuntimeContext
 from .._limit import AdaptiveLimit
-from .._queues import ElementQueue, OutputMode, ResultHandle
+from .._queues import ElementQueue, ResultHandle
 from .._retry import AsyncRetryStrategy
 from .._snapshot import OperatorSnapshot
 from .._statistics import LatencyHistogram
 from .._timeout_slots import Slot, TimeoutSlots
 from .._timers import InternalTimerService
+from ..options import OutputMode
 
 OutputFn = Callable[[StreamElement], object]
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]

@@ -21,8 +21,8 @@ from typing import Any
 
 from .._elements import Record, Watermark
 from .._exceptions import ConfigurationError
-from .._queues import OutputMode
 from .._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
+from ..options import OutputMode
 from ._core import _Entry, _OperatorCore, _Restored
 
 

@@ -23,6 +23,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_partition``: the glue, :func:`run_partition`;
 - ``_keyed_partition``: a ``KeyedProcessFunction`` over a partition (``keyed_process``);
 - ``_seed``: initial state written before a ``keyed_process`` job's first version;
+- ``_declared``: the states a ``KeyedProcessFunction`` declares (its ``open``, run once);
 - ``_state_reader``: what ``read_state`` reads from a checkpoint (rows, no Spark).
 
 The Spark layer imports what this face exports, not the modules behind it, nor
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
+from ._declared import declared_states
 from ._keyed_partition import (
     HELD_TYPES,
     KEY_SCHEMA,
@@ -103,6 +105,7 @@ __all__ = [
     "chain_manifests",
     "check_restore",
     "clear_seed",
+    "declared_states",
     "hold_versions",
     "lease_expired_note",
     "micros",

@@ -17,8 +17,8 @@ import pyarrow as pa
 from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
 from .._limit import DEFAULT_MAX_CAPACITY
-from .._queues import OutputMode
 from .._retry import AsyncRetryStrategy
+from ..options import OutputMode
 from ..state import KeyedProcessFunction
 
 ERROR_COLUMN: Final = "_error"

@@ -38,7 +38,6 @@ from .._functions import (
     SupportsInvokeChunk,
     as_async_function,
 )
-from .._queues import OutputMode
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
     ERROR_COLUMN,
@@ -47,6 +46,7 @@ from .._runtime import (
     PartitionSpec,
     run_partition,
 )
+from ..options import OutputMode
 from . import _errors
 from ._checkpoint_location import (
     DESCRIBED,

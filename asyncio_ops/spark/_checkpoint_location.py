@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 from .._checkpoint import CheckpointStorage, shown_location
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, CoroutineFunction
-from .._queues import OutputMode
+from ..options import OutputMode
 
 
 def _spark_context(spark: SparkSession) -> SparkContext | None:

@@ -48,9 +48,6 @@ from pyspark.sql.types import StructType
 
 from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError, IncompatibleStateError
-from .._functions import RuntimeContext
-from .._keyed_operator import KeyedProcessOperator
-from .._keygroups import KeyGroupRange
 from .._runtime import (
     HELD_TYPES,
     KEY_SCHEMA,
@@ -60,42 +57,18 @@ from .._runtime import (
     all_chains,
     chain_manifests,
     check_restore,
+    declared_states,
     read_version,
     types_of_json,
 )
-from ..state import HeapKeyedStateBackend, KeyedProcessFunction
+from ..state import KeyedProcessFunction
 
 __all__ = [
     "check_state_schema",
-    "declared_states",
     "held_types",
     "newest_complete",
     "recorded_types",
 ]
-
-
-def declared_states(fn: KeyedProcessFunction[Any, Any, Any]) -> StateTypes:
-    """The states ``fn.open`` declares (see the module docstring); ``fn`` is opened and
-    closed: pass a copy."""
-    backend = HeapKeyedStateBackend(max_parallelism=1, key_group_range=KeyGroupRange(0, 0))
-    try:
-        op = KeyedProcessOperator(
-            fn, _same, backend=backend, output=_discard, schedule_timers=False,
-            runtime_context=RuntimeContext(task_name="keyed_process (declaring state)"),
-        )  # fmt: skip
-        op.open()
-        op.close()
-        return backend.state_types()
-    finally:
-        backend.close()
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _discard(element: Any) -> None:
-    return None
 
 
 def newest_complete(storage: CheckpointStorage) -> VersionFiles | None:
