@@ -13,6 +13,7 @@ from ._limit import DEFAULT_MAX_CAPACITY
 from ._operator import AsyncWaitOperator, OutputMode
 from ._retry import AsyncRetryStrategy
 from ._snapshot import OperatorSnapshot
+from .options import DEFAULT_CAPACITY
 
 
 async def run_async_wait(
@@ -20,7 +21,7 @@ async def run_async_wait(
     elements: Iterable[Any] | AsyncIterable[Any],
     *,
     timeout: float | timedelta,  # noqa: ASYNC109 - per-element budget, not a call timeout
-    capacity: int | str = 100,
+    capacity: int | str = DEFAULT_CAPACITY,
     mode: OutputMode = OutputMode.ORDERED,
     retry: AsyncRetryStrategy | None = None,
     clock: Scheduler | None = None,

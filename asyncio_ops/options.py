@@ -23,6 +23,7 @@ from typing import Final, TypeVar
 from ._exceptions import ConfigurationError
 
 __all__ = [
+    "DEFAULT_CAPACITY",
     "OutputMode",
     "at_least",
     "choice",
@@ -34,6 +35,10 @@ __all__ = [
     "seconds",
     "seconds_or_zero",
 ]
+
+
+DEFAULT_CAPACITY: Final = 100
+"""Elements in flight per operator instance when ``capacity`` is not given (Flink's 100)."""
 
 
 class OutputMode(enum.Enum):

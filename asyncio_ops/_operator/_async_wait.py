@@ -40,7 +40,14 @@ from .._snapshot import OperatorSnapshot
 from .._statistics import LatencyHistogram, OperatorStatistics
 from .._timeout_slots import TimeoutSlots
 from .._timers import InternalTimerService
-from ..options import OutputMode, capacity_or_auto, non_negative_int, positive_int, positive_seconds
+from ..options import (
+    DEFAULT_CAPACITY,
+    OutputMode,
+    capacity_or_auto,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+)
 from ._admission import _Admission
 from ._completion import _Completion
 from ._core import _NO_HOOKS, FailureHandler, OutputFn, RuntimeHooks, _Entry
@@ -103,7 +110,7 @@ class AsyncWaitOperator(_Admission, _Completion, _Timeouts, _Snapshots):
         *,
         output: OutputFn,
         timeout: float | timedelta,
-        capacity: int | str | AdaptiveLimit = 100,
+        capacity: int | str | AdaptiveLimit = DEFAULT_CAPACITY,
         mode: OutputMode = OutputMode.ORDERED,
         retry: AsyncRetryStrategy | None = None,
         clock: Scheduler | None = None,

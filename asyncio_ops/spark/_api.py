@@ -46,7 +46,7 @@ from .._runtime import (
     PartitionSpec,
     run_partition,
 )
-from ..options import OutputMode
+from ..options import DEFAULT_CAPACITY, OutputMode
 from . import _errors
 from ._checkpoint_location import (
     DESCRIBED,
@@ -62,7 +62,6 @@ from ._keywords import known_keywords
 from ._metrics import AsyncMetrics
 from ._options import (
     CHUNK_AUTO,
-    DEFAULT_CAPACITY,
     ON_EMPTY,
     WAIT_SIGNATURE,
     WaitKeywords,

@@ -32,6 +32,7 @@ from pyspark.sql.types import StructType
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, as_async_function
 from .._retry import AsyncRetryStrategy
+from ..options import DEFAULT_CAPACITY
 
 # aliased: inside the class body the names ordered_wait / unordered_wait are its methods
 from ._api import ordered_wait as _ordered_wait
@@ -89,7 +90,7 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        capacity: int | str = 100,
+        capacity: int | str = DEFAULT_CAPACITY,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -104,7 +105,7 @@ class AsyncDataStream:
         data_stream: DataFrame,
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
-        capacity: int | str = 100,
+        capacity: int | str = DEFAULT_CAPACITY,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -120,7 +121,7 @@ class AsyncDataStream:
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
         async_retry_strategy: AsyncRetryStrategy | None,
-        capacity: int | str = 100,
+        capacity: int | str = DEFAULT_CAPACITY,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:
@@ -138,7 +139,7 @@ class AsyncDataStream:
         async_function: AsyncFunction[Any, Any],
         timeout: Timeout,
         async_retry_strategy: AsyncRetryStrategy | None,
-        capacity: int | str = 100,
+        capacity: int | str = DEFAULT_CAPACITY,
         output_type: str | StructType | None = None,
         **options: Any,
     ) -> DataFrame:

@@ -60,8 +60,6 @@ ON_EMPTY: Final = ("drop", "keep")
 ROWS_AS: Final = ("dict", "row")
 LATE_RECORDS: Final = ("keep", "drop")
 CHUNK_AUTO: Final = "auto"
-DEFAULT_CAPACITY: Final = 100
-"""``capacity`` when not given: elements in flight per partition (see ``default_capacity``)."""
 DEFAULT_OUTPUT_BUFFER_FACTOR: Final = 4
 """``output_buffer`` defaults to this many times ``capacity`` (0 is Flink's meaning)."""
 
