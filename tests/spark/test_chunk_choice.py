@@ -11,8 +11,9 @@ from asyncio_ops.connectors.postgres import PostgresLookup
 
 from asyncio_ops import AsyncFunction, AsyncRetryStrategy, ConfigurationError
 from asyncio_ops.async_retry_predicates import empty_result_predicate, has_exception_predicate
+from asyncio_ops.options import DEFAULT_CAPACITY
 from asyncio_ops.spark._api import chunk_rows_of, default_capacity
-from asyncio_ops.spark._options import DEFAULT_CAPACITY, WaitOptions
+from asyncio_ops.spark._options import WaitOptions
 
 BATCH = 10_000  # the input Arrow batch's rows
 QUERY = "SELECT id, name FROM customers WHERE id = ANY($1)"
