@@ -37,14 +37,14 @@ from ..state._schema import StateTypes, check_restore, types_of_json
 from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
 from ._declared import declared_states
 from ._keyed_partition import (
-    HELD_TYPES,
     KEY_SCHEMA,
     STATE_TYPES,
+    carried_types,
     required_watermark,
     run_keyed_process,
 )
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
-from ._leases import hold_versions, lease_expired_note
+from ._leases import hold_versions, lease_noted
 from ._metrics import RunMetrics
 from ._partition import run_partition
 from ._replay_log import read_segment, segment_of
@@ -80,7 +80,6 @@ __all__ = [
     "DEFAULT_FLUSH_ROWS",
     "ERROR_COLUMN",
     "ERROR_TYPE",
-    "HELD_TYPES",
     "KEYED_PROCESS",
     "KEY_GROUP_COLUMN",
     "KEY_SCHEMA",
@@ -102,12 +101,13 @@ __all__ = [
     "all_chains",
     "carried_elements",
     "carried_format",
+    "carried_types",
     "chain_manifests",
     "check_restore",
     "clear_seed",
     "declared_states",
     "hold_versions",
-    "lease_expired_note",
+    "lease_noted",
     "micros",
     "named_version",
     "open_run",

@@ -73,7 +73,7 @@ from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from ..state import KeyedStateBackend
 from ..state._rocksdb import RocksDBKeyedStateBackend
-from ..state._schema import types_json, types_of_json
+from ..state._schema import types_json
 from . import _parked, _warm
 from ._adapters import describe_row
 from ._claim import claim
@@ -492,17 +492,24 @@ def held_types(previous: VersionFiles | None, named: set[int]) -> str:
         return ""
     known: dict[int, str] = {}
     for manifest in previous.manifests:
-        meta = manifest.schema.metadata or {}
-        if (raw := meta.get(HELD_TYPES)) is not None:
-            for types, versions in json.loads(raw):
-                known.update((v, types) for v in versions if v in named)
-        if (own := meta.get(STATE_TYPES)) is not None and previous.version in named:
+        known.update((v, t) for v, t in carried_types(manifest).items() if v in named)
+        own = (manifest.schema.metadata or {}).get(STATE_TYPES)
+        if own is not None and previous.version in named:
             assert isinstance(previous.version, int)
-            known[previous.version] = types_json(types_of_json(own.decode()))
+            known[previous.version] = own.decode()  # types_json wrote it
     grouped: dict[str, list[int]] = {}
     for v in sorted(known):
         grouped.setdefault(known[v], []).append(v)
     return json.dumps(sorted(grouped.items())) if grouped else ""
+
+
+def carried_types(manifest: pa.Table) -> dict[int, str]:
+    """What a manifest's ``HELD_TYPES`` says: per older version its chains name, the
+    state types (``types_json``) it was written with ({} if it says nothing)."""
+    raw = (manifest.schema.metadata or {}).get(HELD_TYPES)
+    if raw is None:
+        return {}
+    return {int(v): types for types, versions in json.loads(raw) for v in versions}
 
 
 def _kept_from(previous: VersionFiles | None) -> int | None:

@@ -33,7 +33,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Final, TypeVar
 
 from .._checkpoint import CheckpointStorage
@@ -152,3 +153,15 @@ def hold_versions(
             "read_state: %s lost version(s) %s while pinned; pinning the newest again", where, gone
         )
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def lease_noted(until_ms: int | None) -> Iterator[None]:
+    """Run a read of leased versions: a CheckpointError it raises after the lease ended
+    says so (:func:`lease_expired_note`)."""
+    try:
+        yield
+    except CheckpointError as exc:
+        if note := lease_expired_note(until_ms):
+            raise CheckpointError(f"{exc}{note}") from exc
+        raise

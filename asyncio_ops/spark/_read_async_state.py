@@ -83,7 +83,7 @@ from .._runtime import (
     VersionFiles,
     carried_elements,
     carried_format,
-    lease_expired_note,
+    lease_noted,
     micros,
     read_segment,
     required_watermark,
@@ -174,12 +174,8 @@ def read_carried(
     def emit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for partition in batch.column(0).to_pylist():
-                try:
+                with lease_noted(until):
                     elements = carried_elements(found, partition, written)
-                except CheckpointError as exc:
-                    if note := lease_expired_note(until):
-                        raise CheckpointError(f"{exc}{note}") from exc
-                    raise
                 yield _elements_batch(elements, arrow_schema)
 
     units = [(i,) for i in range(found.num_partitions)]

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, NamedTuple
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -92,7 +92,7 @@ from .._runtime import (
     VersionFiles,
     all_chains,
     hold_versions,
-    lease_expired_note,
+    lease_noted,
     named_version,
     open_run,
     open_version,
@@ -210,18 +210,20 @@ def read_state(
     assert not isinstance(version, str)
     wanted = to_version if changes else version
 
-    def pin() -> tuple[VersionFiles, VersionFiles | None]:
+    def pin() -> _Pinned:
         found = open_version(storage, wanted)
-        if not changes:
-            return found, None
-        assert from_version is not None and isinstance(found.version, int)
-        if from_version > found.version:
-            raise ConfigurationError(
-                f"from_version ({from_version}) is after the newest version ({found.version})"
-            )
-        return found, open_version(storage, from_version)
+        old = None
+        if changes:
+            assert from_version is not None and isinstance(found.version, int)
+            if from_version > found.version:
+                raise ConfigurationError(
+                    f"from_version ({from_version}) is after the newest version ({found.version})"
+                )
+            old = open_version(storage, from_version)
+        return _Pinned(found, old, _chains(found), _chains(old))
 
-    (found, old), until = hold_versions(storage, lease, pin, _needs, newest=wanted is None)
+    pinned, until = hold_versions(storage, lease, pin, _Pinned.needs, newest=wanted is None)
+    found, old, chains, before = pinned
     where = named_version(storage, found.version)
     if watermarks:
         return read_watermarks(spark, found, where)
@@ -235,12 +237,9 @@ def read_state(
             )
         return read_carried(spark, found, where, until)
     found.check_operator(KEYED_PROCESS)
-    chains = all_chains(found)
-    before: dict[int, Chain] = {}
     if changes:
         assert old is not None
         old.check_operator(KEYED_PROCESS)
-        before = all_chains(old)
     key_fields = _key_fields(found)
     typed = recorded_key_schema(found) is not None
     types: StateTypes = recorded_types(found) or {}
@@ -278,31 +277,40 @@ def read_state(
                     kgs, batch.column(i).to_pylist(), strict=True)}
                 for i in (1, 2)
             )  # fmt: skip
-            try:
+            with lease_noted(until):
                 yield from state_rows(
                     storage, mine, old if changes else None, key_names, typed, arrow_schema,
                     state, timers, types,
                 )  # fmt: skip
-            except CheckpointError as exc:
-                if note := lease_expired_note(until):
-                    raise CheckpointError(f"{exc}{note}") from exc
-                raise
 
     return groups.mapInArrow(emit, schema)
 
 
-def _needs(pinned: tuple[VersionFiles, VersionFiles | None]) -> set[int]:
-    """The versions whose files a read of ``pinned`` reads: each one's own, and those
-    its key groups' chains name (``keyed_process``)."""
-    out: set[int] = set()
-    for found in pinned:
-        if found is None:
-            continue
-        assert isinstance(found.version, int)
-        out.add(found.version)
-        if found.written_by() == KEYED_PROCESS:
-            out.update(link[0] for chain in all_chains(found).values() for link in chain)
-    return out
+class _Pinned(NamedTuple):
+    """The version(s) a read reads, their manifests read: ``found`` (and, ``changes``,
+    ``old``) and every key group's chain in each (``keyed_process``'s; {} otherwise)."""
+
+    found: VersionFiles
+    old: VersionFiles | None
+    chains: dict[int, Chain]
+    before: dict[int, Chain]
+
+    def needs(self) -> set[int]:
+        """The versions whose files the read reads: each one's own, and those its key
+        groups' chains name."""
+        out = {
+            v.version for v in (self.found, self.old) if v is not None and type(v.version) is int
+        }
+        for chains in (self.chains, self.before):
+            out.update(link[0] for chain in chains.values() for link in chain)
+        return out
+
+
+def _chains(found: VersionFiles | None) -> dict[int, Chain]:
+    """Every key group's chain in ``found`` if ``keyed_process`` wrote it, else {}."""
+    if found is None or found.written_by() != KEYED_PROCESS:
+        return {}
+    return all_chains(found)
 
 
 def _typed_columns(kind: str, value: str, key: str | None) -> list[StructField]:

@@ -49,12 +49,12 @@ from pyspark.sql.types import StructType
 from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError, IncompatibleStateError
 from .._runtime import (
-    HELD_TYPES,
     KEY_SCHEMA,
     STATE_TYPES,
     StateTypes,
     VersionFiles,
     all_chains,
+    carried_types,
     chain_manifests,
     check_restore,
     declared_states,
@@ -97,18 +97,11 @@ def held_types(found: VersionFiles) -> list[tuple[int, StateTypes]]:
     recorded no states, is left out."""
     held: dict[int, StateTypes] = {}
     for manifest, path in zip(found.manifests, found.paths, strict=True):
-        raw = (manifest.schema.metadata or {}).get(HELD_TYPES)
-        if raw is None:
-            continue
         try:
-            for types, versions in json.loads(raw):
-                parsed = types_of_json(types)
-                for v in versions:
-                    held.setdefault(int(v), {}).update(parsed)
+            for v, raw in carried_types(manifest).items():
+                held.setdefault(v, {}).update(types_of_json(raw))
         except Exception as exc:
-            raise CheckpointError(
-                f"checkpoint file {path}: unreadable held state types {raw[:100]!r}"
-            ) from exc
+            raise CheckpointError(f"checkpoint file {path}: unreadable held state types") from exc
     rest = [tuple(link for link in chain if link[0] not in held)
             for chain in all_chains(found).values()]  # fmt: skip
     by_version: dict[int, list[tuple[pa.Table, str]]] = {}
@@ -116,8 +109,8 @@ def held_types(found: VersionFiles) -> list[tuple[int, StateTypes]]:
         if manifest is not None:
             by_version.setdefault(version, []).append((manifest, path))
     for v, manifests in by_version.items():
-        if (types := _recorded(manifests)) is not None:
-            held[v] = types
+        if (recorded := _recorded(manifests)) is not None:
+            held[v] = recorded
     return [(v, held[v]) for v in sorted(held, reverse=True)]
 
 
