@@ -52,7 +52,7 @@ from ._functions import (
 )
 from ._keyed_operator import KeyedProcessOperator
 from ._keygroups import canonical_bytes
-from ._limit import AdaptiveLimit, SignalsOverload
+from ._limit import AdaptiveLimit, CallsService, SignalsOverload
 from ._operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
 from ._queues import (
     ElementQueue,
@@ -82,6 +82,7 @@ __all__ = [
     "AsyncTimeoutError",
     "AsyncWaitOperator",
     "CacheCounters",
+    "CallsService",
     "CheckpointError",
     "CheckpointedFunction",
     "Clock",

@@ -85,20 +85,38 @@ STARTUP_GAIN: Final = 1.25  # the goodput must grow this much per startup step
 STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the goodput this much
 LATENCY_GUARD: Final = 2.0  # round median latency / latency floor
 LATENCY_WINDOW: Final = 2.5  # seconds: the floor is the lowest round median of this window
+SLOWER: Final = 0.75  # a floor past the guard with the goodput under this share: slower
 PROBE_UP: Final = 1.25
 PROBE_DOWN: Final = 0.8
 UP_GAIN: Final = 1.03  # a probe up is kept if the goodput grows this much
 DOWN_KEEP: Final = 0.97  # a probe down is kept if the goodput stays above this share
 QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the floor: no queue
 ERRORS_FREE: Final = 0.01  # a held round's error share under this: not past the knee
-ERROR_RISE: Final = 0.05  # an error share this far above the one before: overload
+ERROR_RISE: Final = 0.02  # an error share this far above the one before: overload
 ERROR_EVIDENCE: Final = 4  # errors a round needs before their share can mean overload
-ERROR_SIGMAS: Final = 4.0  # and the excess is this many standard deviations past chance
+ERROR_SIGMAS: Final = 5.0  # and the excess is this many standard deviations past chance
+ERROR_PRIOR: Final = 20  # before any round: as if 0 errors in this many completions
+ERROR_CUT: Final = 0.5  # a rising error share cuts this much (errors answered at once)
+ERROR_CONFIRM: Final = 2.0  # the share after that cut must fall this many sigmas
 OVERLOAD_CUT: Final = 0.7
 RECOVER_BELOW: Final = 0.5  # cuts below this share of the held limit: recover by startup
 PROBE_EVERY: Final = 4  # held rounds between probes
+PROBE_BACKOFF: Final = 64  # at most this many held rounds between probes to the error limit
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
 MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
+
+
+@runtime_checkable
+class CallsService(Protocol):
+    """A function that names the service it calls (the connectors: an HTTP origin, a
+    database, a model endpoint). A worker's runtime keeps the limit an operator
+    learned for a service and starts its next operator instance on the same service
+    there: what a partition learned about a service holds for the next one."""
+
+    def service_endpoint(self) -> str | None:
+        """The service's name, the same for every function that calls it (without
+        credentials); None: unknown (the limit is then kept per function)."""
+        ...
 
 
 @runtime_checkable
@@ -114,10 +132,11 @@ class AdaptiveLimit:
 
     __slots__ = (
         "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
-        "_completions", "_cut_in_round", "_down_next", "_errors", "_floors", "_held",
-        "_held_completions", "_held_errors", "_latencies", "_max_in_flight", "_min_latency",
-        "_probe", "_rounds_held", "_started", "_startup", "_transition", "changes", "cuts",
-        "high", "limit", "low", "maximum", "minimum", "name", "rounds",
+        "_completions", "_cut_in_round", "_down_next", "_error_check", "_error_limit",
+        "_errors", "_floor_rate", "_floors", "_held", "_held_completions", "_held_errors",
+        "_latencies", "_max_in_flight", "_min_latency", "_probe", "_probe_wait",
+        "_rounds_held", "_started", "_startup", "_transition", "changes", "cuts", "high",
+        "limit", "low", "maximum", "minimum", "name", "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -137,15 +156,25 @@ class AdaptiveLimit:
         self._best_rate = 0.0
         self._best_limit = self.limit
         self._min_latency = math.inf  # the latency floor: the lowest median of the window
-        self._floors: deque[tuple[float, float]] = deque()  # (round end, median), rising
+        # (round end, median, goodput), medians rising: the window's lowest first
+        self._floors: deque[tuple[float, float, float]] = deque()
+        self._floor_rate = 0.0  # the goodput of the round that set the floor
         self._started: float | None = None  # the current round's start
         self._latencies: list[float] = []  # of the round's completions that were not errors
         self._completions = 0  # the round's completions, errors included
         self._errors = 0  # the round's completions that were errors
         # the errors and completions of the rounds this one's error share is judged
         # against: the last startup round, or the rounds held since the last probe
+        # (before any round: a prior of no errors, so that a first round of errors
+        # answered at once is judged too)
         self._base_errors = 0
-        self._base_completions = 0  # 0: none yet
+        self._base_completions = ERROR_PRIOR
+        # after a cut for rising errors: (the limit before it, the errors and
+        # completions of its round), until a round at the lower limit confirms that
+        # the share falls with the limit (else the limit is restored)
+        self._error_check: tuple[int, int, int] | None = None
+        self._error_limit = 0  # the lowest limit at which errors rose, confirmed (0: none)
+        self._probe_wait = PROBE_EVERY  # held rounds before a probe up to the error limit
         self._max_in_flight = 0
         self._cut_in_round = False
         self._held = 0.0  # the goodput of the rounds held since the last probe
@@ -171,11 +200,14 @@ class AdaptiveLimit:
         self._completions += 1
         if failed:
             self._errors += 1
-            if self._errors_rose():
+            if self._error_check is None and self._errors_rose():
                 if self._probe > 1 and not self._cut_in_round:
                     self._failed_probe()  # the probe up did it: back to the held limit
-                else:
-                    self._cut("the share of error answers rose with it")
+                elif not self._cut_in_round:
+                    before = self.limit
+                    self._cut("the share of error answers rose with it", ERROR_CUT)
+                    if self.limit < before:
+                        self._error_check = (before, self._errors, self._completions)
         else:
             self._latencies.append(latency)
         if in_flight > self._max_in_flight:
@@ -212,19 +244,23 @@ class AdaptiveLimit:
         return excess >= max(ERROR_EVIDENCE, ERROR_RISE * n, chance)
 
     def _failed_probe(self) -> None:
+        """A probe up raised the error share: back to the held limit, and the next
+        probe that high waits twice as long."""
+        self._error_limit = min(self._error_limit or self.limit, self.limit)
+        self._probe_wait = min(2 * self._probe_wait, PROBE_BACKOFF)
         self._cut_in_round = True  # the round says nothing; no second cut in it
         self._probe = 0.0
         self._rounds_held = 0
         self._set(self._best_limit)
 
-    def _cut(self, cause: str) -> None:
+    def _cut(self, cause: str, factor: float = OVERLOAD_CUT) -> None:
         if self._cut_in_round:
             return
         self._cut_in_round = True
         first = not self._ceiling  # the first cut of a series
         if first:
             self._ceiling = self._best_limit
-        cut = math.floor(self.limit * OVERLOAD_CUT)
+        cut = math.floor(self.limit * factor)
         if self._startup:  # the step just taken did it: back to the last good one
             cut = min(cut, self._best_limit)
         self._startup = False
@@ -248,17 +284,23 @@ class AdaptiveLimit:
         self._max_in_flight = 0
         self._cut_in_round = False
 
-    def _floor(self, median: float, now: float) -> None:
+    def _floor(self, median: float, now: float, rate: float) -> None:
         """Take a round's median into the windowed minimum; a floor that rose past the
-        guard (the service got slower, not our queue) starts startup again."""
+        guard while the goodput fell (the service got slower, not our own queue
+        longer: that one comes with as much goodput or more) starts startup again."""
         floors = self._floors
         while floors and floors[-1][1] >= median:
             floors.pop()
-        floors.append((now, median))
+        floors.append((now, median, rate))
         while len(floors) > 1 and floors[0][0] < now - LATENCY_WINDOW:
             floors.popleft()
-        before, self._min_latency = self._min_latency, floors[0][1]
-        if before < math.inf and self._min_latency > LATENCY_GUARD * before:
+        before, before_rate = self._min_latency, self._floor_rate
+        _, self._min_latency, self._floor_rate = floors[0]
+        if (
+            before < math.inf
+            and self._min_latency > LATENCY_GUARD * before
+            and rate < SLOWER * before_rate
+        ):
             self._restart()
 
     def _restart(self) -> None:
@@ -277,18 +319,14 @@ class AdaptiveLimit:
         cut = self._cut_in_round
         self._next_round(now)
         if latencies:
-            self._floor(median, now)
+            self._floor(median, now, rate)
         transition, self._transition = self._transition, False
-        calm = median <= LATENCY_GUARD * self._min_latency
-        if transition and self._startup and not calm and not cut:
-            # a queue shows already while the step is taken: end startup now rather
-            # than hold the longer queue for one more round
-            self._end_startup(self._best_rate)
-            return
         if cut or app_limited or transition:
             # a round that was cut, not filled, or still finishing the requests of the
             # previous limit says nothing about this one
             return
+        if self._error_check is not None and not self._errors_fell(errors, completions):
+            return  # not overload: the limit is restored
         if self._ceiling:
             # the first round after cuts that passed without one
             if self.limit < RECOVER_BELOW * self._ceiling:
@@ -297,9 +335,30 @@ class AdaptiveLimit:
                 self._ceiling = 0
         if self._startup:
             self._base_errors, self._base_completions = errors, completions
-            self._startup_round(rate, calm)
+            self._startup_round(rate)
         else:
-            self._steady_round(rate, calm, median, errors, completions)
+            self._steady_round(rate, median, errors, completions)
+
+    def _errors_fell(self, errors: int, completions: int) -> bool:
+        """The first full round after a cut for rising errors: did their share fall with
+        the limit (by :data:`ERROR_CONFIRM` standard deviations)? If so the limit before
+        the cut is the error limit; if not, the errors come at a share of their own
+        (rows the service refuses whatever the load): that limit is restored and the
+        share becomes the base later rounds are judged against."""
+        assert self._error_check is not None
+        before, had, of = self._error_check
+        self._error_check = None
+        share = had / of
+        expected = share * completions
+        if errors < expected - ERROR_CONFIRM * math.sqrt(expected * (1 - share)):
+            self._error_limit = min(self._error_limit or before, before)
+            return True
+        self._base_errors, self._base_completions = had + errors, of + completions
+        self._ceiling = 0
+        self._set(before)
+        log.info("%s: back to %d in flight: the share of error answers did not fall "
+                 "with it", self.name, before)  # fmt: skip
+        return False
 
     def _end_startup(self, rate: float) -> None:
         self._startup = False
@@ -309,28 +368,31 @@ class AdaptiveLimit:
         log.info("%s: settled at %d in flight after %d rounds (%.0f answers/s)",
                  self.name, self.limit, self.rounds, rate)  # fmt: skip
 
-    def _startup_round(self, rate: float, calm: bool) -> None:
+    def _startup_round(self, rate: float) -> None:
         top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
-        if calm and rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
+        if self._error_limit:
+            top = min(top, self._error_limit - 1)
+        if rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
             self._best_rate, self._best_limit = rate, self.limit
             self._set(min(math.ceil(self.limit * STARTUP_GROWTH), top))
             return
-        if calm and rate >= STARTUP_KEEP * self._best_rate:
+        if rate >= STARTUP_KEEP * self._best_rate:
             # at the top, or past the knee of the curve but still gaining: keep it
             self._best_rate, self._best_limit = rate, self.limit
         self._end_startup(max(rate, self._best_rate))
 
-    def _steady_round(
-        self, rate: float, calm: bool, median: float, errors: int, completions: int
-    ) -> None:
+    def _steady_round(self, rate: float, median: float, errors: int, completions: int) -> None:
         if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
-            keep = (rate >= UP_GAIN * self._held and calm) if up else rate >= DOWN_KEEP * self._held
+            keep = rate >= UP_GAIN * self._held if up else rate >= DOWN_KEEP * self._held
             base = self._best_limit
             self._probe = 0.0
             self._rounds_held = 0
             if keep:
                 self._best_limit = self.limit
+                if up and self._error_limit and self.limit >= self._error_limit:
+                    self._error_limit = 0  # errors no longer rise there
+                    self._probe_wait = PROBE_EVERY
             else:
                 self._set(base)
             return
@@ -348,15 +410,23 @@ class AdaptiveLimit:
             # alternate up and down probes: up finds more throughput, down shorter
             # queues or fewer errors (only where latency says there is a queue to
             # shorten, or errors say the service is past its knee)
-            self._down_next = not self._down_next
+            down = not self._down_next
             past = (
                 median > QUEUE_FREE * self._min_latency
                 or self._held_errors > ERRORS_FREE * self._held_completions
             )
-            self._probe = PROBE_DOWN if self._down_next and past else PROBE_UP
+            higher = math.ceil(self.limit * PROBE_UP)
+            if self._error_limit:
+                higher = min(higher, self._error_limit)
+                going_up = not (down and past)
+                if going_up and higher >= self._error_limit and (
+                    self._rounds_held < self._probe_wait
+                ):
+                    return  # up to where errors rose: only after the back-off
+            self._down_next = down
+            self._probe = PROBE_DOWN if down and past else PROBE_UP
             before = self.limit
-            self._set(math.ceil(self.limit * self._probe) if self._probe > 1
-                      else math.floor(self.limit * self._probe))  # fmt: skip
+            self._set(higher if self._probe > 1 else math.floor(self.limit * self._probe))
             if self.limit == before:  # at a bound: nothing to probe
                 self._probe = 0.0
                 self._rounds_held = 0

@@ -329,6 +329,12 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
             raise ConnectorError(f"{type(self).__name__} is not open; call open() first")
         return runtime
 
+    def service_endpoint(self) -> str | None:
+        """``asyncio_ops.CallsService``: the service this lookup calls, without
+        credentials (``capacity="auto"`` starts a worker's next partition calling it
+        where the last one's limit ended); None (this default): not known."""
+        return None
+
     # -- the cache: whose answers --------------------------------------------------------
     def cache_identity(self) -> Mapping[str, Any] | None:
         """Everything besides the key that decides this lookup's answers (its query, URL,

@@ -62,7 +62,7 @@ def test_errors_that_rise_with_the_limit_hold_it_at_the_knee(seed: int) -> None:
     out = simulate(limit, 8.0, errors_beyond=16, seed=seed)
     settled = sorted(out.limits[len(out.limits) // 2 :])
     assert settled[len(settled) // 2] <= 16 and settled[-1] <= 20, (settled[0], settled[-1])
-    assert out.error_fraction < 0.03, (out.error_fraction, limit)
+    assert out.error_fraction <= 0.01, (out.error_fraction, limit)
     best = max(simulate(c, 8.0, errors_beyond=16, seed=seed).rate for c in (8, 16, 32))
     assert out.rate >= 0.9 * best, f"{out.rate:,.0f}/s against {best:,.0f}/s"
 
@@ -308,21 +308,29 @@ class Busy(Exception):
 
 
 def test_auto_capacity_is_cut_by_overload_errors_not_by_others(run: Runner[Any]) -> None:
+    """A 429 cuts at once. Errors that do not declare overload cut too when their share
+    rises (before any round, against a prior of none), but a round at the lower limit
+    with the same share shows they do not come from the load: the limit is restored."""
+
     async def main() -> None:
         for error, cut in ((Busy("429"), True), (ValueError("bad row"), False)):
+            clock = ManualClock()
 
             async def fails(value: int, error: Exception = error) -> list[int]:
+                answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                clock.call_at(clock.now() + 0.005,
+                              lambda: answered.done() or answered.set_result(None))  # fmt: skip
+                await answered
                 raise error
 
             op = AsyncWaitOperator(fails, output=lambda _: None, timeout=5.0, capacity="auto",
-                                   clock=ManualClock(), on_failure=lambda *_: [])  # fmt: skip
+                                   clock=clock, on_failure=lambda *_: [])  # fmt: skip
             await op.open()
-            for i in range(5):
-                await op.process_element(i)
-            await settle()
+            await _drive(op, clock, 0.010)
             assert op.limiter is not None
+            assert op.limiter.limit < 16, (error, op.limiter)  # both cut at first
+            await _drive(op, clock, 1.0)
             assert (op.limiter.limit < 16) is cut, (error, op.limiter)
-            await op.end_input()
             await op.close()
 
     run(main())

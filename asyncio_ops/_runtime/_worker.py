@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 from .._functions import AsyncFunction, RuntimeContext, maybe_await
-from .._limit import AdaptiveLimit
+from .._limit import AdaptiveLimit, CallsService
 from ._spec import PartitionSpec, TaskInfo
 
 log = logging.getLogger("asyncio_ops.runtime")
@@ -56,6 +56,7 @@ def _tune_gc() -> None:
 
 
 MAX_OPEN_FUNCTIONS: Final = 16
+MAX_LEARNED_LIMITS: Final = 64
 
 
 class WorkerRuntime:
@@ -74,8 +75,9 @@ class WorkerRuntime:
     def __init__(self) -> None:
         self.loop = _new_loop()
         self.functions: OrderedDict[str, AsyncFunction[Any, Any]] = OrderedDict()
-        # capacity="auto": the limit the last partition of each operator ended with
-        self.limits: dict[str, int] = {}
+        # capacity="auto": the limit the last partition calling each service ended
+        # with (by the function's service_endpoint(), else by the function)
+        self.limits: OrderedDict[str, int] = OrderedDict()
         atexit.register(self.shutdown)
         _tune_gc()
 
@@ -111,23 +113,35 @@ class WorkerRuntime:
     def limiter(self, spec: PartitionSpec, start: int | None = None) -> AdaptiveLimit | None:
         """capacity="auto": a limit that starts at ``start`` (where the partition's
         operator ended its previous micro-batch, from the checkpoint) or else where
-        this worker's previous partition of the same operator ended (a partition's
-        first rounds then need not climb from the bottom again); None for a fixed
-        capacity."""
+        this worker's last partition calling the same service ended, whichever
+        operator or job it belonged to (a partition's first rounds then need not climb
+        from the bottom again); None for a fixed capacity."""
         if spec.capacity != "auto":
             return None
-        last = start if start is not None else self.limits.get(spec.function_token)
+        last = start if start is not None else self.limits.get(self._limit_key(spec))
         if last is None:
             return AdaptiveLimit(maximum=spec.max_capacity)
         return AdaptiveLimit(initial=last, maximum=spec.max_capacity)
 
     def remember(self, spec: PartitionSpec, limiter: AdaptiveLimit | None) -> None:
-        """Keep where a partition's limit ended, for the next one of its operator."""
-        if limiter is not None and spec.function_token in self.functions:
-            self.limits[spec.function_token] = limiter.limit
+        """Keep where a partition's limit ended, for the next one calling its service
+        (at most :data:`MAX_LEARNED_LIMITS` services, the least recently used go)."""
+        if limiter is None or spec.function_token not in self.functions:
+            return
+        key = self._limit_key(spec)
+        self.limits[key] = limiter.limit
+        self.limits.move_to_end(key)
+        while len(self.limits) > MAX_LEARNED_LIMITS:
+            self.limits.popitem(last=False)
+
+    def _limit_key(self, spec: PartitionSpec) -> str:
+        """The service an operator calls (``CallsService``), else its function."""
+        fn = self.functions.get(spec.function_token)
+        endpoint = fn.service_endpoint() if isinstance(fn, CallsService) else None
+        return f"service {endpoint}" if endpoint else f"function {spec.function_token}"
 
     def _close(self, token: str, fn: AsyncFunction[Any, Any]) -> None:
-        self.limits.pop(token, None)
+        self.limits.pop(f"function {token}", None)
         try:
             self.run(maybe_await(fn.close()))
         except Exception:  # closing must go on for the others

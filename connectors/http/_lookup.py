@@ -497,6 +497,17 @@ class HttpLookup(BaseLookup[_Runtime]):
         finally:
             await _close_session(session)
 
+    def service_endpoint(self) -> str | None:
+        """The URL's origin (scheme, host and port); None when a placeholder is in it."""
+        parts = urlsplit(self.url.url_prefix())
+        if self.url.fields and "/" not in parts.path:  # the placeholder is in the origin
+            return None
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+        return f"http {parts.scheme}://{parts.hostname}:{port}"
+
     def _preflight_url(self) -> str | None:
         """Where :meth:`preflight` sends its request (None: the host is a placeholder)."""
         if not self.url.fields:

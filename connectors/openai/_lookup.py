@@ -196,6 +196,10 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
         self._prompt_tokens = 0
         self._completion_tokens = 0
 
+    def service_endpoint(self) -> str:
+        """The model endpoint: the API's root URL (without credentials) and the model."""
+        return f"model {redact_url(self.base_url)} {self.model}"
+
     async def _open_runtime(self) -> aiohttp.ClientSession:
         return await _SESSIONS.acquire(self.max_connections)
 

@@ -312,6 +312,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
         """The key fields: a NULL in any of them matches nothing (SQL equality)."""
         return self.key.names
 
+    def service_endpoint(self) -> str:
+        """The database: the DSN without its password."""
+        return f"postgres {self._where}"
+
     def cache_identity(self) -> dict[str, Any]:
         """What decides an answer besides the key: the database (the DSN without its
         password), the query, the columns matched and answered, one or many."""

@@ -205,6 +205,10 @@ class RedisLookup(BaseLookup[_Runtime]):
         """The key fields: a NULL in any of them reads nothing."""
         return self.key.names
 
+    def service_endpoint(self) -> str:
+        """The server and database (the URL without its password)."""
+        return f"redis {self._shown}"
+
     def cache_identity(self) -> dict[str, Any]:
         """What decides an answer besides the key: the server and database (the URL
         without its password), how keys are made, the kind, the fields read."""

@@ -11,7 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from asyncio_ops import AsyncFunction, CheckpointError, OutputMode, OutputSchemaError
+from asyncio_ops import (
+    AdaptiveLimit,
+    AsyncFunction,
+    CheckpointError,
+    OutputMode,
+    OutputSchemaError,
+)
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._container import Kind
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
@@ -470,10 +476,44 @@ def test_an_adaptive_limit_starts_where_the_workers_last_partition_ended() -> No
         list(run_partition(spec, batches(list(range(3000)), size=500), TaskInfo(),
                            on_done=ended.append))  # fmt: skip
         runtime = WorkerRuntime.get()
-        assert runtime.limits[spec.function_token] == ended[-1].capacity_limits[0]
+        assert runtime.limits[f"function {spec.function_token}"] == ended[-1].capacity_limits[0]
     first, second = (m.capacity_limits[0] for m in ended)
     assert 1 <= first <= 300 and 1 <= second <= 300  # within the bound (growth depends on load)
     assert runtime.limiter(spec) is not None and runtime.limiter(spec).limit == second  # type: ignore[union-attr]
+
+
+def test_an_adaptive_limit_starts_where_the_last_partition_calling_its_service_ended() -> None:
+    """Two operators (two functions, two jobs) calling one service: the second starts
+    where the first's limit ended; an operator on another service starts afresh."""
+    from asyncio_ops._runtime import RunMetrics, WorkerRuntime
+
+    class Calls(Lookup):
+        def __init__(self, endpoint: str) -> None:
+            self.endpoint = endpoint
+
+        def service_endpoint(self) -> str:
+            return self.endpoint
+
+        async def async_invoke(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+            await asyncio.sleep(0.002)
+            return [{"double": row["id"] * 2}]
+
+    first = spec_for(Calls("http http://svc.test:80"), None, capacity="auto", max_capacity=300)
+    ended: list[RunMetrics] = []
+    list(run_partition(first, batches(list(range(3000)), size=500), TaskInfo(),
+                       on_done=ended.append))  # fmt: skip
+    runtime = WorkerRuntime.get()
+    learned = ended[-1].capacity_limits[0]
+    assert runtime.limits["service http http://svc.test:80"] == learned
+    same = spec_for(Calls("http http://svc.test:80"), None, capacity="auto", max_capacity=300)
+    other = spec_for(Calls("http http://other.test:80"), None, capacity="auto", max_capacity=300)
+    for spec in (same, other):  # opened as a partition would open them
+        runtime.function(spec, TaskInfo())
+    assert runtime.limiter(same).limit == learned  # type: ignore[union-attr]
+    assert runtime.limiter(other).limit == 16  # type: ignore[union-attr]
+    runtime.remember(same, AdaptiveLimit(initial=77))  # wherever the load took it
+    assert runtime.limiter(first).limit == 77  # type: ignore[union-attr]
+    assert runtime.limiter(other).limit == 16  # type: ignore[union-attr]
 
 
 def test_a_deleted_previous_version_is_an_error_naming_it_not_empty_state(
