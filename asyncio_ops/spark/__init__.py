@@ -5,11 +5,12 @@ PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
 porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessFunction`` with keyed state and timers (Flink's
 ``KeyedProcessOperator``), and ``read_state`` reads its checkpoint's state as
-a DataFrame; ``session()`` builds a SparkSession whose Python
-workers run this interpreter; ``AsyncMetrics`` collects operator metrics across
-tasks. A job failed by an asyncio_ops exception raises that exception, Spark's
-as its cause (``library_errors()`` where that cannot reach: a Spark Connect
-client); the function's preflight runs before any job.
+a DataFrame; ``register`` makes a lookup a function of Spark SQL;
+``session()`` builds a SparkSession whose Python workers run this interpreter;
+``AsyncMetrics`` collects operator metrics across tasks. A job failed by an
+asyncio_ops exception raises that exception, Spark's as its cause
+(``library_errors()`` where that cannot reach: a Spark Connect client); the
+function's preflight runs before any job.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ._keyed_process import keyed_process
 from ._metrics import AsyncMetrics
 from ._read_state import read_state
 from ._session import session
+from ._sql import register
 from ._time import Time
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "library_errors",
     "ordered_wait",
     "read_state",
+    "register",
     "route_values",
     "session",
     "unordered_wait",

@@ -1,4 +1,5 @@
-"""The DataFrame API through Spark Connect (a local Connect server, in its own process)."""
+"""The DataFrame API and the SQL functions (``register``) through Spark Connect (a local
+Connect server, in its own process)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.mark.timeout(240)
-def test_ordered_and_keyed_unordered_work_over_spark_connect() -> None:
+def test_ordered_keyed_unordered_and_sql_functions_work_over_spark_connect() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_job"],
@@ -29,3 +30,6 @@ def test_ordered_and_keyed_unordered_work_over_spark_connect() -> None:
     assert result["session"].startswith("pyspark.sql.connect")
     assert result["ordered_in_order"] and result["keyed_ids"] and result["keyed_values"]
     assert "Spark Connect" in result["metrics_error"]
+    # a lookup registered as a SQL function from the Connect client, called in SQL
+    assert result["sql_rows"] == 998 and result["sql_values"]
+    assert "connect_strict(id bigint)" in result["sql_error"] and "999" in result["sql_error"]
