@@ -7,11 +7,10 @@ with ``failed=True`` when the element's result is an error, e.g. a row from
 timeout, or an error whose ``overload`` is true, e.g. a 429 or 503 answer); it
 reads :attr:`AdaptiveLimit.limit` as the number of lookups it may keep in flight.
 
-The limit climbs the throughput curve, as TCP BBR probes for bandwidth, with a
-latency guard, as TCP Vegas keeps queues short. Time is cut into *rounds*: a
-round ends at the first completion after at least ``limit`` completions and
-twice the latency floor (about one turn of the window), and after startup at
-least 100 ms (shorter rounds measure rates too noisily). Per round: the
+The limit climbs the throughput curve, as TCP BBR probes for bandwidth. Time is
+cut into *rounds*: a round ends at the first completion after at least ``limit``
+completions and twice the latency floor (about one turn of the window), and after
+startup at least 100 ms (shorter rounds measure rates too noisily). Per round: the
 *goodput* (completions that were not errors / seconds), the median latency of
 those completions, the share of completions that were errors, and whether the
 operator had enough work to fill the limit (an *app-limited* round teaches
@@ -20,39 +19,45 @@ an error answered at once would otherwise look like throughput and lower the
 latency floor.
 
 The *latency floor* is the lowest round median of the last 2.5 s (a windowed
-minimum, as BBR's min_rtt expires), so that it follows a service that got
-slower. When it rises past the latency guard (the service's own latency went up
-by more than 2x), startup is entered again from the current limit.
+minimum, as BBR's min_rtt expires). When it rises past 2x while the round's
+goodput is under 0.75x of the goodput measured at the old floor (the service got
+slower; our own queue growing with the limit comes with as much goodput), startup
+is entered again from the current limit.
 
 After every change of the limit one round is skipped (it still finishes the
-requests of the previous limit); the next one judges the new limit, except in
-startup, which ends at once when that round's latency already breaks the guard.
+requests of the previous limit); the next one judges the new limit.
 
-- **Startup**: the limit doubles while the goodput grows by at least 25% per
-  step and the round's median latency stays under 2x the floor. When either
-  fails, startup ends at the last step if it still grew the goodput by 15%
-  (past the knee of the curve), else at the step before.
+- **Startup**: the limit doubles while the goodput grows by at least 25% per step
+  (latency does not stop it: where the client's own CPU is the bound, latency rises
+  with concurrency while the goodput still grows). When a step fails, startup ends
+  there if it still grew the goodput by 15% (past the knee of the curve), else at
+  the step before.
 - **Steady**: the limit is held; every fourth round a probe runs, alternately
-  x1.25 (kept if the probe round's goodput beats the held goodput, the mean of
-  the rounds held since the last probe, by 3% with latency under the guard: a
-  service that scales) and x0.8 (kept if the goodput stays within 3%: fewer in
-  flight, same throughput, shorter queues at a saturated service; only when the
-  last held round's median latency is 10% above the floor or 1% of its
-  completions were errors, a sign of a queue or of a service past its knee;
-  else that probe goes up too).
-- **Overload**: a timeout or an overload error cuts the limit to 0.7x at once
-  (at most once per round; in startup to the last step that was good, if
-  lower) and restarts steady probing from there. So does an error rate that
-  rises with the limit: once a round's errors exceed what the error share of
-  the rounds it is judged against (the last startup step, or the rounds held
-  since the last probe) predicts by at least 4, by 5% of its completions and by
-  4 standard deviations of chance (errors at a constant share, such as rows the
-  service does not know, are not overload); during a probe up that only ends
-  the probe, back at the held limit.
-- **Recovery**: once a round after cuts passes without one, if the cuts took
-  the limit below half of where it was held before them (a storm of overload,
-  not a touch of the knee), startup is entered again, at most up to that
-  former level: recovery is as fast as the first climb.
+  x1.25 (kept if the probe round's goodput beats the held goodput, the mean of the
+  rounds held since the last probe, by 3%: a service that scales) and x0.8 (kept
+  if the goodput stays within 3%: fewer in flight, same throughput, shorter queues
+  at a saturated service; only when the last held round's median latency is 10%
+  above the floor or 1% of its completions were errors, a sign of a queue or of a
+  service past its knee; else that probe goes up too).
+- **Overload**: a timeout or an overload error cuts the limit to 0.7x at once (at
+  most once per round; in startup to the last step that was good, if lower) and
+  restarts steady probing from there.
+- **Errors that rise with the limit**: once a round's errors exceed what the error
+  share of the rounds it is judged against predicts (the last startup step, or the
+  rounds held since the last probe; before any round, a prior of no errors in 20
+  completions) by at least 4, by 2% of its completions and by 5 standard deviations
+  of chance, the limit is cut to 0.5x at once (during a probe up the probe ends
+  instead, back at the held limit). The first full round at the lower limit checks
+  the cause: if the share fell (by 2 standard deviations) the limit before the cut
+  is the *error limit*, and probes up to it wait 4, then 8, ... up to 64 held rounds
+  (doubled after each probe that raised the share again, reset by one that did
+  not); if it did not fall, the errors come at a share of their own (rows the
+  service refuses whatever the load): the limit is restored and that share is the
+  base from then on.
+- **Recovery**: once a round after cuts passes without one, if the cuts took the
+  limit below half of where it was held before them (a storm of overload, not a
+  touch of the knee), startup is entered again, at most up to that former level
+  (and below the error limit): recovery is as fast as the first climb.
 
 The limit stays within ``[minimum, maximum]``. Nothing here reads a clock: the
 caller passes ``now`` (the operator's clock, so a ``ManualClock`` drives it in
@@ -95,13 +100,14 @@ ERRORS_FREE: Final = 0.01  # a held round's error share under this: not past the
 ERROR_RISE: Final = 0.02  # an error share this far above the one before: overload
 ERROR_EVIDENCE: Final = 4  # errors a round needs before their share can mean overload
 ERROR_SIGMAS: Final = 5.0  # and the excess is this many standard deviations past chance
+ERROR_KNOWN: Final = 2  # errors that end a probe up where errors rose with the limit before
 ERROR_PRIOR: Final = 20  # before any round: as if 0 errors in this many completions
 ERROR_CUT: Final = 0.5  # a rising error share cuts this much (errors answered at once)
 ERROR_CONFIRM: Final = 2.0  # the share after that cut must fall this many sigmas
 OVERLOAD_CUT: Final = 0.7
 RECOVER_BELOW: Final = 0.5  # cuts below this share of the held limit: recover by startup
 PROBE_EVERY: Final = 4  # held rounds between probes
-PROBE_BACKOFF: Final = 64  # at most this many held rounds between probes to the error limit
+PROBE_BACKOFF: Final = 256  # at most this many held rounds between probes to the error limit
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
 MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
 
@@ -163,10 +169,10 @@ class AdaptiveLimit:
         self._latencies: list[float] = []  # of the round's completions that were not errors
         self._completions = 0  # the round's completions, errors included
         self._errors = 0  # the round's completions that were errors
-        # the errors and completions of the rounds this one's error share is judged
-        # against: the last startup round, or the rounds held since the last probe
-        # (before any round: a prior of no errors, so that a first round of errors
-        # answered at once is judged too)
+        # the errors and completions a round's error share is judged against: a prior
+        # of no errors (so that a first round of errors answered at once is judged
+        # too, and a share that rose step by step is not taken for the base), until
+        # a cut shows that the errors do not fall with the limit: their share then
         self._base_errors = 0
         self._base_completions = ERROR_PRIOR
         # after a cut for rising errors: (the limit before it, the errors and
@@ -200,8 +206,11 @@ class AdaptiveLimit:
         self._completions += 1
         if failed:
             self._errors += 1
-            if self._error_check is None and self._errors_rose():
-                if self._probe > 1 and not self._cut_in_round:
+            probing_up = self._probe > 1 and not self._cut_in_round
+            if probing_up and self._error_limit and self._errors_known():
+                self._failed_probe()  # errors rose here before: a few say it again
+            elif self._error_check is None and self._errors_rose():
+                if probing_up:
                     self._failed_probe()  # the probe up did it: back to the held limit
                 elif not self._cut_in_round:
                     before = self.limit
@@ -232,8 +241,6 @@ class AdaptiveLimit:
     def _errors_rose(self) -> bool:
         """The round's error share is past the one before it (with enough evidence)."""
         m = self._base_completions
-        if not m:  # no share to compare with yet
-            return False
         n = self._completions
         excess = self._errors - self._base_errors / m * n
         # past chance: at a constant share p the excess has a standard deviation of
@@ -242,6 +249,14 @@ class AdaptiveLimit:
         p = (self._base_errors + 1) / (m + 2)
         chance = ERROR_SIGMAS * math.sqrt(p * (1 - p) * (n + n * n / m))
         return excess >= max(ERROR_EVIDENCE, ERROR_RISE * n, chance)
+
+    def _errors_known(self) -> bool:
+        """During a probe up at a service whose errors rose with the limit before: as
+        few as :data:`ERROR_KNOWN` errors, at :data:`ERROR_RISE` of the round's
+        completions past the base's share, end the probe (each error more is a row)."""
+        expected = self._base_errors / self._base_completions * self._completions
+        excess = self._errors - expected
+        return excess >= ERROR_KNOWN and excess >= ERROR_RISE * self._completions
 
     def _failed_probe(self) -> None:
         """A probe up raised the error share: back to the held limit, and the next
@@ -334,7 +349,6 @@ class AdaptiveLimit:
             else:
                 self._ceiling = 0
         if self._startup:
-            self._base_errors, self._base_completions = errors, completions
             self._startup_round(rate)
         else:
             self._steady_round(rate, median, errors, completions)
@@ -403,7 +417,6 @@ class AdaptiveLimit:
             self._held_errors, self._held_completions = 0, 0
         self._held_errors += errors
         self._held_completions += completions
-        self._base_errors, self._base_completions = self._held_errors, self._held_completions
         self._best_limit = self.limit
         self._rounds_held += 1
         if self._rounds_held >= PROBE_EVERY:

@@ -27,14 +27,17 @@ def _free_port() -> int:
 
 def start_service(
     *, latency_ms: float, customers: int = 100_000, jitter_ms: float = 0.0,
-    max_concurrent: int = 0,
+    max_concurrent: int = 0, reject_above: int = 0, latency_after: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
-    """The running service and its base URL (``http://127.0.0.1:PORT``)."""
+    """The running service and its base URL (``http://127.0.0.1:PORT``); the options are
+    the service's own (``latency_after``: ``"SECONDS:MS"``)."""
     port = _free_port()
+    after = ["--latency-after", latency_after] if latency_after else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncio_ops.services.customers", "--host", "127.0.0.1",
          "--port", str(port), "--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms),
-         "--customers", str(customers), "--max-concurrent", str(max_concurrent)],
+         "--customers", str(customers), "--max-concurrent", str(max_concurrent),
+         "--reject-above", str(reject_above), *after],
         cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

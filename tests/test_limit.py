@@ -316,7 +316,9 @@ def test_auto_capacity_is_cut_by_overload_errors_not_by_others(run: Runner[Any])
         for error, cut in ((Busy("429"), True), (ValueError("bad row"), False)):
             clock = ManualClock()
 
-            async def fails(value: int, error: Exception = error) -> list[int]:
+            async def fails(
+                value: int, error: Exception = error, clock: ManualClock = clock
+            ) -> list[int]:
                 answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 clock.call_at(clock.now() + 0.005,
                               lambda: answered.done() or answered.set_result(None))  # fmt: skip

@@ -18,6 +18,14 @@ stops growing and the latency grows instead:
   latency for the whole batch).
 - ``POST /customers/batch`` with ``{"ids": [1, 2, 3]}`` -> ``{"items": [...]}``.
 - ``GET /healthz`` -> ``{"status": "ok"}`` (no latency).
+- ``GET /stats`` -> ``{"answered": [...], "rejected": n}``: the lookups answered in
+  each second since the first one, and how many were refused (no latency).
+
+Two more behaviours, for the benchmarks of ``capacity="auto"``: with
+``reject_above`` N > 0 a lookup arriving while N are being served is answered at
+once with a 500 (a service that fails fast rather than queue or answer 429), and
+with ``latency_after`` ``(t, latency)`` lookups take ``latency`` from ``t`` seconds
+after the first one on (a service that got slower).
 
 Run: ``python -m asyncio_ops.services.customers --port 8080 --latency-ms 20`` (or the environment
 variables ``PORT``, ``LATENCY_MS``, ``JITTER_MS``, ``CUSTOMERS``,
@@ -33,6 +41,7 @@ import asyncio
 import os
 import random
 import threading
+import time
 from typing import Any, Final
 
 from aiohttp import web
@@ -69,19 +78,60 @@ JITTER_KEY: Final = web.AppKey("jitter", float)
 WORKERS_KEY: Final = web.AppKey("workers", asyncio.Semaphore)
 
 
+class Load:
+    """What the service is doing: lookups being served, answered per second since the
+    first one, refused; and the two benchmark behaviours (see the module docstring)."""
+
+    def __init__(self, reject_above: int, latency_after: tuple[float, float] | None) -> None:
+        self.reject_above = reject_above
+        self.latency_after = latency_after
+        self.serving = 0
+        self.first: float | None = None
+        self.answered: list[int] = []
+        self.rejected = 0
+
+    def since_first(self) -> float:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        return now - self.first
+
+    def count_answer(self) -> None:
+        second = int(self.since_first())
+        while len(self.answered) <= second:
+            self.answered.append(0)
+        self.answered[second] += 1
+
+
+LOAD_KEY: Final = web.AppKey("load", Load)
+
+
 async def _wait(app: web.Application) -> None:
+    load = app[LOAD_KEY]
     delay = app[LATENCY_KEY]
+    step = load.latency_after
+    if step is not None and load.since_first() >= step[0]:
+        delay = step[1]
+    if load.reject_above and load.serving >= load.reject_above:
+        load.rejected += 1
+        raise web.HTTPInternalServerError(
+            text='{"error": "too many requests at once"}', content_type="application/json"
+        )
     jitter = app[JITTER_KEY]
     if jitter > 0:
         delay += random.uniform(0.0, jitter)
-    if delay <= 0:
-        return
-    workers = app.get(WORKERS_KEY)
-    if workers is None:
-        await asyncio.sleep(delay)
-        return
-    async with workers:  # a saturating service: queue for one of N workers
-        await asyncio.sleep(delay)
+    load.serving += 1
+    try:
+        if delay > 0:
+            workers = app.get(WORKERS_KEY)
+            if workers is None:
+                await asyncio.sleep(delay)
+            else:
+                async with workers:  # a saturating service: queue for one of N workers
+                    await asyncio.sleep(delay)
+    finally:
+        load.serving -= 1
+    load.count_answer()
 
 
 def _known(app: web.Application, ids: list[int]) -> list[dict[str, Any]]:
@@ -135,18 +185,29 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def stats(request: web.Request) -> web.Response:
+    load = request.app[LOAD_KEY]
+    return web.json_response({"answered": load.answered, "rejected": load.rejected})
+
+
 def make_app(
     *,
     customers: int = 100_000,
     latency: float = 0.0,
     jitter: float = 0.0,
     max_concurrent: int = 0,
+    reject_above: int = 0,
+    latency_after: tuple[float, float] | None = None,
 ) -> web.Application:
     """The service's application; ``latency`` and ``jitter`` are in seconds;
-    ``max_concurrent`` > 0 makes it saturate (see the module docstring)."""
-    if customers < 0 or latency < 0 or jitter < 0 or max_concurrent < 0:
-        raise ValueError("customers, latency, jitter and max_concurrent must be >= 0")
+    ``max_concurrent`` > 0 makes it saturate, ``reject_above`` > 0 fail fast,
+    ``latency_after`` slow down (see the module docstring)."""
+    if min(customers, latency, jitter, max_concurrent, reject_above) < 0:
+        raise ValueError(
+            "customers, latency, jitter, max_concurrent and reject_above must be >= 0"
+        )
     app = web.Application()
+    app[LOAD_KEY] = Load(reject_above, latency_after)
     app[CUSTOMERS_KEY] = customers
     app[LATENCY_KEY] = latency
     app[JITTER_KEY] = jitter
@@ -154,6 +215,7 @@ def make_app(
     if max_concurrent:
         app[WORKERS_KEY] = asyncio.Semaphore(max_concurrent)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/stats", stats)
     app.router.add_get("/customers", get_customers)
     app.router.add_post("/customers/batch", post_batch)
     app.router.add_get("/customers/{id}", get_customer)
@@ -177,10 +239,13 @@ class ServiceThread:
         latency: float = 0.0,
         jitter: float = 0.0,
         max_concurrent: int = 0,
+        reject_above: int = 0,
+        latency_after: tuple[float, float] | None = None,
     ) -> None:
         self._app = make_app(
-            customers=customers, latency=latency, jitter=jitter, max_concurrent=max_concurrent
-        )
+            customers=customers, latency=latency, jitter=jitter, max_concurrent=max_concurrent,
+            reject_above=reject_above, latency_after=latency_after,
+        )  # fmt: skip
         self._host = host
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -256,10 +321,23 @@ def main(argv: list[str] | None = None) -> None:
         "--max-concurrent", type=int, default=int(os.environ.get("MAX_CONCURRENT", "0")),
         help="saturate beyond this many requests at once (0: never)",
     )  # fmt: skip
+    parser.add_argument(
+        "--reject-above", type=int, default=0,
+        help="answer 500 at once to a lookup arriving while this many are served (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--latency-after", metavar="SECONDS:MS",
+        help="from SECONDS after the first lookup on, lookups take MS milliseconds",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    after = None
+    if args.latency_after:
+        at, _, ms = args.latency_after.partition(":")
+        after = (float(at), float(ms) / 1000)
     app = make_app(
         customers=args.customers, latency=args.latency_ms / 1000, jitter=args.jitter_ms / 1000,
-        max_concurrent=args.max_concurrent,
+        max_concurrent=args.max_concurrent, reject_above=args.reject_above,
+        latency_after=after,
     )  # fmt: skip
     print(
         f"customer service on {args.host}:{args.port}: {args.customers} customers, "

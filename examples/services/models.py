@@ -24,6 +24,8 @@ against it unchanged), deterministic answers, token counting and a quota:
   token buckets refilled continuously, holding ``burst_seconds`` of the rate
   (a minute's by default); a request over either is answered ``429`` with
   ``Retry-After`` (whole seconds) and counted in ``rejected``.
+- ``latency``: seconds each request served takes before it is answered (0: none), as
+  a model's generation time.
 - ``api_key``: when set, a request without ``Authorization: Bearer <key>``
   gets ``401``.
 - ``GET /stats``: the counters below as JSON (``requests``, ``tokens``,
@@ -32,12 +34,13 @@ against it unchanged), deterministic answers, token counting and a quota:
   ``bodies``: every chat request's JSON body.
 
 Run: ``python -m asyncio_ops.services.models --port 8090`` (``--rpm``,
-``--tpm``, ``--api-key``); in a program :class:`OpenAIServiceThread`.
+``--tpm``, ``--api-key``, ``--latency-ms``); in a program :class:`OpenAIServiceThread`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import json
@@ -54,6 +57,7 @@ POSITIVE: Final = frozenset({"good", "great", "love", "excellent"})
 STATS: Final = web.AppKey("stats", dict)
 QUOTA: Final = web.AppKey("quota", dict)
 KEY: Final = web.AppKey("api_key", str)
+LATENCY: Final = web.AppKey("latency", float)
 
 
 def tokens(text: str) -> int:
@@ -111,6 +115,8 @@ async def _guard(request: web.Request, cost: int, model: str) -> web.Response | 
     app[STATS]["requests"] += 1
     app[STATS]["tokens"] += cost
     app[STATS]["log"].append((time.monotonic(), model, 200))
+    if app[LATENCY] > 0:
+        await asyncio.sleep(app[LATENCY])
     return None
 
 
@@ -212,11 +218,14 @@ async def embeddings(request: web.Request) -> web.Response:
 
 def make_app(
     *, requests_per_minute: int = 0, tokens_per_minute: int = 0, api_key: str = "",
-    burst_seconds: float = 60.0,
+    burst_seconds: float = 60.0, latency: float = 0.0,
 ) -> web.Application:  # fmt: skip
     """``burst_seconds``: how many seconds of the quota may go at once (a minute's by
-    default, as per-minute quotas allow)."""
+    default, as per-minute quotas allow); ``latency``: seconds per request served."""
+    if latency < 0:
+        raise ValueError(f"latency must be >= 0, got {latency}")
     app = web.Application()
+    app[LATENCY] = latency
     app[STATS] = {"requests": 0, "tokens": 0, "rejected": 0, "batches": [], "log": [], "bodies": []}
     app[QUOTA] = {"requests_per_minute": requests_per_minute,
                   "requests": requests_per_minute * burst_seconds / 60,
@@ -255,13 +264,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rpm", type=int, default=0, help="requests per minute (0: no quota)")
     p.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no quota)")
     p.add_argument("--api-key", default="", help="require this bearer token")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="per request served")
     args = p.parse_args(argv)
     print(
         f"model service on {args.host}:{args.port}: base URL http://{args.host}:{args.port}/v1",
         flush=True,
     )
     web.run_app(make_app(requests_per_minute=args.rpm, tokens_per_minute=args.tpm,
-                         api_key=args.api_key), host=args.host, port=args.port,
+                         api_key=args.api_key, latency=args.latency_ms / 1000),
+                host=args.host, port=args.port,
                 access_log=None, print=None)  # fmt: skip
 
 

@@ -142,6 +142,52 @@ def test_a_saturating_service_queues_beyond_its_workers() -> None:
         ServiceThread(max_concurrent=-1)
 
 
+def test_a_service_that_fails_fast_or_gets_slower_and_counts_what_it_answered() -> None:
+    """``reject_above=2``: of 6 lookups at once 2 are served (50 ms), 4 answered 500 at
+    once; ``latency_after``: from 0 s after the first lookup on, 100 ms; ``/stats``
+    counts the answers per second and the refusals."""
+
+    async def at_once(base: str, n: int) -> tuple[list[int], float, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+
+            async def one(i: int) -> int:
+                async with session.get(f"{base}/customers/{i}") as r:
+                    return r.status
+
+            start = loop.time()
+            statuses = await asyncio.gather(*(one(i) for i in range(1, n + 1)))
+            took = loop.time() - start
+            async with session.get(f"{base}/stats") as r:
+                return sorted(statuses), took, await r.json()
+
+    with ServiceThread(latency=0.05, reject_above=2) as service:
+        statuses, _, counted = asyncio.run(at_once(service.url, 6))
+    assert statuses == [200, 200, 500, 500, 500, 500]
+    assert counted == {"answered": [2], "rejected": 4}
+    with ServiceThread(latency=0.0, latency_after=(0.0, 0.1)) as service:
+        statuses, took, counted = asyncio.run(at_once(service.url, 3))
+    assert statuses == [200] * 3 and took >= 0.1 and counted["answered"] == [3]
+
+
+def test_the_model_service_takes_its_latency_per_request() -> None:
+    from asyncio_ops.services.models import OpenAIServiceThread
+
+    async def ask(base: str) -> float:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+            start = loop.time()
+            body = {"model": "m", "messages": [{"role": "user", "content": "great"}]}
+            async with session.post(f"{base}/v1/chat/completions", json=body) as r:
+                assert (await r.json())["choices"][0]["message"]["content"] == "positive"
+            return loop.time() - start
+
+    with OpenAIServiceThread(latency=0.05) as service:
+        assert asyncio.run(ask(service.url)) >= 0.05
+    with pytest.raises(ValueError, match="latency"):
+        OpenAIServiceThread(latency=-1.0)
+
+
 def check_sample(result: dict[str, Any], n: int) -> None:
     sample = result["sample"]
     assert [r["order_id"] for r in sample] == list(range(n))

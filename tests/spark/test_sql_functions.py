@@ -177,7 +177,6 @@ def test_more_than_one_result_for_a_row_fails_naming_the_row(spark: SparkSession
 
     register(spark, "sql_fn_twice", twice, timeout=5, input_schema="k long",
              output_schema="v int")  # fmt: skip
-    with pytest.raises(
-        OutputSchemaError, match=r"sql_fn_twice\(k bigint\).*\{'k': 7\}.*ordered_wait or unordered_wait"
-    ):
+    twice_named = r"sql_fn_twice\(k bigint\).*\{'k': 7\}.*ordered_wait or unordered_wait"
+    with pytest.raises(OutputSchemaError, match=twice_named):
         spark.sql("SELECT sql_fn_twice(id) FROM range(10)").collect()
