@@ -42,18 +42,29 @@ requests of the previous limit); the next one judges the new limit.
 - **Overload**: a timeout or an overload error cuts the limit to 0.7x at once (at
   most once per round; in startup to the last step that was good, if lower) and
   restarts steady probing from there.
-- **Errors that rise with the limit**: once a round's errors exceed what the error
-  share of the rounds it is judged against predicts (the last startup step, or the
-  rounds held since the last probe; before any round, a prior of no errors in 20
-  completions) by at least 4, by 2% of its completions and by 5 standard deviations
-  of chance, the limit is cut to 0.5x at once (during a probe up the probe ends
-  instead, back at the held limit). The first full round at the lower limit checks
-  the cause: if the share fell (by 2 standard deviations) the limit before the cut
-  is the *error limit*, and probes up to it wait 4, then 8, ... up to 64 held rounds
+- **Errors that rise with the limit**: a round's errors are judged at its end, or
+  at once while most of its completions are errors (errors answered at once flood a
+  job) or during a probe up. Once they exceed what the base share predicts (before
+  any round, and until errors are shown to come at a share of their own, a prior of
+  no errors in 20 completions) by at least 4, by 2% of the round's completions and
+  by 5 standard deviations of chance, the limit is cut to 0.5x at once (during a
+  probe up the probe ends instead, back at the held limit). The first full round at
+  the lower limit checks the cause: if the share fell (the two shares 3 standard
+  deviations apart), or most requests still fail, the limit before the cut is the
+  *error limit*, and probes up to it wait 4, then 8, ... up to 256 held rounds
   (doubled after each probe that raised the share again, reset by one that did
-  not); if it did not fall, the errors come at a share of their own (rows the
-  service refuses whatever the load): the limit is restored and that share is the
-  base from then on.
+  not; two errors at 2% of a probe's completions end it); if it did not fall, the
+  limit is restored and startup resumes from it, and the second time in a row the
+  share is taken as the errors' own (rows the service refuses whatever the load),
+  the base from then on. Once is not enough: the partitions of a job share the
+  service, and the round after one partition's cut may still meet the others'
+  excess.
+- **Errors answered at once** (in under half the latency floor) also keep their
+  slot taken for a latency floor, as an answer would, doubled for each round in a
+  row in which most requests failed (at most 1 s; the operator asks
+  :meth:`AdaptiveLimit.pause_after_error`), and when the rounds held show more than
+  1% of them, round after round, the limit is trimmed by their share: the service,
+  shared with others, takes fewer than it is sent.
 - **Recovery**: once a round after cuts passes without one, if the cuts took the
   limit below half of where it was held before them (a storm of overload, not a
   touch of the knee), startup is entered again, at most up to that former level
@@ -103,10 +114,15 @@ ERROR_SIGMAS: Final = 5.0  # and the excess is this many standard deviations pas
 ERROR_KNOWN: Final = 2  # errors that end a probe up where errors rose with the limit before
 ERROR_PRIOR: Final = 20  # before any round: as if 0 errors in this many completions
 ERROR_CUT: Final = 0.5  # a rising error share cuts this much (errors answered at once)
-ERROR_CONFIRM: Final = 2.0  # the share after that cut must fall this many sigmas
+ERROR_CONFIRM: Final = 3.0  # the share after that cut must fall this many sigmas
+ERROR_ALARMS: Final = 2  # cuts whose errors did not fall, in a row, before a share is kept
+ERROR_MOST: Final = 0.75  # a share this high after the cut is overload whatever it did
+PAUSE_UNKNOWN: Final = 0.01  # seconds: the pause after an error before any latency is known
+MAX_PAUSE: Final = 1.0  # seconds: the longest pause of a slot after an error
 OVERLOAD_CUT: Final = 0.7
 RECOVER_BELOW: Final = 0.5  # cuts below this share of the held limit: recover by startup
 PROBE_EVERY: Final = 4  # held rounds between probes
+TRIM_AFTER: Final = 2  # held rounds with errors answered at once before the limit is trimmed
 PROBE_BACKOFF: Final = 256  # at most this many held rounds between probes to the error limit
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
 MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
@@ -137,12 +153,13 @@ class AdaptiveLimit:
     """The in-flight limit of one operator instance (see the module docstring)."""
 
     __slots__ = (
-        "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
+        "_alarms", "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
         "_completions", "_cut_in_round", "_down_next", "_error_check", "_error_limit",
-        "_errors", "_floor_rate", "_floors", "_held", "_held_completions", "_held_errors",
-        "_latencies", "_max_in_flight", "_min_latency", "_probe", "_probe_wait",
-        "_rounds_held", "_started", "_startup", "_transition", "changes", "cuts", "high",
-        "limit", "low", "maximum", "minimum", "name", "rounds",
+        "_errors", "_failing", "_fast", "_floor_rate", "_floors", "_held",
+        "_held_completions", "_held_errors", "_held_fast", "_latencies", "_max_in_flight",
+        "_min_latency", "_probe", "_probe_wait", "_rounds_held", "_started", "_startup",
+        "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum",
+        "name", "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -181,11 +198,15 @@ class AdaptiveLimit:
         self._error_check: tuple[int, int, int] | None = None
         self._error_limit = 0  # the lowest limit at which errors rose, confirmed (0: none)
         self._probe_wait = PROBE_EVERY  # held rounds before a probe up to the error limit
+        self._failing = 0  # rounds in a row in which most completions were errors
+        self._alarms = 0  # cuts in a row whose errors did not fall
         self._max_in_flight = 0
         self._cut_in_round = False
         self._held = 0.0  # the goodput of the rounds held since the last probe
         self._held_errors = 0  # their errors and completions
         self._held_completions = 0
+        self._fast = 0  # the round's errors answered at once (in under half the floor)
+        self._held_fast = 0  # those of the rounds held since the last probe
         self._rounds_held = 0
         self._probe = 0.0  # the factor being probed (0: none)
         self._down_next = True  # probes alternate: up first
@@ -206,17 +227,14 @@ class AdaptiveLimit:
         self._completions += 1
         if failed:
             self._errors += 1
-            probing_up = self._probe > 1 and not self._cut_in_round
-            if probing_up and self._error_limit and self._errors_known():
-                self._failed_probe()  # errors rose here before: a few say it again
-            elif self._error_check is None and self._errors_rose():
-                if probing_up:
-                    self._failed_probe()  # the probe up did it: back to the held limit
-                elif not self._cut_in_round:
-                    before = self.limit
-                    self._cut("the share of error answers rose with it", ERROR_CUT)
-                    if self.limit < before:
-                        self._error_check = (before, self._errors, self._completions)
+            if latency < self._min_latency / 2:
+                self._fast += 1
+            # judged at once during a probe up or when most requests fail (errors
+            # answered at once flood the job meanwhile), else at the round's end
+            if self._errors >= ERROR_MOST * self._completions or (
+                self._probe > 1 and self._error_limit
+            ):
+                self._judge_errors()
         else:
             self._latencies.append(latency)
         if in_flight > self._max_in_flight:
@@ -249,6 +267,39 @@ class AdaptiveLimit:
         p = (self._base_errors + 1) / (m + 2)
         chance = ERROR_SIGMAS * math.sqrt(p * (1 - p) * (n + n * n / m))
         return excess >= max(ERROR_EVIDENCE, ERROR_RISE * n, chance)
+
+    def pause_after_error(self, latency: float) -> float:
+        """How long the slot of an element whose result is an error, answered after
+        ``latency`` seconds, stays taken: 0 unless it came at once (in under half the
+        latency floor). Then the slot is free again after a latency floor, as after an
+        answer, doubled for each round in a row in which most requests failed (at most
+        :data:`MAX_PAUSE`): a slot whose requests are refused at once would otherwise
+        send one every millisecond, and make an error row of each, however low the
+        limit."""
+        floor = self._min_latency if self._min_latency < math.inf else PAUSE_UNKNOWN
+        if latency >= floor / 2:
+            return 0.0
+        return min(floor * 2.0 ** min(self._failing, 10), MAX_PAUSE) - latency
+
+    def _judge_errors(self) -> None:
+        """Did the round's error share rise (see the module docstring)? Cut if so."""
+        probing_up = self._probe > 1 and not self._cut_in_round
+        if probing_up and self._error_limit and self._errors_known():
+            self._failed_probe()  # errors rose here before: a few say it again
+            return
+        if self._error_check is not None and self._errors < ERROR_MOST * self._completions:
+            return  # a cut being checked: only a round in which most fail cuts again
+        if not self._errors_rose():
+            return
+        if probing_up:
+            self._failed_probe()  # the probe up did it: back to the held limit
+        elif not self._cut_in_round:
+            before = self.limit
+            self._cut("the share of error answers rose with it", ERROR_CUT)
+            if self.limit < before:
+                if self._error_check is not None:  # checked from the first cut
+                    before = self._error_check[0]
+                self._error_check = (before, self._errors, self._completions)
 
     def _errors_known(self) -> bool:
         """During a probe up at a service whose errors rose with the limit before: as
@@ -296,6 +347,7 @@ class AdaptiveLimit:
         self._latencies = []
         self._completions = 0
         self._errors = 0
+        self._fast = 0
         self._max_in_flight = 0
         self._cut_in_round = False
 
@@ -327,9 +379,13 @@ class AdaptiveLimit:
         self._rounds_held = 0
 
     def _end_round(self, rate: float, now: float) -> None:
+        if self._errors:
+            self._judge_errors()
         latencies = sorted(self._latencies)
         median = latencies[len(latencies) // 2] if latencies else math.inf
-        errors, completions = self._errors, self._completions
+        errors, completions, fast = self._errors, self._completions, self._fast
+        failing = completions > 0 and errors >= ERROR_MOST * completions
+        self._failing = self._failing + 1 if failing else 0
         app_limited = self._max_in_flight < 0.9 * self.limit
         cut = self._cut_in_round
         self._next_round(now)
@@ -351,25 +407,40 @@ class AdaptiveLimit:
         if self._startup:
             self._startup_round(rate)
         else:
-            self._steady_round(rate, median, errors, completions)
+            self._steady_round(rate, median, errors, completions, fast)
 
     def _errors_fell(self, errors: int, completions: int) -> bool:
         """The first full round after a cut for rising errors: did their share fall with
         the limit (by :data:`ERROR_CONFIRM` standard deviations)? If so the limit before
-        the cut is the error limit; if not, the errors come at a share of their own
-        (rows the service refuses whatever the load): that limit is restored and the
-        share becomes the base later rounds are judged against."""
+        the cut is the error limit. If not, that limit is restored; the second time in a
+        row, the errors come at a share of their own (rows the service refuses whatever
+        the load), and that share becomes the base later rounds are judged against.
+        (Once is not enough: the partitions of a job share the service, and a round
+        after this one's cut may still meet the others' excess before they cut too.)"""
         assert self._error_check is not None
         before, had, of = self._error_check
         self._error_check = None
-        share = had / of
-        expected = share * completions
-        if errors < expected - ERROR_CONFIRM * math.sqrt(expected * (1 - share)):
+        # two shares, each with its own chance (the one before the cut is often of a
+        # few completions): fell when the difference passes ERROR_CONFIRM standard
+        # deviations of the pooled share's
+        pooled = (had + errors) / (of + completions) if completions else 1.0
+        spread = math.sqrt(pooled * (1 - pooled) * (1 / of + 1 / max(completions, 1)))
+        if completions and had / of - errors / completions > ERROR_CONFIRM * spread:
+            self._error_limit = min(self._error_limit or before, before)
+            self._alarms = 0
+            return True
+        if errors >= ERROR_MOST * completions:
+            # most requests still fail: a service refusing nearly all it is sent
+            # (other clients, our own other partitions, holding it) is not a share of
+            # bad rows; the cut stands, and the next rise may cut again
             self._error_limit = min(self._error_limit or before, before)
             return True
-        self._base_errors, self._base_completions = had + errors, of + completions
+        self._alarms += 1
+        if self._alarms >= ERROR_ALARMS:
+            self._base_errors, self._base_completions = had + errors, of + completions
         self._ceiling = 0
         self._set(before)
+        self._restart()  # a false alarm: the climb goes on from there
         log.info("%s: back to %d in flight: the share of error answers did not fall "
                  "with it", self.name, before)  # fmt: skip
         return False
@@ -395,7 +466,9 @@ class AdaptiveLimit:
             self._best_rate, self._best_limit = rate, self.limit
         self._end_startup(max(rate, self._best_rate))
 
-    def _steady_round(self, rate: float, median: float, errors: int, completions: int) -> None:
+    def _steady_round(
+        self, rate: float, median: float, errors: int, completions: int, fast: int
+    ) -> None:
         if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
             keep = rate >= UP_GAIN * self._held if up else rate >= DOWN_KEEP * self._held
@@ -414,11 +487,23 @@ class AdaptiveLimit:
         n = self._rounds_held
         self._held = rate if n == 0 else (self._held * n + rate) / (n + 1)
         if n == 0:
-            self._held_errors, self._held_completions = 0, 0
+            self._held_errors, self._held_completions, self._held_fast = 0, 0, 0
         self._held_errors += errors
         self._held_completions += completions
+        self._held_fast += fast
         self._best_limit = self.limit
         self._rounds_held += 1
+        if self._rounds_held >= TRIM_AFTER and self._held_fast > ERRORS_FREE * (
+            self._held_completions
+        ):
+            # errors answered at once, round after round: that share of the slots is
+            # refused (the service, shared with others, takes fewer than we send)
+            share = self._held_fast / self._held_completions
+            self._error_limit = min(self._error_limit or self.limit, self.limit)
+            self._rounds_held = 0
+            self._set(math.floor(self.limit * (1 - share)))
+            self._best_limit = self.limit
+            return
         if self._rounds_held >= PROBE_EVERY:
             # alternate up and down probes: up finds more throughput, down shorter
             # queues or fewer errors (only where latency says there is a queue to

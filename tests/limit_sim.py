@@ -19,9 +19,12 @@ Work is always waiting (the operator is never short of input). Services:
 - ``overload_storm``: ``(start, end)``: every request started in that window is
   answered after ``error_latency`` with an error that declares overload (a 429).
 
-The limit sees what the operator shows it: a completion's latency (an error's with
-``failed=True``, which is not goodput), and ``on_overload`` before a 429's completion.
-Time is simulated: nothing sleeps.
+``limit`` may be a list: that many operator instances (the partitions of a job) share
+the service, each with its own limit (the outcome is their sum). The limit sees what
+the operator shows it: a completion's latency (an error's with
+``failed=True``, which is not goodput), and ``on_overload`` before a 429's completion;
+as the operator does, a slot stays taken for the limit's ``pause_after_error``. Time is
+simulated: nothing sleeps.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from asyncio_ops._limit import AdaptiveLimit
@@ -70,7 +74,7 @@ class Outcome:
 
 
 def simulate(
-    limit: AdaptiveLimit | int,
+    limit: AdaptiveLimit | int | Sequence[AdaptiveLimit | int],
     seconds: float,
     *,
     median: float = 0.020,
@@ -91,43 +95,50 @@ def simulate(
         return m * math.exp(sigma * rng.gauss(0.0, 1.0))
 
     now = 0.0
-    events: list[tuple[float, int, str, float]] = []  # (time, seq, kind, started)
+    limits = list(limit) if isinstance(limit, Sequence) else [limit]
+    # (time, seq, kind, started, owner: the index of the instance whose request it is)
+    events: list[tuple[float, int, str, float, int]] = []
     seq = 0
-    in_flight = 0
+    in_flights = [0] * len(limits)
     busy = 0
     serving = 0  # errors_beyond: requests being served (not answered with an error)
-    waiting: deque[float] = deque()  # started times of requests queued for a server
+    waiting: deque[tuple[float, int]] = deque()  # (started, owner) of requests queued
     done_queue_free_at = 0.0  # cpu_bound: when the loop can complete the next one
     out = Outcome(0, seconds)
 
-    def current() -> int:
-        return limit if isinstance(limit, int) else limit.limit
+    def current(owner: int) -> int:
+        one = limits[owner]
+        return one if isinstance(one, int) else one.limit
 
-    def start() -> None:
-        nonlocal seq, in_flight, busy, serving
-        in_flight += 1
+    def start(owner: int) -> None:
+        nonlocal seq, busy, serving
+        in_flights[owner] += 1
         seq += 1
         if overload_storm is not None and overload_storm[0] <= now < overload_storm[1]:
-            heapq.heappush(events, (now + error_latency, seq, "overload", now))
+            heapq.heappush(events, (now + error_latency, seq, "overload", now, owner))
             return
         if errors_beyond is not None:
             if serving >= errors_beyond:
-                heapq.heappush(events, (now + error_latency, seq, "error", now))
+                heapq.heappush(events, (now + error_latency, seq, "error", now, owner))
                 return
             serving += 1
         if servers is not None and busy >= servers:
-            waiting.append(now)
+            waiting.append((now, owner))
             return
         busy += 1
-        heapq.heappush(events, (now + service_time(), seq, "served", now))
+        heapq.heappush(events, (now + service_time(), seq, "served", now, owner))
 
     while True:
-        while in_flight < current():
-            start()
-        t, _, kind, started = heapq.heappop(events)
+        for i in range(len(limits)):
+            while in_flights[i] < current(i):
+                start(i)
+        t, _, kind, started, owner = heapq.heappop(events)
         if t > seconds:
             break
         now = t
+        if kind == "free":  # the end of a slot's pause after an error
+            in_flights[owner] -= 1
+            continue
         if kind == "served":
             if errors_beyond is not None:
                 serving -= 1
@@ -136,25 +147,34 @@ def simulate(
                 if waiting:
                     busy += 1
                     seq += 1
-                    heapq.heappush(events, (now + service_time(), seq, "served", waiting.popleft()))
+                    queued, whose = waiting.popleft()
+                    heapq.heappush(events, (now + service_time(), seq, "served", queued, whose))
             if cpu_rate is not None:  # the loop completes one at a time
                 done_queue_free_at = max(done_queue_free_at, now) + 1.0 / cpu_rate
                 seq += 1
-                heapq.heappush(events, (done_queue_free_at, seq, "done", started))
+                heapq.heappush(events, (done_queue_free_at, seq, "done", started, owner))
                 continue
         latency = now - started
         failed = kind in ("error", "overload") or (error_share > 0 and rng.random() < error_share)
-        if not isinstance(limit, int):
+        one = limits[owner]
+        pause = 0.0
+        if not isinstance(one, int):
             if kind == "overload":
-                limit.on_overload(now)
-            limit.on_complete(latency, in_flight, now, failed=failed)
-        in_flight -= 1
+                one.on_overload(now)
+            one.on_complete(latency, in_flights[owner], now, failed=failed)
+            if failed:
+                pause = one.pause_after_error(latency)
+        if pause > 0:  # as the operator does: the slot stays taken a while
+            seq += 1
+            heapq.heappush(events, (now + pause, seq, "free", started, owner))
+        else:
+            in_flights[owner] -= 1
         if failed:
             out.errors += 1
         else:
             out.completed += 1
             out.latencies.append(latency)
             out.times.append(now)
-        out.limits.append(current())
+        out.limits.append(sum(current(i) for i in range(len(limits))))
         out.limit_times.append(now)
     return out

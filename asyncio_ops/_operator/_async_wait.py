@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Final
 
-from .._clock import Scheduler
+from .._clock import Scheduler, SystemClock
 from .._elements import Record
 from .._exceptions import ConfigurationError
 from .._functions import (
@@ -169,6 +169,7 @@ class AsyncWaitOperator(_Admission, _Completion, _Timeouts, _Snapshots):
         self._retries = InternalTimerService("async-retries", _RetryTrigger(self), clock=clock)
         # the system clock's now() is time.time: called directly, one frame less per call
         self._clock_now = time.time if clock is None else clock.now
+        self._scheduler = clock if clock is not None else SystemClock()
         self._pending = collections.deque()
         self._ready = collections.deque()
         self._workers = []

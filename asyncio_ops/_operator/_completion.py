@@ -83,12 +83,19 @@ class _Completion(_OperatorCore):
             return
         limiter = self.limiter
         grew = False
+        pause = 0.0
         if limiter is not None and not entry.timed_out:
             now = self._clock_now()
-            limiter.on_complete(now - entry.started, self._in_flight, now, failed)
+            latency = now - entry.started
+            limiter.on_complete(latency, self._in_flight, now, failed)
             grew = limiter.limit > self._cap
             self._cap = limiter.limit
-        self._in_flight -= 1
+            if failed:
+                pause = limiter.pause_after_error(latency)
+        if pause > 0:  # the slot stays taken a while: an error answered at once
+            self._scheduler.call_at(now + pause, self._free_slot)
+        else:
+            self._in_flight -= 1
         self._completed += 1 if self._weight is None else self._weight(entry.record.value)
         if entry.bucket is not None:
             self._timeouts.release(entry)
@@ -99,6 +106,12 @@ class _Completion(_OperatorCore):
         if (self._pending or self._ready) and (popped > 1 or entry.worker is None or grew):
             # room for more requests than the worker that ran this element (if any)
             # takes by itself when it goes back for the next
+            self._wake_workers()
+
+    def _free_slot(self) -> None:
+        """The end of a slot's pause after an error answered at once."""
+        self._in_flight -= 1
+        if (self._pending or self._ready) and not self._closed:
             self._wake_workers()
 
     def _fail_element(self, entry: _Entry, exc: BaseException, fatal: bool = False) -> None:

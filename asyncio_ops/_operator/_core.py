@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from .._clock import Scheduler
 from .._elements import Record, StreamElement, Watermark
 from .._functions import AsyncFunction, RuntimeContext
 from .._limit import AdaptiveLimit
@@ -176,6 +177,7 @@ class _OperatorCore:
     _queued: int  # len(self._queue), kept here: read once per element
     _in_flight: int
     _cap: int  # the adaptive limit's, or capacity
+    _scheduler: Scheduler  # the clock's timers (the adaptive limit's pauses after errors)
     # input not yet in the queue: records (or bare values), watermarks, restored elements
     _pending: collections.deque[Any]
     # elements in the queue waiting for a worker: restored in flight, retries due
