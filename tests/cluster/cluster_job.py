@@ -7,6 +7,10 @@ output row says where it was computed: the Python worker's working directory
 (an executor's lies under the standalone worker's work directory) and the file
 ``asyncio_ops`` was imported from there (the shipped archive). It also tries a
 plain checkpoint path (refused on a cluster) and runs with a ``file://`` one.
+
+The test suite gives eight more arguments: the streaming jobs of stream_kill_job.py and
+stream_lose_worker_job.py then run in this application too (see ``_with_streams``), one
+application for the three instead of one each.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import asyncio
 import json
 import os
 import sys
+import traceback
 from typing import Any
+
+from pyspark.sql import SparkSession
 
 import asyncio_ops
 from asyncio_ops import ConfigurationError
@@ -27,9 +34,7 @@ async def enrich(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"doubled": row["id"] * 2, "cwd": os.getcwd(), "module": asyncio_ops.__file__}]
 
 
-def main() -> None:
-    out, rows = sys.argv[1], int(sys.argv[2])
-    spark = session(app_name="asyncio_ops-cluster-test")
+def run(spark: SparkSession, out: str, rows: int) -> None:
     df = spark.range(rows, numPartitions=2)
     enriched = ordered_wait(
         df, enrich, timeout=30, capacity=16,
@@ -55,7 +60,44 @@ def main() -> None:
              "checkpointed_rows": shared},
             f,
         )  # fmt: skip
+
+
+def _with_streams(spark: SparkSession, out: str, rows: int, streams: list[str]) -> bool:
+    """This job, then the streaming jobs of stream_kill_job.py and stream_lose_worker_job.py
+    in turn (``LOCATION INPUT WORK OUT`` each), in this one application: the test suite's
+    (tests/cluster/test_standalone.py), which checks each job's output as from its own
+    application. A job that raises writes ``{"error": traceback}`` to its OUT, and the
+    next one runs."""
+    import stream_kill_job
+    import stream_lose_worker_job
+    from pyspark import cloudpickle
+
+    # their functions travel to the executors as this script's do, by value (the
+    # executors have no copy of these files)
+    cloudpickle.register_pickle_by_value(stream_kill_job)
+    cloudpickle.register_pickle_by_value(stream_lose_worker_job)
+    ok = True
+    for job, args in [(run, [out, rows]), (stream_kill_job.run, streams[:4]),
+                      (stream_lose_worker_job.run, streams[4:8])]:  # fmt: skip
+        try:
+            job(spark, *args)
+        except Exception:
+            ok = False
+            with open(str(args[0] if job is run else args[3]), "w") as f:
+                json.dump({"error": traceback.format_exc()}, f)
+    return ok
+
+
+def main() -> None:
+    out, rows = sys.argv[1], int(sys.argv[2])
+    spark = session(app_name="asyncio_ops-cluster-test")
+    if len(sys.argv) > 3:
+        ok = _with_streams(spark, out, rows, sys.argv[3:11])
+    else:
+        run(spark, out, rows)
+        ok = True
     spark.stop()
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -65,7 +65,7 @@ WORKERS = 2
 
 
 class _Cluster:
-    """The running master and workers (for :func:`lose_a_worker`)."""
+    """The running master and workers (a test may kill a worker: :meth:`kill_worker`)."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -140,16 +140,9 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Clust
 def cluster(running_cluster: _Cluster) -> tuple[str, Path]:
     """``(master URL, the directory of the workers' work directories)`` of the running
     master with two workers of one core each: a worker a test before killed
-    (``lose_a_worker``) is started again first, and both have registered."""
+    (:meth:`_Cluster.kill_worker`) is started again first, and both have registered."""
     running_cluster.restart_lost_workers()
     return running_cluster.url, running_cluster.work
-
-
-@pytest.fixture
-def lose_a_worker(running_cluster: _Cluster, cluster: tuple[str, Path]) -> Callable[[int], None]:
-    """``kill(i)``: SIGKILL worker ``i`` of the session's cluster (and its executors).
-    The next test that uses the cluster starts it again (``cluster``)."""
-    return running_cluster.kill_worker
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ daemon's parent): the executor is lost, Spark runs the micro-batch's tasks again
 an executor it has left or a new one, which restore the partition's state of version 0
 from S3. ``OUT`` gets the output rows (the Parquet sink's committed files, read back),
 the working directory of the executor that computed each row, and whether the kill
-happened.
+happened. ``run`` is the job on a given session: cluster_job.py runs it in its
+application, after its own job.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql import SparkSession
 
 from asyncio_ops.spark import keyed_process, session
 from asyncio_ops.state import KeyedProcessFunction, ValueStateDescriptor
@@ -59,11 +62,10 @@ def _first_time(markers: str, name: str) -> bool:
     return True
 
 
-def main() -> None:
-    location, source, work, out = sys.argv[1:5]
+def run(spark: SparkSession, location: str, source: str, work: str, out: str) -> None:
+    """The streaming job on ``spark`` (also called by cluster_job.py, in its application)."""
     markers = os.path.join(work, "markers")
     os.makedirs(markers, exist_ok=True)
-    spark = session(app_name="asyncio_ops-cluster-kill")
     events = (
         spark.readStream.schema("key string, seq long").option("maxFilesPerTrigger", 1)
         .json(source)
@@ -84,6 +86,11 @@ def main() -> None:
     Path(out).write_text(
         json.dumps({"rows": rows, "killed": os.path.exists(os.path.join(markers, "kill"))})
     )
+
+
+def main() -> None:
+    spark = session(app_name="asyncio_ops-cluster-kill")
+    run(spark, *sys.argv[1:5])
     spark.stop()
 
 

@@ -13,7 +13,8 @@ micro-batch 1's rows are written, the job creates ``WORK/markers/batch-1-written
 waits (up to 240 s) for ``WORK/markers/worker-lost``: the test kills a worker there,
 with its executor and the Python workers that held partitions' state warm. The next
 micro-batch runs on the worker left, which reads from S3 the state of the partitions it
-never held. ``OUT`` gets every row written.
+never held. ``OUT`` gets every row written. ``run`` is the job on a given session:
+cluster_job.py runs it in its application, after its own job and stream_kill_job.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from asyncio_ops.spark import keyed_process, session
 from asyncio_ops.state import KeyedProcessFunction, ValueStateDescriptor
@@ -42,12 +43,11 @@ class Count(KeyedProcessFunction[Any, dict[str, Any], dict[str, Any]]):
         out.collect({"key": value["key"], "seq": value["seq"], "n": n, "executor": os.getcwd()})
 
 
-def main() -> None:
-    location, source, work, out = sys.argv[1:5]
+def run(spark: SparkSession, location: str, source: str, work: str, out: str) -> None:
+    """The streaming job on ``spark`` (also called by cluster_job.py, in its application)."""
     markers = Path(work) / "markers"
     markers.mkdir(parents=True, exist_ok=True)
     sink = Path(work) / "out"
-    spark = session(app_name="asyncio_ops-cluster-lose-worker")
     events = (
         spark.readStream.schema("key string, seq long").option("maxFilesPerTrigger", 1)
         .json(source)
@@ -77,6 +77,11 @@ def main() -> None:
     query.awaitTermination(600)
     rows = [r.asDict() for r in spark.read.parquet(str(sink)).collect()]
     Path(out).write_text(json.dumps({"rows": rows}))
+
+
+def main() -> None:
+    spark = session(app_name="asyncio_ops-cluster-lose-worker")
+    run(spark, *sys.argv[1:5])
     spark.stop()
 
 

@@ -35,7 +35,10 @@ class SlowOnce(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 def main() -> None:
     src, sink, work, how = sys.argv[1:5]
-    spark = session("local[2]", app_name="stream-job", conf={"spark.sql.shuffle.partitions": "2"})
+    spark = session(
+        "local[2]", app_name="stream-job",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+    )  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
     markers = Path(work) / "markers"
     markers.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,15 @@
-"""``keyed_process(initial_state=...)`` in real Spark: a job seeded from a table of 30,000
-keys gives the same output, and the same state (read back with ``read_state``), as one
-that replayed the history that produced the table; batch and streaming, both backends;
-typed state seeded and read back as its type."""
+"""``keyed_process(initial_state=...)`` in real Spark: a job seeded from a table of 3,000
+keys (over Arrow batches of 1,000 rows, as this module sets) gives the same output, and
+the same state (read back with ``read_state``), as one that replayed the history that
+produced the table; batch and streaming, both backends; typed state seeded and read back
+as its type."""
 
 from __future__ import annotations
 
 import json
 import operator
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,20 @@ from asyncio_ops.state import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
+from tests.spark.conftest import arrow_batch_rows
 
 Row = dict[str, Any]
-KEYS = 30_000  # over two Arrow batches (10,000 rows each) per partition
+BATCH_ROWS = 1_000  # rows per Arrow batch in this module's jobs (Spark's default: 10,000)
+KEYS = 3_000  # over two Arrow batches per partition
 OUT = "k long, n long, total long"
+
+
+@pytest.fixture(autouse=True)
+def _small_arrow_batches(spark: SparkSession) -> Iterator[None]:
+    """Several Arrow batches per partition, of the table and of the events, at a tenth of
+    the rows Spark's default batches would need."""
+    with arrow_batch_rows(spark, BATCH_ROWS):
+        yield
 
 
 class SumCount(KeyedProcessFunction[int, Row, Row]):
