@@ -53,12 +53,12 @@ requests of the previous limit); the next one judges the new limit.
   deviations apart), or most requests still fail, the limit before the cut is the
   *error limit*, and probes up to it wait 4, then 8, ... up to 256 held rounds
   (doubled after each probe that raised the share again, reset by one that did
-  not; two errors at 2% of a probe's completions end it); if it did not fall, the
-  limit is restored and startup resumes from it, and the second time in a row the
-  share is taken as the errors' own (rows the service refuses whatever the load),
-  the base from then on. Once is not enough: the partitions of a job share the
-  service, and the round after one partition's cut may still meet the others'
-  excess.
+  not; two errors at 2% of a probe's completions end it). If it did not fall the
+  cut stands too, the first time: the partitions of a job share the service, and
+  the round after one partition's cut may still meet the others' excess. The
+  second time in a row, the share is taken as the errors' own (rows the service
+  refuses whatever the load): it is the base from then on, and startup resumes
+  from the current limit.
 - **Errors answered at once** (in under half the latency floor) also keep their
   slot taken for a latency floor, as an answer would, doubled for each round in a
   row in which most requests failed (at most 1 s; the operator asks
@@ -436,13 +436,14 @@ class AdaptiveLimit:
             self._error_limit = min(self._error_limit or before, before)
             return True
         self._alarms += 1
-        if self._alarms >= ERROR_ALARMS:
-            self._base_errors, self._base_completions = had + errors, of + completions
+        if self._alarms < ERROR_ALARMS:
+            return True  # the cut stands: the others may not have cut yet
+        self._base_errors, self._base_completions = had + errors, of + completions
+        self._alarms = 0
         self._ceiling = 0
-        self._set(before)
-        self._restart()  # a false alarm: the climb goes on from there
-        log.info("%s: back to %d in flight: the share of error answers did not fall "
-                 "with it", self.name, before)  # fmt: skip
+        self._restart()  # a false alarm: the climb goes on from here, as fast as startup
+        log.info("%s: the share of error answers did not fall with the limit: %.0f%% "
+                 "is taken as the errors' own", self.name, 100 * had / of)  # fmt: skip
         return False
 
     def _end_startup(self, rate: float) -> None:
