@@ -397,7 +397,7 @@ class AdaptiveLimit:
             # previous limit says nothing about this one
             return
         if self._error_check is not None and not self._errors_fell(errors, completions):
-            return  # not overload: the limit is restored
+            return  # the errors' own share: startup resumes from here
         if self._ceiling:
             # the first round after cuts that passed without one
             if self.limit < RECOVER_BELOW * self._ceiling:
@@ -411,12 +411,12 @@ class AdaptiveLimit:
 
     def _errors_fell(self, errors: int, completions: int) -> bool:
         """The first full round after a cut for rising errors: did their share fall with
-        the limit (by :data:`ERROR_CONFIRM` standard deviations)? If so the limit before
-        the cut is the error limit. If not, that limit is restored; the second time in a
-        row, the errors come at a share of their own (rows the service refuses whatever
-        the load), and that share becomes the base later rounds are judged against.
-        (Once is not enough: the partitions of a job share the service, and a round
-        after this one's cut may still meet the others' excess before they cut too.)"""
+        the limit (by :data:`ERROR_CONFIRM` standard deviations of the pooled share's),
+        or do most requests still fail? Then the limit before the cut is the error
+        limit. If not, the cut stands the first time (the partitions of a job share the
+        service: the others may not have cut yet); the second time in a row the share
+        is the errors' own (rows the service refuses whatever the load), the base later
+        rounds are judged against, and startup resumes (False)."""
         assert self._error_check is not None
         before, had, of = self._error_check
         self._error_check = None
