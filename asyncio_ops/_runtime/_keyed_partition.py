@@ -284,8 +284,24 @@ def _process(
 ) -> None:
     column = spec.event_time
     assign = backend.assign_key_group
-    for row in batch.to_pylist():
-        kg = row.pop(KEY_GROUP_COLUMN)
+    # the key groups apart from the rows (no pop per row)
+    at = batch.schema.get_field_index(KEY_GROUP_COLUMN)
+    if at < 0:  # the driver adds it to every keyed_process input
+        raise KeyError(KEY_GROUP_COLUMN)
+    groups = batch.column(at).to_pylist()
+    rows = batch.remove_column(at).to_pylist()
+    if column is None and watermarks is None:  # no event time: the shortest loop
+        process = op.process_element
+        for row, kg in zip(rows, groups, strict=True):
+            key = key_of(row)
+            try:
+                assign(key, kg)
+                process(Record(row, None))
+            except Exception as exc:
+                exc.add_note(f"keyed_process: key {key!r:.100}, row {describe_row(row)}")
+                raise
+        return
+    for row, kg in zip(rows, groups, strict=True):
         key = key_of(row)
         ts = event_time_seconds(row.get(column), column, row) if column is not None else None
         try:

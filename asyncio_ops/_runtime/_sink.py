@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -12,6 +13,8 @@ from .._exceptions import OutputSchemaError
 from ._adapters import describe_row
 from ._coerce import coerced_rows, has_fraction, spark_type
 
+# the types of an integer column's values that never truncate (has_fraction is False)
+_WHOLE = frozenset({int, bool, type(None)})
 _UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
 
@@ -95,6 +98,12 @@ class ArrowSink:
         (Arrow would truncate it); whole ones (2.0) are taken, as Arrow's safe cast
         takes them."""
         name = f.name
+        try:  # one pass in C over the column's types: only a float or Decimal can truncate
+            types = set(map(type, map(dict.get, rows, repeat(name))))
+        except TypeError:  # a row that is not a dict: row by row
+            types = {float}
+        if types <= _WHOLE:
+            return
         for row in rows:
             value = row.get(name)
             if has_fraction(value):

@@ -27,9 +27,17 @@ checkpoints)::
     backend.take_touched()             -> the keys made current since (and start afresh)
     backend.dump_keys(keys)            -> {key_group: entries} of exactly those keys
     backend.dump(key_groups)           -> the entries of some key groups, in full
+    backend.value_runs(kg)             -> or one key group in full as columns, when every
+                                       state is a value state without TTL (None: dump)
     backend.remove_keys(kg, keys)      drop those keys' entries (before a delta's blob is
                                        restored: a delta replaces its keys whole)
     backend.clear_key_group(kg)        drop a key group (before a full blob replaces it)
+
+A bulk load (``track_changes`` begun on a backend holding no row, with
+:meth:`~KeyedStateBackend.require_assigned_groups`): a key first named by
+``assign_key_group`` since then has no row, so its value states read None
+without a lookup until one of them is written (RocksDB: no read of the database
+for a key it never had).
 
 A key made current counts as changed whether or not its state was written
 (reads with TTL ``update_on_read`` write too). Entries deleted by TTL cleanup
@@ -105,6 +113,7 @@ from ._descriptors import (
     ValueStateDescriptor,
 )
 from ._keycodec import decode_canonical, encoded_key_group, key_prefix
+from ._payloads import ValueRun
 from ._ttl import IncrementalCleanup, StateTtlConfig
 from ._typed_states import checker, typed_state
 from ._types import StateType, evolution
@@ -119,6 +128,10 @@ OUT = TypeVar("OUT")
 
 _NEG_INF: Final = float("-inf")
 _KEY_CACHE_LIMIT: Final = 1 << 16
+# Types whose every value has a canonical encoding (``canonical_bytes`` never refuses one):
+# a key of these whose group the engine named needs no encoding to be validated, and the
+# heap backend, which files keys by the key itself, encodes it only in a snapshot.
+_ALWAYS_ENCODABLE: Final = frozenset({int, str, bytes, float, bool, type(None)})
 
 
 class _NoKey:
@@ -257,6 +270,7 @@ class KeyedStateBackend(ABC):
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
         self._kg_start = key_group_range.start
+        self._kg_end = key_group_range.end  # below start: the empty range
         self._n_groups = len(key_group_range)
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._key: Any = NO_KEY
@@ -266,6 +280,12 @@ class KeyedStateBackend(ABC):
         # require_assigned_groups, every key named since the last track_changes().
         self._assigned: dict[Any, int] = {}
         self._require_assigned = False
+        # A key first named (assign_key_group) while the backend held no row of it, none
+        # of whose value states was written since: its value states read None without a
+        # lookup (RocksDB: a bulk load's reads of new keys). ``_fresh``: the backend held
+        # nothing when track_changes began, so a key not named since has no row.
+        self._fresh = False
+        self._blank: Any = NO_KEY
         self._watermark = _NEG_INF
         self._first_watermark = _NEG_INF
         self._tables: dict[str, TableBase] = {}
@@ -303,8 +323,12 @@ class KeyedStateBackend(ABC):
             self._touched.add(key)
 
     def _new_key_entry(self, key: Any) -> tuple[int, bytes]:
-        enc = canonical_bytes(key)
-        kg = self._assigned.get(key)
+        kg = self._assigned.get(key) if type(key) in _ALWAYS_ENCODABLE else None
+        # the heap needs no row prefix: a key whose group is named and whose type always
+        # encodes is valid as it is (its bytes are computed by the snapshot that writes it)
+        enc = b"" if kg is not None and not self.is_rocksdb else canonical_bytes(key)
+        if kg is None:
+            kg = self._assigned.get(key)
         if kg is None:
             if self._require_assigned:
                 raise KeyGroupError(
@@ -335,7 +359,7 @@ class KeyedStateBackend(ABC):
         group; :class:`UnsupportedKeyError` for a key with no canonical encoding
         (with :meth:`require_assigned_groups`: when it is made current).
         """
-        if type(key_group) is not int or key_group not in self.key_group_range:
+        if type(key_group) is not int or not self._kg_start <= key_group <= self._kg_end:
             canonical_bytes(key)  # an unsupported key is named first
             r = self.key_group_range
             raise KeyGroupError(
@@ -349,7 +373,20 @@ class KeyedStateBackend(ABC):
                 canonical_bytes(key)
                 raise UnsupportedKeyError(f"key {key!r} is not hashable") from None
             if pinned is None:
-                cached = self._key_cache.get(key)
+                cache = self._key_cache
+                cached = cache.get(key)
+                if self._fresh:
+                    self._blank = key
+                if cached is None and type(key) in _ALWAYS_ENCODABLE:
+                    # valid as it is: filed now, so that making it current finds it cached
+                    self._assigned[key] = key_group
+                    if len(cache) >= _KEY_CACHE_LIMIT:
+                        cache.clear()
+                    cache[key] = (
+                        key_group - self._kg_start,
+                        key_prefix(key_group, canonical_bytes(key)) if self.is_rocksdb else b"",
+                    )
+                    return
                 if cached is None or cached[0] + self._kg_start == key_group:
                     self._assigned[key] = key_group
                     return
@@ -549,6 +586,13 @@ class KeyedStateBackend(ABC):
         self._check_open()
         return self._merger()(self._dump_groups(key_groups), self._pending_dumps(key_groups))
 
+    def value_runs(self, key_group: int) -> list[ValueRun] | None:
+        """Key group ``key_group``'s full state as columns, the entries :meth:`dump` gives
+        for it in their order, when it can be built so (every state of the backend
+        value-like without TTL and every key an integer: the heap backend), for
+        ``_payloads.value_key_group_table``; None: take :meth:`dump`'s entries."""
+        return None
+
     def _merger(self) -> Callable[..., dict[int, list[StateDump]]]:
         """What merges this backend's dumps now: :func:`merge_dumps`, with entries written
         before the first watermark stamped with it once there is one."""
@@ -596,6 +640,8 @@ class KeyedStateBackend(ABC):
         map entries are overwritten, list elements appended.
         """
         self._check_open()
+        self._fresh = False
+        self._blank = NO_KEY
         decoded = [
             (kg, dumps) for kg, dumps in groups.items()
             if isinstance(kg, int) and kg in self.key_group_range
@@ -667,6 +713,16 @@ class KeyedStateBackend(ABC):
         self._tracking = True
         if self._require_assigned:
             self._assigned.clear()
+        self._blank = NO_KEY
+        self._fresh = self._require_assigned and self._holds_nothing()
+        if self._fresh:  # from now on a key is made current only once named (cached then)
+            self._key_cache.clear()
+            self._key, self._kprefix = NO_KEY, None
+
+    def _holds_nothing(self) -> bool:
+        """True if the backend holds no row of any state (checked where a lookup of a key
+        it never had costs more than this check: RocksDB)."""
+        return False
 
     def take_touched(self) -> set[Any]:
         """The keys made current since tracking began or since the last call (none if

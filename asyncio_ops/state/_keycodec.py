@@ -24,11 +24,19 @@ from decimal import Decimal
 from typing import Any, Final
 
 import mmh3
+import numpy as np
+import pyarrow as pa
 
 from .._exceptions import CorruptStateError
 from .._keygroups import HASH_SEED, canonical_bytes
 
-__all__ = ["decode_canonical", "encoded_key_group", "key_prefix", "namespace_suffix"]
+__all__ = [
+    "decode_canonical",
+    "encoded_key_group",
+    "int_key_column",
+    "key_prefix",
+    "namespace_suffix",
+]
 
 _unpack_q = struct.Struct("<q").unpack_from
 _unpack_d = struct.Struct("<d").unpack_from
@@ -48,6 +56,31 @@ def encoded_key_group(enc: bytes, max_parallelism: int) -> int:
     """
     h = mmh3.hash(enc[1:] if enc[0] == _I else enc, HASH_SEED)
     return int(h) % max_parallelism
+
+
+def int_key_column(keys: list[Any]) -> tuple[list[int], pa.FixedSizeBinaryArray] | None:
+    """Integer keys' canonical bytes in their order (``sorted(canonical_bytes(k) for k in
+    keys)``), computed as arrays: the positions in ``keys`` in that order, and the bytes
+    (``b"i"`` and 8 little-endian bytes each). None unless every key is an ``int`` (not
+    a bool or a subclass) in the int64 range, and distinct."""
+    if not keys or set(map(type, keys)) != {int}:
+        return None
+    try:
+        values = np.fromiter(keys, np.int64, len(keys))
+    except OverflowError:  # beyond int64: encoded with b"I", row by row
+        return None
+    # little-endian bytes compared as bytes: the byte-swapped value compared as unsigned
+    order = np.argsort(values.byteswap().view(np.uint64), kind="stable")
+    ordered = values[order]
+    if len(ordered) > 1 and not (ordered[1:] != ordered[:-1]).all():
+        return None  # a key twice: not a dict's keys
+    rows = np.empty((len(keys), 9), np.uint8)
+    rows[:, 0] = _I
+    rows[:, 1:] = ordered.astype("<i8").view(np.uint8).reshape(-1, 8)
+    column = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(9), len(keys), [None, pa.py_buffer(rows.tobytes())]
+    )
+    return order.tolist(), column
 
 
 def key_prefix(key_group: int, enc: bytes) -> bytes:

@@ -41,7 +41,7 @@ from .._timers import InternalTimerService
 from ._backend import KeyedStateBackend
 from ._blob import KEYED_OPERATOR, seal, unseal
 from ._keycodec import decode_canonical
-from ._payloads import KeyGroupPayload, key_groups_table, read, table
+from ._payloads import KeyGroupPayload, key_groups_table, read, table, value_key_group_table
 
 __all__ = [
     "Changes",
@@ -102,8 +102,13 @@ def key_group_sections(
     keys (indexed by key group), as a :class:`KeyedProcessOperator`'s is."""
     groups = sorted(backend.key_group_range if key_groups is None else key_groups)
     for kg in groups:
-        state = backend.dump((kg,)).get(kg, [])
         kg_timers = timers.snapshot((kg,)).get(kg, [])
+        runs = None if kg_timers else backend.value_runs(kg)
+        if runs is not None:  # the same table, column by column
+            if runs:
+                yield Section(kg, value_key_group_table(runs))
+            continue
+        state = backend.dump((kg,)).get(kg, [])
         if state or kg_timers:
             yield Section(kg, table(Kind.KEY_GROUPS, (state, kg_timers, None)))
 

@@ -34,14 +34,21 @@ field's metadata, ``aops.key_type``; its map keys stay canonical bytes in
 rows and null elsewhere. So a typed value is an Arrow value of its declared
 type, never bytes, and the type travels with the data: a restore knows what
 it reads and converts it into a changed declaration (``_types.evolution``).
+
+A key group's full state of value states without TTL can also come as columns
+(:func:`value_key_group_table`, from a backend's ``value_runs``): the same
+table, built without a tuple per entry (a bulk load's full snapshot).
+
+One module with one job: the payloads' tables, both ways.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -51,7 +58,14 @@ from .._keygroups import canonical_bytes
 from ._keycodec import decode_canonical
 from ._types import StateType
 
-__all__ = ["KeyGroupPayload", "key_groups_table", "read", "table"]
+__all__ = [
+    "KeyGroupPayload",
+    "ValueRun",
+    "key_groups_table",
+    "read",
+    "table",
+    "value_key_group_table",
+]
 
 _ENTRY_FIELDS: Final = [
     pa.field("state", pa.string(), nullable=False),
@@ -337,6 +351,57 @@ def _key_group_table(payload: KeyGroupPayload) -> pa.Table:
     cols: dict[str, list[Any]] = {f.name: [] for f in KEY_GROUP_SCHEMA}
     typed: Typed = {}
     _append_key_group(cols, typed, payload)
+    return _with_typed(pa.table(cols, schema=KEY_GROUP_SCHEMA), typed)
+
+
+class ValueRun(NamedTuple):
+    """One state's entries in one namespace of a key group, as columns (for
+    :func:`value_key_group_table`): a value-like state without TTL, one row per entry."""
+
+    state: str
+    kind: str
+    typing: Any  # (value type, key type) of a typed state, None: untyped
+    keys: pa.Array  # the keys' canonical bytes (binary), in the order the rows are written
+    namespace: pa.Array | bytes  # the namespaces' canonical bytes (binary), or one for all
+    values: list[Any]  # the serializer's bytes, or a typed state's normalised values
+
+
+def value_key_group_table(runs: Sequence[ValueRun]) -> pa.Table:
+    """The ``KEY_GROUPS`` table of one key group's full state, no timers, when every run
+    of it is a value-like state without TTL: the same table :func:`table` builds from the
+    dumps of those entries (``(state, kind, False, [(key, ns, (None, value)), ...],
+    typing)`` per run, in order), built column by column instead of row by row."""
+    total = sum(len(run.keys) for run in runs)
+    cols: dict[str, Any] = {
+        "row": np.zeros(total, np.int8),
+        "state": [], "kind": [], "has_ttl": [False] * total, "key": [], "namespace": [],
+        "map_key": pa.nulls(total, pa.binary()), "ts": pa.nulls(total, pa.float64()),
+        "value": [], "entry": np.arange(total, dtype=np.int64) & 1,
+        "domain": pa.nulls(total, pa.string()), "timestamp": pa.nulls(total, pa.float64()),
+    }  # fmt: skip
+    typed: Typed = {}
+    at = 0
+    for run in runs:
+        count = len(run.keys)
+        cols["state"] += [run.state] * count
+        cols["kind"] += [run.kind] * count
+        cols["key"].append(run.keys.cast(pa.binary()))
+        ns = run.namespace
+        cols["namespace"].append(
+            pa.array([ns] * count, pa.binary()) if isinstance(ns, bytes) else ns.cast(pa.binary())
+        )
+        if run.typing is not None:
+            slot = typed.setdefault(run.state, (run.typing, []))
+            if slot[0] != run.typing:
+                raise CorruptStateError(f"state {run.state!r} is written with two types")
+            slot[1].append((at, run.values))
+            cols["value"] += [None] * count
+        else:
+            cols["value"] += run.values
+        at += count
+    for name in ("key", "namespace"):
+        parts = cols[name]
+        cols[name] = pa.concat_arrays(parts) if parts else pa.array([], pa.binary())
     return _with_typed(pa.table(cols, schema=KEY_GROUP_SCHEMA), typed)
 
 
