@@ -105,6 +105,7 @@ SLOWER: Final = 0.75  # a floor past the guard with the goodput under this share
 PROBE_UP: Final = 1.25
 PROBE_DOWN: Final = 0.8
 UP_GAIN: Final = 1.03  # a probe up is kept if the goodput grows this much
+UP_SIGMAS: Final = 2.0  # and by this many standard deviations of the held rounds' goodput
 DOWN_KEEP: Final = 0.97  # a probe down is kept if the goodput stays above this share
 QUEUE_FREE: Final = 1.1  # a held round's median latency under this x the floor: no queue
 ERRORS_FREE: Final = 0.01  # a held round's error share under this: not past the knee
@@ -154,12 +155,12 @@ class AdaptiveLimit:
 
     __slots__ = (
         "_alarms", "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
-        "_completions", "_cut_in_round", "_down_next", "_error_check", "_error_limit",
-        "_errors", "_failing", "_fast", "_floor_rate", "_floors", "_held",
-        "_held_completions", "_held_errors", "_held_fast", "_latencies", "_max_in_flight",
+        "_completions", "_cut_in_round", "_down_next", "_error_check", "_error_limit", "_errors",
+        "_failing", "_fast", "_floor_rate", "_floors", "_held", "_held_completions",
+        "_held_errors", "_held_fast", "_held_n", "_held_spread", "_latencies", "_max_in_flight",
         "_min_latency", "_probe", "_probe_wait", "_rounds_held", "_started", "_startup",
-        "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum",
-        "name", "rounds",
+        "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum", "name",
+        "rounds",
     )  # fmt: skip
 
     def __init__(
@@ -203,6 +204,8 @@ class AdaptiveLimit:
         self._max_in_flight = 0
         self._cut_in_round = False
         self._held = 0.0  # the goodput of the rounds held since the last probe
+        self._held_n = 0  # how many rounds that mean is of
+        self._held_spread = 0.0  # and the sum of their squared deviations from it
         self._held_errors = 0  # their errors and completions
         self._held_completions = 0
         self._fast = 0  # the round's errors answered at once (in under half the floor)
@@ -472,7 +475,14 @@ class AdaptiveLimit:
     ) -> None:
         if self._probe:  # judged on the round after its transition round
             up = self._probe > 1
-            keep = rate >= UP_GAIN * self._held if up else rate >= DOWN_KEEP * self._held
+            if up:
+                # a gain past the held rounds' own noise too (else the limit drifts up
+                # on lucky rounds, past the knee, adding latency for nothing)
+                n = self._held_n
+                noise = math.sqrt(self._held_spread / (n - 1) * (1 + 1 / n)) if n > 1 else 0.0
+                keep = rate >= max(UP_GAIN * self._held, self._held + UP_SIGMAS * noise)
+            else:
+                keep = rate >= DOWN_KEEP * self._held
             base = self._best_limit
             self._probe = 0.0
             self._rounds_held = 0
@@ -486,7 +496,13 @@ class AdaptiveLimit:
             return
         # the held goodput: the mean of the rounds held since the last probe (less noisy)
         n = self._rounds_held
-        self._held = rate if n == 0 else (self._held * n + rate) / (n + 1)
+        if n == 0:
+            self._held, self._held_spread = rate, 0.0
+        else:  # Welford's running mean and spread
+            mean = self._held + (rate - self._held) / (n + 1)
+            self._held_spread += (rate - self._held) * (rate - mean)
+            self._held = mean
+        self._held_n = n + 1
         if n == 0:
             self._held_errors, self._held_completions, self._held_fast = 0, 0, 0
         self._held_errors += errors

@@ -210,14 +210,20 @@ def _input_struct(schema: str | StructType | None, function: AsyncFunction[Any, 
     inputs = as_struct(schema, "input_schema")
     if not inputs.fields:
         raise ConfigurationError(f"input_schema declares no argument ({schema!r})")
-    names = [f.name for f in inputs.fields]
+    _distinct_names(inputs, "input_schema", schema)
+    return inputs
+
+
+def _distinct_names(struct: StructType, option: str, schema: str | StructType) -> list[str]:
+    """The struct's field names, each once and none reserved (else named errors)."""
+    names = [f.name for f in struct.fields]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ConfigurationError(f"input_schema names {twice} twice in {schema!r}")
+        raise ConfigurationError(f"{option} names the column(s) {twice} twice in {schema!r}")
     clash = [n for n in names if n in _RESERVED]
     if clash:
-        raise ConfigurationError(f"input_schema uses reserved column name(s) {clash}")
-    return inputs
+        raise ConfigurationError(f"{option} uses reserved column name(s) {clash}")
+    return names
 
 
 def _output_struct(schema: str | StructType, inputs: StructType) -> StructType:
@@ -227,13 +233,7 @@ def _output_struct(schema: str | StructType, inputs: StructType) -> StructType:
             f"output_schema declares no columns ({schema!r}): name the columns the "
             "function adds, e.g. 'name string, tier string'"
         )
-    names = [f.name for f in added.fields]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigurationError(f"output_schema declares the column(s) {twice} twice")
-    clash = [n for n in names if n in _RESERVED]
-    if clash:
-        raise ConfigurationError(f"output_schema uses reserved column name(s) {clash}")
+    names = _distinct_names(added, "output_schema", schema)
     both = sorted(set(names) & {f.name for f in inputs.fields})
     if both:
         raise ConfigurationError(

@@ -161,6 +161,13 @@ def test_register_checks_options_and_runs_the_preflight_on_the_driver(
     with pytest.raises(ConfigurationError, match=r"no option 'capacty'.*did you mean 'capacity'"):
         register(spark, "sql_fn_bad", lookup, timeout=5, output_schema="name string",
                  input_schema="customer_id int", capacty=3)  # fmt: skip
+    twice = r"input_schema names the column\(s\) \['customer_id'\] twice"
+    with pytest.raises(ConfigurationError, match=twice):
+        register(spark, "sql_fn_bad", lookup, timeout=5, output_schema="name string",
+                 input_schema="customer_id int, customer_id long")  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"output_schema names the column\(s\)"):
+        register(spark, "sql_fn_bad", lookup, timeout=5, output_schema="name string, name int",
+                 input_schema="customer_id int")  # fmt: skip
     with pytest.raises(ConfigurationError, match=r"on_error must be one of"):
         register(spark, "sql_fn_bad", lookup, timeout=5, output_schema="name string",
                  input_schema="customer_id int", on_error="ignore")  # fmt: skip
