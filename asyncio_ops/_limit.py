@@ -63,8 +63,9 @@ requests of the previous limit); the next one judges the new limit.
   slot taken for a latency floor, as an answer would, doubled for each round in a
   row in which most requests failed (at most 1 s; the operator asks
   :meth:`AdaptiveLimit.pause_after_error`), and when the rounds held show more than
-  1% of them, round after round, the limit is trimmed by their share: the service,
-  shared with others, takes fewer than it is sent.
+  1% of them, round after round, the limit is trimmed by their share (the service,
+  shared with others, takes fewer than it is sent), and probes back up to where it
+  was wait twice as long.
 - **Recovery**: once a round after cuts passes without one, if the cuts took the
   limit below half of where it was held before them (a storm of overload, not a
   touch of the knee), startup is entered again, at most up to that former level
@@ -517,6 +518,7 @@ class AdaptiveLimit:
             # refused (the service, shared with others, takes fewer than we send)
             share = self._held_fast / self._held_completions
             self._error_limit = min(self._error_limit or self.limit, self.limit)
+            self._probe_wait = min(2 * self._probe_wait, PROBE_BACKOFF)
             self._rounds_held = 0
             self._set(math.floor(self.limit * (1 - share)))
             self._best_limit = self.limit
