@@ -1,32 +1,34 @@
 """A lookup registered as a Spark SQL function (``asyncio_ops.spark.register``) answers,
 row by row, what ``ordered_wait`` answers over the same rows: against a real PostgreSQL
-(columnar and per row), the customer HTTP service and the example OpenAI-compatible
-model service; NULL keys and unknown keys give a NULL struct (a left join), failed rows
+(columnar and per row), the customer HTTP service, the example OpenAI-compatible model
+service (chat and embeddings) and Redis (behind a cache and a rate limit); NULL keys and unknown keys give a NULL struct (a left join), failed rows
 an error struct with ``on_error="error_column"``; the driver checks the options and runs
 the preflight at registration."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asyncio_ops.connectors import LookupQueryError
+from asyncio_ops.connectors import LookupCache, LookupQueryError, RateLimit
 from asyncio_ops.connectors.http import HttpLookup
-from asyncio_ops.connectors.openai import ChatLookup
+from asyncio_ops.connectors.openai import ChatLookup, EmbeddingLookup
 from asyncio_ops.connectors.postgres import PostgresLookup
+from asyncio_ops.connectors.redis import RedisLookup
 from asyncio_ops.services.customers import ServiceThread, customer
-from asyncio_ops.services.models import OpenAIServiceThread, sentiment
+from asyncio_ops.services.models import OpenAIServiceThread, embedding, sentiment
 from pyspark.sql import DataFrame, SparkSession
 
 from asyncio_ops import AsyncRetryStrategy, ConfigurationError, OutputSchemaError
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, register
-from tests.connectors.conftest import pg_dsn, pg_tables
+from tests.connectors.conftest import pg_dsn, pg_tables, redis_url
 from tests.connectors.support import PgTables
 from tests.spark.conftest import arrow_batch_rows, spark
 
-__all__ = ["pg_dsn", "pg_tables", "spark"]
+__all__ = ["pg_dsn", "pg_tables", "redis_url", "spark"]
 
 pytestmark = [pytest.mark.spark]
 
@@ -187,3 +189,56 @@ def test_more_than_one_result_for_a_row_fails_naming_the_row(spark: SparkSession
     twice_named = r"sql_fn_twice\(k bigint\).*\{'k': 7\}.*ordered_wait or unordered_wait"
     with pytest.raises(OutputSchemaError, match=twice_named):
         spark.sql("SELECT sql_fn_twice(id) FROM range(10)").collect()
+
+
+def test_redis_and_embedding_lookups_with_a_cache_and_a_rate_limit_as_sql_functions(
+    spark: SparkSession, orders: DataFrame, redis_url: str
+) -> None:
+    """The columnar connectors of Redis and embeddings, one behind a ``LookupCache`` and a
+    ``RateLimit``, answer through SQL what they answer through ``ordered_wait``."""
+    import redis
+
+    prefix = f"sqlfn-{uuid.uuid4().hex[:8]}:"
+    client = redis.Redis.from_url(redis_url)
+    for i in range(1, 41):  # every customer of the orders (unknown ones are 500, 501)
+        client.hset(f"{prefix}{i}", mapping={"name": f"customer-{i}", "tier": str(i % 3)})
+    try:
+        with OpenAIServiceThread() as models:
+
+            def lookups() -> tuple[RedisLookup, EmbeddingLookup]:
+                stored = RedisLookup(redis_url, key="customer_id", kind="hash",
+                                     key_prefix=prefix, cache=LookupCache(max_size=100, ttl=60),
+                                     rate_limit=RateLimit(requests_per_second=500, burst=50))
+                return stored, EmbeddingLookup(models.url, "local", input="{note}", batch_size=4)
+
+            stored, embed = lookups()
+            register(spark, "sql_fn_redis", stored, timeout=30, input_schema="customer_id int",
+                     output_schema="name string, tier string")  # fmt: skip
+            register(spark, "sql_fn_embed", embed, timeout=30, input_schema="note string",
+                     output_schema="embedding array<float>")  # fmt: skip
+            got = spark.sql(
+                "SELECT order_id, customer_id, note, sql_fn_redis(customer_id) AS r, "
+                "sql_fn_embed(note) AS e FROM sql_fn_orders"
+            ).collect()
+            stored, embed = lookups()
+            first = ordered_wait(orders, stored, timeout=30,
+                                 output_schema="name string, tier string")  # fmt: skip
+            want = ordered_wait(first, embed, timeout=30,
+                                output_schema="embedding array<float>").collect()  # fmt: skip
+    finally:
+        client.delete(*[f"{prefix}{i}" for i in range(1, 41)])
+        client.close()
+    by_id = {r.order_id: r for r in want}
+    assert len(got) == len(want) == 40
+    for r in got:
+        w = by_id[r.order_id]
+        if w.name is None:  # a NULL key (never sent) or an unknown customer: NULL
+            assert r.r is None and (r.customer_id is None or r.customer_id >= 500), r
+        else:
+            assert (r.r.name, r.r.tier) == (w.name, w.tier) == (
+                f"customer-{r.customer_id}", str(r.customer_id % 3)), r  # fmt: skip
+        if r.note is None:
+            assert r.e is None and w.embedding is None, r
+        else:
+            assert r.e.embedding == pytest.approx(w.embedding), r
+            assert r.e.embedding == pytest.approx(embedding(r.note), abs=1e-6), r
