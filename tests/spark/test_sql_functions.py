@@ -1,9 +1,10 @@
 """A lookup registered as a Spark SQL function (``asyncio_ops.spark.register``) answers,
 row by row, what ``ordered_wait`` answers over the same rows: against a real PostgreSQL
 (columnar and per row), the customer HTTP service, the example OpenAI-compatible model
-service (chat and embeddings) and Redis (behind a cache and a rate limit); NULL keys and unknown keys give a NULL struct (a left join), failed rows
-an error struct with ``on_error="error_column"``; the driver checks the options and runs
-the preflight at registration."""
+service (chat and embeddings) and Redis (behind a cache and a rate limit); NULL keys and
+unknown keys give a NULL struct (a left join), failed rows an error struct with
+``on_error="error_column"``; the driver checks the options and runs the preflight at
+registration."""
 
 from __future__ import annotations
 
