@@ -31,25 +31,33 @@ def start_service(
 ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     """The running service and its base URL (``http://127.0.0.1:PORT``); the options are
     the service's own (``latency_after``: ``"SECONDS:MS"``)."""
-    port = _free_port()
     after = ["--latency-after", latency_after] if latency_after else []
+    return start_process(
+        "customers", "/healthz", "--latency-ms", str(latency_ms), "--jitter-ms",
+        str(jitter_ms), "--customers", str(customers), "--max-concurrent",
+        str(max_concurrent), "--reject-above", str(reject_above), *after,
+    )  # fmt: skip
+
+
+def start_process(service: str, ready: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m asyncio_ops.services.<service> --host 127.0.0.1 --port PORT *args`` and
+    its base URL, once ``ready`` (a path) answers (30 s at most)."""
+    port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncio_ops.services.customers", "--host", "127.0.0.1",
-         "--port", str(port), "--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms),
-         "--customers", str(customers), "--max-concurrent", str(max_concurrent),
-         "--reject-above", str(reject_above), *after],
+        [sys.executable, "-m", f"asyncio_ops.services.{service}", "--host", "127.0.0.1",
+         "--port", str(port), *args],
         cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+            with urllib.request.urlopen(f"{url}{ready}", timeout=1):
                 return proc, url
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 stop_service(proc)
-                raise RuntimeError("the HTTP customer service did not start") from None
+                raise RuntimeError(f"the {service} service did not start") from None
             time.sleep(0.1)
 
 

@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -58,7 +57,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from asyncio_ops.spark import AsyncMetrics, ordered_wait, session, unordered_wait
-from bench._service import ROOT, _free_port, start_service, stop_service
+from bench._service import start_process, start_service, stop_service
 
 PARTITIONS = 2
 LATENCY_MS = 20.0
@@ -255,22 +254,8 @@ def postgres(spark: SparkSession, args: argparse.Namespace) -> list[tuple[str, b
 
 
 def model(spark: SparkSession, args: argparse.Namespace) -> list[tuple[str, bool, str]]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncio_ops.services.models", "--port", str(port),
-         "--latency-ms", "50"], cwd=ROOT, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                stop_service(proc)
-                raise RuntimeError("the model service did not start") from None
-            time.sleep(0.1)
+    proc, url = start_process("models", "/stats", "--latency-ms", "50")
+    base = f"{url}/v1"
     n = args.model_rows
     reviews = spark.range(0, n, 1, PARTITIONS).select(
         F.concat(F.lit("a great product, order "), F.col("id").cast("string")).alias("text")
