@@ -22,7 +22,15 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
-    """Processing time in seconds."""
+    """Processing time in seconds.
+
+    Example:
+
+    >>> from asyncio_ops import Clock, SystemClock
+    >>> from asyncio_ops.testing import ManualClock
+    >>> isinstance(SystemClock(), Clock), isinstance(ManualClock(start=5.0), Clock)
+    (True, True)
+    """
 
     def now(self) -> float: ...
 
@@ -33,13 +41,36 @@ class Cancellable(Protocol):
 
 @runtime_checkable
 class Scheduler(Clock, Protocol):
-    """A clock that can call back at a point of its own time."""
+    """A clock that can call back at a point of its own time.
+
+    Example:
+
+    >>> from asyncio_ops.testing import ManualClock  # a Scheduler for tests
+    >>> clock = ManualClock()
+    >>> handle = clock.call_at(2.0, lambda: print("due at", clock.now()))
+    >>> clock.advance(2.0)
+    due at 2.0
+    """
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable: ...
 
 
 class SystemClock:
-    """Wall-clock time; callbacks scheduled on the running event loop."""
+    """Wall-clock time; callbacks scheduled on the running event loop.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import SystemClock
+    >>> async def main():
+    ...     clock = SystemClock()
+    ...     fired = asyncio.Event()
+    ...     clock.call_at(clock.now() + 0.01, fired.set)  # on the running loop
+    ...     await fired.wait()
+    ...     return fired.is_set()
+    >>> asyncio.run(main())
+    True
+    """
 
     __slots__ = ()
 

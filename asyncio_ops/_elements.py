@@ -19,7 +19,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True, init=False)
 class Record(Generic[T]):
-    """A data element: ``value`` with an optional event ``timestamp``."""
+    """A data element: ``value`` with an optional event ``timestamp``.
+
+    Example:
+
+    >>> from asyncio_ops import Record
+    >>> Record({"customer_id": 7}, timestamp=1700000000.0).timestamp
+    1700000000.0
+    """
 
     value: T
     timestamp: float | None = None
@@ -41,7 +48,18 @@ _set_timestamp = Record.__dict__["timestamp"].__set__
 
 @dataclass(frozen=True, slots=True)
 class Watermark:
-    """Event-time progress: no record with ``timestamp <= this`` is expected any more."""
+    """Event-time progress: no record with ``timestamp <= this`` is expected any more.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import OutputMode, Record, Watermark, run_async_wait
+    >>> async def lookup(value):
+    ...     return [value * 10]
+    >>> asyncio.run(run_async_wait(lookup, [Record(1, 1.0), Watermark(1.0), Record(2, 2.0)],
+    ...                            timeout=1.0, mode=OutputMode.WATERMARK_BOUNDED))
+    [Record(value=10, timestamp=1.0), Watermark(timestamp=1.0), Record(value=20, timestamp=2.0)]
+    """
 
     timestamp: float
 

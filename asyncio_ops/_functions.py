@@ -78,7 +78,21 @@ OUT = TypeVar("OUT")
 
 @dataclass(frozen=True)
 class RuntimeContext:
-    """What a function learns about where it runs (PyFlink's RuntimeContext, trimmed)."""
+    """What a function learns about where it runs (PyFlink's RuntimeContext, trimmed).
+
+    Example:
+
+    >>> from asyncio_ops import AsyncFunction, RuntimeContext
+    >>> class Lookup(AsyncFunction):
+    ...     def open(self, runtime_context):
+    ...         self.region = runtime_context.get_job_parameter("region", "eu")
+    ...     async def async_invoke(self, value):
+    ...         return [(self.region, value)]
+    >>> lookup = Lookup()
+    >>> lookup.open(RuntimeContext(job_parameters={"region": "us"}))
+    >>> lookup.region
+    'us'
+    """
 
     task_name: str = "async-wait"
     index_of_this_subtask: int = 0
@@ -109,6 +123,19 @@ class AsyncFunction(ABC, Generic[IN, OUT]):
     with no result when ``on_empty`` is not given: ``"drop"`` (Flink's semantics, an
     inner join), or ``"keep"`` (a left join: the lookup connectors enrich, and a row
     they cannot enrich is kept with NULL output columns).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncFunction, run_async_wait
+    >>> class Lookup(AsyncFunction):
+    ...     async def async_invoke(self, value):
+    ...         await asyncio.sleep(0.01)  # a call to a slow system
+    ...         return [{"id": value, "name": f"customer-{value}"}]
+    ...     def timeout(self, value):  # optional: the default fails the operator
+    ...         return [{"id": value, "name": None}]
+    >>> [r.value["name"] for r in asyncio.run(run_async_wait(Lookup(), [1, 2], timeout=2.0))]
+    ['customer-1', 'customer-2']
     """
 
     default_on_empty: ClassVar[str] = "drop"
@@ -170,14 +197,45 @@ async def maybe_await(value: object) -> Any:
 # -- optional abilities ---------------------------------------------------------------------
 @runtime_checkable
 class SupportsInvokeChunk(Protocol):
-    """Answers a chunk of rows in one call: one result list per row, in order."""
+    """Answers a chunk of rows in one call: one result list per row, in order.
+
+    Example:
+
+    >>> from asyncio_ops import AsyncFunction, SupportsInvokeChunk
+    >>> class Names(AsyncFunction):
+    ...     async def async_invoke(self, row):
+    ...         return [{"name": f"customer-{row['id']}"}]
+    ...     async def async_invoke_chunk(self, rows):  # one call for chunk_size rows
+    ...         return [[{"name": f"customer-{row['id']}"}] for row in rows]
+    >>> isinstance(Names(), SupportsInvokeChunk)
+    True
+    """
 
     async def async_invoke_chunk(self, rows: list[dict[str, Any]]) -> Sequence[Sequence[Any]]: ...
 
 
 @runtime_checkable
 class SupportsInvokeArrow(Protocol):
-    """Answers a chunk as an Arrow batch: ``(row_index, columns)`` (see docs/spark.md)."""
+    """Answers a chunk as an Arrow batch: ``(row_index, columns)`` (see docs/spark.md).
+
+    Example:
+
+    >>> import asyncio
+    >>> import pyarrow as pa
+    >>> import pyarrow.compute as pc
+    >>> from asyncio_ops import AsyncFunction, SupportsInvokeArrow
+    >>> class Double(AsyncFunction):
+    ...     async def async_invoke(self, row):
+    ...         return [{"twice": row["n"] * 2}]
+    ...     async def async_invoke_arrow(self, batch):  # None: every row once, in order
+    ...         return None, {"twice": pc.multiply(batch.column("n"), 2)}
+    >>> isinstance(Double(), SupportsInvokeArrow)
+    True
+    >>> batch = pa.record_batch({"n": [1, 2]})
+    >>> row_index, columns = asyncio.run(Double().async_invoke_arrow(batch))
+    >>> columns["twice"].to_pylist()
+    [2, 4]
+    """
 
     async def async_invoke_arrow(self, batch: pa.RecordBatch) -> tuple[Any, Any] | ArrowResult: ...
 
@@ -190,6 +248,15 @@ class ArrowResult(NamedTuple):
     that failed it alone (e.g. a key that matched several rows of a one-to-one
     lookup). A failed row must not appear in ``row_index``; it becomes an error
     row with ``on_error="error_column"``, or fails the partition naming it.
+
+    Example:
+
+    >>> from asyncio_ops import ArrowResult
+    >>> from asyncio_ops.connectors import LookupAmbiguousError
+    >>> result = ArrowResult([0, 2], {"name": ["ada", "bob"]},  # rows 0 and 2 answered
+    ...                      {1: LookupAmbiguousError("key 7 matched 2 rows")})  # row 1 failed
+    >>> sorted(result.errors)
+    [1]
     """
 
     row_index: Any
@@ -209,6 +276,21 @@ class PrefersChunks(Protocol):
     in flight when ``capacity`` is not given (what keeps the service busy without
     queueing chunks behind each other: a pool answers a few, an HTTP client as
     many as it has connections).
+
+    Example:
+
+    >>> from asyncio_ops import AsyncFunction, PrefersChunks
+    >>> class Batched(AsyncFunction):
+    ...     async def async_invoke(self, row):
+    ...         return [row]
+    ...     async def async_invoke_arrow(self, batch):
+    ...         return None, {}
+    ...     def preferred_chunk_rows(self):
+    ...         return 500  # one request's worth of rows
+    ...     def preferred_capacity(self):
+    ...         return 8  # requests the service takes at once
+    >>> isinstance(Batched(), PrefersChunks)
+    True
     """
 
     def preferred_chunk_rows(self) -> int | None: ...
@@ -221,7 +303,21 @@ class SupportsOutputColumns(Protocol):
     """A function that returns only the output columns it is told, as Spark's
     ``from_json`` keeps only the declared fields (a connector answering with more
     columns than ``output_schema`` declares). The runtime calls
-    ``bind_output_columns`` with the declared columns before the first element."""
+    ``bind_output_columns`` with the declared columns before the first element.
+
+    Example:
+
+    >>> from asyncio_ops import AsyncFunction, SupportsOutputColumns
+    >>> class Profile(AsyncFunction):
+    ...     columns = None
+    ...     def bind_output_columns(self, columns):  # output_schema's names, before any row
+    ...         self.columns = list(columns)
+    ...     async def async_invoke(self, row):
+    ...         answer = {"name": "ada", "tier": "gold", "internal_id": 17}
+    ...         return [{c: answer.get(c) for c in self.columns}]
+    >>> isinstance(Profile(), SupportsOutputColumns)
+    True
+    """
 
     def bind_output_columns(self, columns: Sequence[str]) -> None: ...
 
@@ -232,7 +328,22 @@ class SupportsOutputSchema(Protocol):
     for JSON of that shape). The runtime calls ``bind_output_schema`` with the Arrow
     schema of the columns the function adds (``output_schema``'s, in its order,
     with their nullability) before the first element, after
-    ``bind_output_columns``."""
+    ``bind_output_columns``.
+
+    Example:
+
+    >>> import pyarrow as pa
+    >>> from asyncio_ops import AsyncFunction, SupportsOutputSchema
+    >>> class Typed(AsyncFunction):
+    ...     def bind_output_schema(self, schema):  # the declared columns, as Arrow types
+    ...         self.schema = schema
+    ...     async def async_invoke(self, row):
+    ...         return [{f.name: None for f in self.schema}]
+    >>> typed = Typed()
+    >>> typed.bind_output_schema(pa.schema([("score", pa.float64())]))
+    >>> isinstance(typed, SupportsOutputSchema), typed.schema.names
+    (True, ['score'])
+    """
 
     def bind_output_schema(self, schema: pa.Schema) -> None: ...
 
@@ -245,6 +356,24 @@ class CheckpointedFunction(Protocol):
     ``initialize_function_state`` receives the tables every partition wrote in
     the previous version, before the first element (a worker-wide function
     sees every partition's: merge, and drop what is stale).
+
+    Example:
+
+    >>> import pyarrow as pa
+    >>> from asyncio_ops import AsyncFunction, CheckpointedFunction
+    >>> class Remembering(AsyncFunction):
+    ...     def __init__(self):
+    ...         self.seen = {}
+    ...     async def async_invoke(self, row):
+    ...         self.seen[row["id"]] = f"customer-{row['id']}"
+    ...         return [{"name": self.seen[row["id"]]}]
+    ...     def snapshot_function_state(self):  # written with each checkpoint version
+    ...         return pa.table({"id": list(self.seen), "name": list(self.seen.values())})
+    ...     def initialize_function_state(self, tables):  # every partition's, before any row
+    ...         for table in tables:
+    ...             self.seen.update(zip(table["id"].to_pylist(), table["name"].to_pylist()))
+    >>> isinstance(Remembering(), CheckpointedFunction)
+    True
     """
 
     def snapshot_function_state(self) -> pa.Table | None: ...
@@ -259,6 +388,20 @@ class PreflightContext:
     ``input_schema``: the Arrow schema of the rows the function will receive
     (every input column); ``output_schema``: the Arrow schema of the columns
     it is declared to return (``output_schema=`` of the Spark function).
+
+    Example:
+
+    >>> import asyncio
+    >>> import pyarrow as pa
+    >>> from asyncio_ops import ConfigurationError, PreflightContext
+    >>> async def preflight(context):  # what a function's preflight receives
+    ...     if "customer_id" not in context.input_schema.names:
+    ...         raise ConfigurationError("needs the input column 'customer_id'")
+    >>> context = PreflightContext(pa.schema([("id", pa.int64())]),
+    ...                            pa.schema([("name", pa.string())]))
+    >>> asyncio.run(preflight(context))
+    Traceback (most recent call last):
+    asyncio_ops.ConfigurationError: needs the input column 'customer_id'
     """
 
     input_schema: pa.Schema
@@ -268,13 +411,37 @@ class PreflightContext:
 @runtime_checkable
 class SupportsPreflight(Protocol):
     """A function that checks, once on the driver before any Spark job, what it can
-    without the data (see the module docstring); plain functions have no preflight."""
+    without the data (see the module docstring); plain functions have no preflight.
+
+    Example::
+
+        from asyncio_ops import AsyncFunction, ConfigurationError, PreflightContext
+
+        class Tiers(AsyncFunction):
+            async def preflight(self, context: PreflightContext) -> None:
+                if "customer_id" not in context.input_schema.names:
+                    raise ConfigurationError("Tiers needs the input column 'customer_id'")
+
+            async def async_invoke(self, row):
+                return [{"tier": "gold"}]
+
+        ordered_wait(people, Tiers(), timeout=2, output_schema="tier string")  # raises, no job
+    """
 
     async def preflight(self, context: PreflightContext) -> None: ...
 
 
 class CacheCounters(Protocol):
-    """Counters of a cache, monotonic over the function's life."""
+    """Counters of a cache, monotonic over the function's life.
+
+    Example:
+
+    >>> from asyncio_ops import CacheCounters
+    >>> from asyncio_ops.connectors import LookupCache
+    >>> counters = LookupCache(ttl=60).statistics()  # a CacheCounters
+    >>> counters.hits, counters.misses, counters.evictions, counters.expirations
+    (0, 0, 0, 0)
+    """
 
     @property
     def hits(self) -> int: ...
@@ -294,7 +461,16 @@ class SupportsTokenUsage(Protocol):
     """A function that calls a model and counts what it was billed, monotonic over its
     life: ``(prompt_tokens, completion_tokens, cost)``, the cost None without prices.
     The runtime adds each partition's share to the metrics (``prompt_tokens``,
-    ``completion_tokens``, ``cost``)."""
+    ``completion_tokens``, ``cost``).
+
+    Example:
+
+    >>> from asyncio_ops import SupportsTokenUsage
+    >>> from asyncio_ops.connectors.openai import ChatLookup
+    >>> chat = ChatLookup("http://127.0.0.1:8090/v1", "local", prompt="{text}")
+    >>> isinstance(chat, SupportsTokenUsage), chat.token_usage()  # (prompt, completion, cost)
+    (True, (0, 0, None))
+    """
 
     def token_usage(self) -> tuple[int, int, float | None]: ...
 
@@ -305,7 +481,16 @@ class SupportsRateLimitUsage(Protocol):
     ``(permits, tokens, seconds_waited)``: request permits and tokens it took from the
     limit, and the seconds its calls spent waiting for them (summed over calls, so
     concurrent waits add up). The runtime adds each partition's share to the metrics
-    (``rate_limit_permits``, ``rate_limit_tokens``, ``rate_limit_wait_seconds``)."""
+    (``rate_limit_permits``, ``rate_limit_tokens``, ``rate_limit_wait_seconds``).
+
+    Example:
+
+    >>> from asyncio_ops import SupportsRateLimitUsage
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> lookup = HttpLookup("http://api/customers/{id}", rate_limit=50)
+    >>> isinstance(lookup, SupportsRateLimitUsage), lookup.rate_limit_usage()
+    (True, (0, 0, 0.0))
+    """
 
     def rate_limit_usage(self) -> tuple[int, int, float]: ...
 
@@ -317,7 +502,16 @@ class SupportsServiceRetries(Protocol):
     requests it sent again, the answers that said "slow down" (429, 503), and the
     seconds it waited before sending again (summed over calls). The runtime adds each
     partition's share to the metrics (``connector_retried``, ``throttled``,
-    ``throttle_wait_seconds``)."""
+    ``throttle_wait_seconds``).
+
+    Example:
+
+    >>> from asyncio_ops import SupportsServiceRetries
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> lookup = HttpLookup("http://api/customers/{id}")
+    >>> isinstance(lookup, SupportsServiceRetries), lookup.service_retries()
+    (True, (0, 0, 0.0))
+    """
 
     def service_retries(self) -> tuple[int, int, float]: ...
 
@@ -326,13 +520,36 @@ class SupportsServiceRetries(Protocol):
 class SupportsNullKeyCount(Protocol):
     """A function that answers a row whose key is NULL without a request, and counts
     those rows, monotonic over its life. The runtime adds each partition's share to
-    the metrics (``skipped_null_keys``)."""
+    the metrics (``skipped_null_keys``).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import SupportsNullKeyCount
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> lookup = HttpLookup("http://api/customers/{id}")
+    >>> async def main():
+    ...     async with lookup:
+    ...         return await lookup.async_invoke({"id": None})  # NULL: no request at all
+    >>> asyncio.run(main()), isinstance(lookup, SupportsNullKeyCount), lookup.null_key_count()
+    ([], True, 1)
+    """
 
     def null_key_count(self) -> int: ...
 
 
 @runtime_checkable
 class SupportsCacheStatistics(Protocol):
-    """A function whose cache counters reach the operator metrics (None: no cache)."""
+    """A function whose cache counters reach the operator metrics (None: no cache).
+
+    Example:
+
+    >>> from asyncio_ops import SupportsCacheStatistics
+    >>> from asyncio_ops.connectors import LookupCache
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> lookup = HttpLookup("http://api/customers/{id}", cache=LookupCache(ttl=60))
+    >>> isinstance(lookup, SupportsCacheStatistics), lookup.cache_statistics().hits
+    (True, 0)
+    """
 
     def cache_statistics(self) -> CacheCounters | None: ...

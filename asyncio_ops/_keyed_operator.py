@@ -12,6 +12,7 @@ Call order, per operator instance::
     op.take_timers(previous)     or so, taking over a warm operator's backend and timers
     op.track_changes()           incremental snapshots: record the keys made current
     op.process(element)          per Record / Watermark (also ``op(element)``)
+    op.process_values(vs, keys)  or a batch of values without timestamps, keys given
     op.end_input()               bounded input only: the final firing (below)
     op.snapshot()                -> {key_group: blob}, state and timers together
     op.snapshot_changes(full)    or: deltas, and full sections of ``full`` as iterated
@@ -53,6 +54,9 @@ Semantics:
   scheduled callback); with ``schedule_timers=False`` nothing is scheduled and
   they fire when the caller calls ``timer_service.fire_processing_time(now)``
   (a runtime without an event loop, such as a Spark task).
+- ``collect``, if given, receives each emitted value as it is (no Record, so no
+  timestamp) instead of ``output`` (an output that keeps values only, such as
+  a list's ``append``); watermarks still go to ``output``.
 - ``output`` is a plain callable receiving Record and Watermark, and
   :meth:`process` is one too, so the operator chains after an
   ``AsyncWaitOperator`` in the same partition: ``AsyncWaitOperator(...,
@@ -65,7 +69,7 @@ Semantics:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ._clock import Scheduler
@@ -82,6 +86,7 @@ from .state._function import (
     KeyedRuntimeContext,
     TimeDomain,
     TimerService,
+    ValueCollector,
 )
 from .state._keyed_snapshot import (
     Changes,
@@ -97,7 +102,28 @@ USER_TIMERS: Final = "user-timers"
 
 
 class KeyedProcessOperator:
-    """Runs a :class:`KeyedProcessFunction` (see the module docstring for the contract)."""
+    """Runs a :class:`KeyedProcessFunction` (see the module docstring for the contract).
+
+    Example:
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction, ValueStateDescriptor)
+    >>> class Count(KeyedProcessFunction):
+    ...     def open(self, ctx):
+    ...         self.n = ctx.get_state(ValueStateDescriptor("n"))
+    ...     def process_element(self, value, ctx, out):
+    ...         self.n.update((self.n.value() or 0) + 1)
+    ...         out.collect((ctx.get_current_key(), self.n.value()))
+    >>> out = []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(Count(), lambda v: v["user"], backend=backend, output=out.append)
+    >>> op.open()
+    >>> for user in ["a", "b", "a"]:
+    ...     op.process(Record({"user": user}))
+    >>> [r.value for r in out]
+    [('a', 1), ('b', 1), ('a', 2)]
+    """
 
     def __init__(
         self,
@@ -109,6 +135,7 @@ class KeyedProcessOperator:
         clock: Scheduler | None = None,
         runtime_context: RuntimeContext | None = None,
         schedule_timers: bool = True,
+        collect: Callable[[Any], object] | None = None,
     ) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError(
@@ -144,7 +171,11 @@ class KeyedProcessOperator:
         object.__setattr__(ctx, "_backend", backend)
         self.runtime_context = ctx
         self._ctx = KeyedProcessContext(backend, TimerService(self.timer_service))
-        self._out: Collector[Any] = Collector(output)
+        if collect is not None and not callable(collect):
+            raise ConfigurationError(f"collect must be callable, got {collect!r}")
+        self._out: Collector[Any] = (
+            Collector(output) if collect is None else ValueCollector(collect)
+        )
         self._opened = False
         self._started = False  # a record, watermark or timer was handled: no restore after
         self._closed = False
@@ -203,6 +234,43 @@ class KeyedProcessOperator:
         if emitted is not None:
             self._emit(emitted)
         backend.on_record()
+
+    def process_values(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[Any],
+        note: Callable[[Exception, Any, Any], None] | None = None,
+    ) -> None:
+        """:meth:`process_element` of ``Record(value)`` (no timestamp) for each of ``values``
+        in order, its key given (``keys[i]``, what the key selector gives for
+        ``values[i]``): the same calls, without a Record or a key selection per value.
+        ``note(exc, key, value)`` sees an exception from a value's key or function
+        before it propagates (to name them)."""
+        if not values:
+            return
+        self._check()
+        backend = self.backend
+        set_key = backend.set_current_key
+        process = self.function.process_element
+        ctx = self._ctx
+        out = self._out
+        ctx._timestamp = None
+        ctx._domain = None
+        out.timestamp = None
+        cleaned = backend.cleaned_per_record  # live: a state registered on the way joins
+        key = value = None
+        try:
+            for value, key in zip(values, keys, strict=True):
+                set_key(key)
+                emitted = process(value, ctx, out)
+                if emitted is not None:
+                    self._emit(emitted)
+                if cleaned:
+                    backend.on_record()
+        except Exception as exc:
+            if note is not None:
+                note(exc, key, value)
+            raise
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Event-time TTL, then due event-time timers, then the watermark downstream."""

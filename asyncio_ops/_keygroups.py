@@ -52,6 +52,14 @@ def canonical_bytes(key: object) -> bytes:
     Supported: None, bool, int, float, str, bytes, date, datetime, Decimal and
     tuples of these (nested). Anything else raises :class:`UnsupportedKeyError`
     naming the type.
+
+    Example:
+
+    >>> from asyncio_ops import canonical_bytes
+    >>> canonical_bytes(1) == canonical_bytes(True) == canonical_bytes(1.0)  # equal keys
+    True
+    >>> canonical_bytes(("eu", 7)) == canonical_bytes(("eu", 8))
+    False
     """
     t = type(key)
     if t is int or t is bool:
@@ -126,12 +134,28 @@ def key_hash(key: object) -> int:
 
 
 def assign_to_key_group(key: object, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
-    """The key group of ``key``: ``murmur3(key) mod max_parallelism`` (non-negative)."""
+    """The key group of ``key``: ``murmur3(key) mod max_parallelism`` (non-negative).
+
+    Example:
+
+    >>> from asyncio_ops.state import assign_to_key_group
+    >>> assign_to_key_group("a", 128), assign_to_key_group("b", 128)
+    (81, 74)
+    """
     return key_hash(key) % max_parallelism
 
 
 def check_parallelism(max_parallelism: int, parallelism: int | None = None) -> None:
-    """Raise :class:`KeyGroupError` unless ``0 < parallelism <= max_parallelism <= 32768``."""
+    """Raise :class:`KeyGroupError` unless ``0 < parallelism <= max_parallelism <= 32768``.
+
+    Example:
+
+    >>> from asyncio_ops.state import check_parallelism
+    >>> check_parallelism(128, 4)  # fine: nothing happens
+    >>> check_parallelism(128, 200)
+    Traceback (most recent call last):
+    asyncio_ops.KeyGroupError: ...
+    """
     if type(max_parallelism) is not int or not (  # True is not 1
         0 < max_parallelism <= UPPER_BOUND_MAX_PARALLELISM
     ):
@@ -151,7 +175,14 @@ def check_parallelism(max_parallelism: int, parallelism: int | None = None) -> N
 def compute_operator_index_for_key_group(
     max_parallelism: int, parallelism: int, key_group: int
 ) -> int:
-    """The operator instance (0-based) that owns ``key_group``."""
+    """The operator instance (0-based) that owns ``key_group``.
+
+    Example:
+
+    >>> from asyncio_ops.state import compute_operator_index_for_key_group
+    >>> compute_operator_index_for_key_group(128, 2, 81)  # key "a" at parallelism 2
+    1
+    """
     check_parallelism(max_parallelism, parallelism)
     if not 0 <= key_group < max_parallelism:
         raise KeyGroupError(f"key_group must be in 0..{max_parallelism - 1}, got {key_group!r}")
@@ -161,7 +192,14 @@ def compute_operator_index_for_key_group(
 def compute_key_group_range_for_operator_index(
     max_parallelism: int, parallelism: int, index: int
 ) -> KeyGroupRange:
-    """The contiguous key groups owned by operator ``index`` (inverse of the above)."""
+    """The contiguous key groups owned by operator ``index`` (inverse of the above).
+
+    Example:
+
+    >>> from asyncio_ops.state import compute_key_group_range_for_operator_index
+    >>> [compute_key_group_range_for_operator_index(128, 2, i) for i in (0, 1)]
+    [KeyGroupRange(start=0, end=63), KeyGroupRange(start=64, end=127)]
+    """
     check_parallelism(max_parallelism, parallelism)
     if not 0 <= index < parallelism:
         raise KeyGroupError(f"operator index must be in 0..{parallelism - 1}, got {index!r}")
@@ -172,7 +210,15 @@ def compute_key_group_range_for_operator_index(
 
 @dataclass(frozen=True, slots=True)
 class KeyGroupRange:
-    """Key groups ``start..end`` inclusive; ``end < start`` is the empty range."""
+    """Key groups ``start..end`` inclusive; ``end < start`` is the empty range.
+
+    Example:
+
+    >>> from asyncio_ops.state import KeyGroupRange
+    >>> groups = KeyGroupRange(64, 127)
+    >>> 81 in groups, len(groups)
+    (True, 64)
+    """
 
     start: int
     end: int

@@ -135,7 +135,16 @@ class CallsService(Protocol):
     """A function that names the service it calls (the connectors: an HTTP origin, a
     database, a model endpoint). A worker's runtime keeps the limit an operator
     learned for a service and starts its next operator instance on the same service
-    there: what a partition learned about a service holds for the next one."""
+    there: what a partition learned about a service holds for the next one.
+
+    Example:
+
+    >>> from asyncio_ops import CallsService
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> lookup = HttpLookup("http://api:8080/customers/{id}")
+    >>> isinstance(lookup, CallsService), lookup.service_endpoint()
+    (True, 'http http://api:8080')
+    """
 
     def service_endpoint(self) -> str | None:
         """The service's name, the same for every function that calls it (without
@@ -145,14 +154,35 @@ class CallsService(Protocol):
 
 @runtime_checkable
 class SignalsOverload(Protocol):
-    """An exception that says whether the service was overloaded (429, 503, ...)."""
+    """An exception that says whether the service was overloaded (429, 503, ...).
+
+    Example:
+
+    >>> from asyncio_ops import SignalsOverload
+    >>> from asyncio_ops.connectors import LookupResponseError
+    >>> answer = LookupResponseError("HTTP 503", status=503)
+    >>> isinstance(answer, SignalsOverload), answer.overload  # capacity="auto" cuts its limit
+    (True, True)
+    """
 
     @property
     def overload(self) -> bool: ...
 
 
 class AdaptiveLimit:
-    """The in-flight limit of one operator instance (see the module docstring)."""
+    """The in-flight limit of one operator instance (see the module docstring).
+
+    Example:
+
+    >>> from asyncio_ops import AdaptiveLimit
+    >>> limit = AdaptiveLimit(initial=100)
+    >>> limit.on_overload(now=0.0)  # a timeout, a 429 or a 503: cut at once
+    >>> limit.limit, limit.cuts
+    (70, 1)
+
+    In an operator: ``AsyncWaitOperator(..., capacity="auto")`` or, to carry
+    what it learned to the next instance, ``capacity=limit``.
+    """
 
     __slots__ = (
         "_alarms", "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",

@@ -55,7 +55,18 @@ _EMPTY: tuple[()] = ()
 
 
 class ResultHandle:
-    """The promise of one queue entry; completed once, by whoever is first."""
+    """The promise of one queue entry; completed once, by whoever is first.
+
+    Example:
+
+    >>> from asyncio_ops import OrderedElementQueue, Record
+    >>> queue = OrderedElementQueue(capacity=4)
+    >>> handle = queue.try_put(Record("a"))  # the element's place in the queue
+    >>> handle.complete(["A1", "A2"])  # two results: the element fans out
+    True
+    >>> queue.pop_completed()
+    [Record(value='A1', timestamp=None), Record(value='A2', timestamp=None)]
+    """
 
     __slots__ = ("_segment", "done", "element", "exception", "key", "results")
 
@@ -111,7 +122,16 @@ class ResultHandle:
 
 
 class ElementQueue(Protocol):
-    """The contract every queue kind implements (see the module docstring)."""
+    """The contract every queue kind implements (see the module docstring).
+
+    Example:
+
+    >>> from asyncio_ops import ElementQueue, OrderedElementQueue, Record
+    >>> queue: ElementQueue = OrderedElementQueue(capacity=4)  # one of the three kinds
+    >>> handle = queue.try_put(Record("a"))
+    >>> len(queue), queue.has_completed()
+    (1, False)
+    """
 
     capacity: int
 
@@ -137,7 +157,24 @@ class ElementQueue(Protocol):
 
 
 class OrderedElementQueue:
-    """FIFO queue: entries leave in arrival order, each once it is done."""
+    """FIFO queue: entries leave in arrival order, each once it is done.
+
+    Example:
+
+    >>> from asyncio_ops import OrderedElementQueue, Record
+    >>> queue = OrderedElementQueue(capacity=2)
+    >>> a, b = queue.try_put(Record("a")), queue.try_put(Record("b"))
+    >>> queue.try_put(Record("c")) is None  # full
+    True
+    >>> b.complete(["B"])
+    True
+    >>> queue.has_completed()  # "b" waits behind "a"
+    False
+    >>> a.complete(["A"])
+    True
+    >>> queue.pop_completed(), queue.pop_completed()
+    ([Record(value='A', timestamp=None)], [Record(value='B', timestamp=None)])
+    """
 
     __slots__ = ("_handle_type", "_queue", "capacity")
 
@@ -239,6 +276,23 @@ class WatermarkBoundedElementQueue:
 
     With ``key_ordered=True`` entries of one key also leave in arrival order
     (keyed mode: per-key order, completion order across keys).
+
+    Example:
+
+    >>> from asyncio_ops import Record, Watermark, WatermarkBoundedElementQueue
+    >>> queue = WatermarkBoundedElementQueue(capacity=4)
+    >>> a = queue.try_put(Record("a", 1.0))
+    >>> mark = queue.try_put(Watermark(1.0))
+    >>> b = queue.try_put(Record("b", 2.0))
+    >>> b.complete(["B"])
+    True
+    >>> queue.has_completed()  # "b" may not overtake the watermark before it
+    False
+    >>> a.complete(["A"])
+    True
+    >>> [queue.pop_completed() for _ in range(3)]  # doctest: +NORMALIZE_WHITESPACE
+    [[Record(value='A', timestamp=1.0)], [Watermark(timestamp=1.0)],
+     [Record(value='B', timestamp=2.0)]]
     """
 
     __slots__ = ("_all", "_handle_type", "_key_ordered", "_segments", "capacity")
@@ -346,6 +400,16 @@ class UnorderedElementQueue(WatermarkBoundedElementQueue):
 
     It has no notion of event time: a watermark is rejected with
     :class:`WatermarkNotSupportedError`.
+
+    Example:
+
+    >>> from asyncio_ops import Record, UnorderedElementQueue
+    >>> queue = UnorderedElementQueue(capacity=4)
+    >>> x, y = queue.try_put(Record("x")), queue.try_put(Record("y"))
+    >>> y.complete(["Y"])  # completion order
+    True
+    >>> queue.pop_completed()
+    [Record(value='Y', timestamp=None)]
     """
 
     __slots__ = ()

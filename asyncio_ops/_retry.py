@@ -35,7 +35,19 @@ ExceptionPredicate = Callable[[BaseException], bool]
 
 @dataclass(frozen=True)
 class AsyncRetryStrategy:
-    """How and when an element's failed or unsatisfying attempt is retried."""
+    """How and when an element's failed or unsatisfying attempt is retried.
+
+    Example:
+
+    >>> from asyncio_ops import AsyncRetryStrategy
+    >>> from asyncio_ops.async_retry_predicates import exception_type_predicate
+    >>> retry = AsyncRetryStrategy.exponential_backoff(
+    ...     3, 100, 2000, 2.0, exception_predicate=exception_type_predicate(ConnectionError))
+    >>> retry.can_retry(3), retry.can_retry(4)  # three retries after the first call
+    (True, False)
+    >>> [retry.get_backoff_time_millis(n) for n in (1, 2, 3)]
+    [100.0, 200.0, 400.0]
+    """
 
     max_attempts: int = 0
     initial_delay_millis: float = 0.0

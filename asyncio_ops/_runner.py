@@ -34,6 +34,21 @@ async def run_async_wait(
     Opens, processes everything, drains with ``end_input`` and closes (also on
     failure); returns what was emitted, in emission order. ``capacity="auto"``
     adapts the elements in flight (up to ``max_capacity``), as the operator does.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import OutputMode, run_async_wait
+    >>> async def lookup(value):
+    ...     await asyncio.sleep(0.01 * (3 - value))  # the last answers first
+    ...     return [value * 10]
+    >>> out = asyncio.run(run_async_wait(lookup, [1, 2, 3], timeout=2.0, capacity=10))
+    >>> [r.value for r in out]  # OutputMode.ORDERED: input order
+    [10, 20, 30]
+    >>> out = asyncio.run(run_async_wait(lookup, [1, 2, 3], timeout=2.0, capacity=10,
+    ...                                  mode=OutputMode.UNORDERED))
+    >>> [r.value for r in out]  # completion order
+    [30, 20, 10]
     """
     out: list[StreamElement] = []
     op = AsyncWaitOperator(

@@ -24,14 +24,33 @@ MAC_SIZE: Final = hashlib.sha256().digest_size
 
 
 def signing_key() -> bytes | None:
-    """The key of :data:`SIGNING_KEY_ENV`, or None when it is unset or empty."""
+    """The key of :data:`SIGNING_KEY_ENV`, or None when it is unset or empty.
+
+    Example:
+
+    >>> import os
+    >>> from asyncio_ops import SIGNING_KEY_ENV, signing_key
+    >>> os.environ[SIGNING_KEY_ENV] = "a secret of the deployment"
+    >>> signing_key() is not None
+    True
+    >>> del os.environ[SIGNING_KEY_ENV]
+    >>> signing_key() is None  # nothing signed, nothing verified
+    True
+    """
     key = os.environ.get(SIGNING_KEY_ENV)
     return key.encode("utf-8") if key else None
 
 
 def mac(key: bytes, *parts: bytes | memoryview) -> bytes:
     """HMAC-SHA256 of ``parts``, each preceded by its length (so that no two different
-    sequences of parts sign alike)."""
+    sequences of parts sign alike).
+
+    Example:
+
+    >>> from asyncio_ops import mac
+    >>> len(mac(b"key", b"the file's identity", b"its bytes"))  # HMAC-SHA256
+    32
+    """
     digest = hmac.new(key, digestmod=hashlib.sha256)
     for part in parts:
         digest.update(len(part).to_bytes(8, "big"))
@@ -40,5 +59,15 @@ def mac(key: bytes, *parts: bytes | memoryview) -> bytes:
 
 
 def verifies(key: bytes, signature: bytes | memoryview, *parts: bytes | memoryview) -> bool:
-    """Whether ``signature`` is :func:`mac` of ``parts`` (compared in constant time)."""
+    """Whether ``signature`` is :func:`mac` of ``parts`` (compared in constant time).
+
+    Example:
+
+    >>> from asyncio_ops import mac, verifies
+    >>> signature = mac(b"key", b"uid/v3/kg-p0", b"section bytes")
+    >>> verifies(b"key", signature, b"uid/v3/kg-p0", b"section bytes")
+    True
+    >>> verifies(b"key", signature, b"uid/v4/kg-p0", b"section bytes")  # another file's
+    False
+    """
     return hmac.compare_digest(bytes(signature), mac(key, *parts))

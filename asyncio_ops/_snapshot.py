@@ -24,6 +24,17 @@ class SnapshotEntry:
 
     For an element still in flight, ``attempts`` made so far and its absolute
     ``deadline`` (processing time, seconds; None: a fresh budget on restore).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import OperatorSnapshot, OutputMode, Record, SnapshotEntry, run_async_wait
+    >>> snapshot = OperatorSnapshot((SnapshotEntry(Record(1), results=("one",)),  # completed
+    ...                              SnapshotEntry(Record(2))), OutputMode.ORDERED)  # in flight
+    >>> async def lookup(value):
+    ...     return [f"looked up {value}"]
+    >>> [r.value for r in asyncio.run(run_async_wait(lookup, [3], timeout=1.0, restored=snapshot))]
+    ['one', 'looked up 2', 'looked up 3']
     """
 
     element: StreamElement
@@ -58,7 +69,26 @@ _set_deadline = SnapshotEntry.__dict__["deadline"].__set__
 
 @dataclass(frozen=True)
 class OperatorSnapshot:
-    """What :meth:`AsyncWaitOperator.snapshot_state` returns (picklable)."""
+    """What :meth:`AsyncWaitOperator.snapshot_state` returns (picklable).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncWaitOperator, Record
+    >>> async def main():
+    ...     never = asyncio.Event()
+    ...     async def slow(value):
+    ...         await never.wait()
+    ...         return [value]
+    ...     op = AsyncWaitOperator(slow, output=print, timeout=60.0)
+    ...     await op.open()
+    ...     await op.process_element(Record(1))
+    ...     snapshot = op.snapshot_state()  # what is not emitted yet
+    ...     await op.close()
+    ...     return snapshot
+    >>> [(e.element, e.results, e.attempts) for e in asyncio.run(main()).entries]
+    [(Record(value=1, timestamp=None), None, 1)]
+    """
 
     entries: tuple[SnapshotEntry, ...]
     mode: OutputMode

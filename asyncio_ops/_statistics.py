@@ -15,6 +15,23 @@ class OperatorStatistics:
     With the operator's ``weight`` (the Spark runtime's chunks) the counters
     count rows, ``elements`` the elements received (chunks); without, one
     element is one row and ``elements == received``.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncWaitOperator, Record
+    >>> async def main():
+    ...     async def lookup(value):
+    ...         return [value]
+    ...     op = AsyncWaitOperator(lookup, output=lambda element: None, timeout=1.0)
+    ...     await op.open()
+    ...     await op.process_elements([Record(1), Record(2)])
+    ...     await op.end_input()
+    ...     await op.close()
+    ...     return op.statistics()
+    >>> stats = asyncio.run(main())
+    >>> stats.received, stats.emitted, stats.timed_out
+    (2, 2, 0)
     """
 
     received: int

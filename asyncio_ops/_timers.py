@@ -59,7 +59,14 @@ _COMPACT_SLACK: Final = 64
 
 
 class Timer:
-    """A registered timer: ``(key, namespace, timestamp)``; read-only by convention."""
+    """A registered timer: ``(key, namespace, timestamp)``; read-only by convention.
+
+    Example:
+
+    >>> from asyncio_ops import Timer
+    >>> Timer("user-1", None, 10.0) == Timer("user-1", None, 10.0)  # one per (key, ns, time)
+    True
+    """
 
     __slots__ = ("key", "namespace", "timestamp")
 
@@ -112,6 +119,17 @@ class TimerHeap:
     Live timers are also indexed by group and key (``group``: an int the caller
     gives with each timer, the key group; 0 by default), so that the timers of
     some keys, or of one group, are found without walking the heap.
+
+    Example:
+
+    >>> from asyncio_ops import TimerHeap
+    >>> heap = TimerHeap()
+    >>> heap.add("k", None, 5.0), heap.add("k", None, 1.0), heap.add("k", None, 1.0)
+    (True, True, False)
+    >>> heap.peek_timestamp(), len(heap)
+    (1.0, 2)
+    >>> heap.poll_due(2.0)
+    (Timer(key='k', namespace=None, timestamp=1.0), 0)
     """
 
     __slots__ = ("_dead", "_entries", "_groups", "_heap", "_seq")
@@ -252,7 +270,27 @@ TimerSnapshot = dict[int, list[tuple[str, Any, Hashable, float]]]
 
 
 class InternalTimerService:
-    """Timers of one named service of one operator (see the module docstring)."""
+    """Timers of one named service of one operator (see the module docstring).
+
+    Example:
+
+    >>> from asyncio_ops import InternalTimerService
+    >>> from asyncio_ops.testing import ManualClock
+    >>> class Fired:
+    ...     def on_event_time(self, timer):
+    ...         print("event time", timer.timestamp)
+    ...     def on_processing_time(self, timer):
+    ...         print("processing time", timer.timestamp)
+    >>> clock = ManualClock()
+    >>> timers = InternalTimerService("user-timers", Fired(), clock=clock)
+    >>> timers.register_processing_time_timer(None, 5.0, key="k")
+    >>> timers.register_event_time_timer(None, 10.0, key="k")
+    >>> clock.advance(5.0)
+    processing time 5.0
+    >>> timers.advance_watermark(10.0)
+    event time 10.0
+    1
+    """
 
     def __init__(
         self,

@@ -43,7 +43,14 @@ DEFAULT_CAPACITY: Final = 100
 
 class OutputMode(enum.Enum):
     """Order in which results leave the operator (the ``mode`` of the async operator;
-    ``ordered_wait`` / ``unordered_wait`` choose it)."""
+    ``ordered_wait`` / ``unordered_wait`` choose it).
+
+    Example:
+
+    >>> from asyncio_ops import OutputMode
+    >>> OutputMode("unordered") is OutputMode.UNORDERED
+    True
+    """
 
     ORDERED = "ordered"
     """Input order, watermarks included (Flink's orderedWait)."""

@@ -46,6 +46,20 @@ class BatchStatistics:
     ``loads``: ``load`` calls; ``batches``: ``fetch`` calls; ``keys_fetched``: keys
     sent (distinct within a batch); ``deduplicated``: loads answered by a key
     already waiting or in flight; ``failed_batches``: fetches that raised.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors import KeyBatcher
+    >>> async def fetch(keys):
+    ...     return {k: k * 10 for k in keys}
+    >>> async def main():
+    ...     batcher = KeyBatcher(fetch, max_size=100, max_delay=0.002, missing=lambda: None)
+    ...     await asyncio.gather(*(batcher.load(k) for k in [1, 2, 2]))
+    ...     await batcher.aclose()
+    ...     return batcher.statistics()
+    >>> asyncio.run(main())
+    BatchStatistics(loads=3, batches=1, keys_fetched=2, deduplicated=1, failed_batches=0)
     """
 
     loads: int
@@ -70,6 +84,21 @@ class KeyBatcher(Generic[K, V]):
     ``asyncio.shield``'s extra future and callbacks per row), and a key's
     waiters are kept as that one future, or a list once a second load asks for
     the same key. A settled batch touches each of its waiters once.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors import KeyBatcher
+    >>> async def fetch(keys):  # one request for every key waiting
+    ...     return {k: f"customer-{k}" for k in keys if k != 3}
+    >>> async def main():
+    ...     batcher = KeyBatcher(fetch, max_size=100, max_delay=0.002, missing=lambda: None)
+    ...     try:
+    ...         return await asyncio.gather(*(batcher.load(k) for k in [1, 2, 2, 3]))
+    ...     finally:
+    ...         await batcher.aclose()
+    >>> asyncio.run(main())
+    ['customer-1', 'customer-2', 'customer-2', None]
     """
 
     def __init__(

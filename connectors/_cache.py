@@ -72,7 +72,18 @@ MISS: Final = _Miss()
 class CacheStatistics:
     """A snapshot of a cache's counters (monotonic since creation or
     :meth:`LookupCache.reset_statistics`). ``refused``: entries of the shared layer that
-    did not verify under the signing key (0 without a shared layer or a key)."""
+    did not verify under the signing key (0 without a shared layer or a key).
+
+    Example:
+
+    >>> from asyncio_ops.connectors import LookupCache
+    >>> cache = LookupCache(ttl=60)
+    >>> cache.put(1, [{"name": "ada"}])
+    >>> cache.get(1), cache.get(2)
+    ([{'name': 'ada'}], MISS)
+    >>> cache.statistics().hit_ratio
+    0.5
+    """
 
     hits: int
     misses: int
@@ -96,6 +107,15 @@ class LookupCache(Generic[V]):
     ``cache_empty``: whether empty results (a key with no match) are cached too.
     Caching them saves a query per repeated unknown key, at the price of not
     seeing a row inserted within ``ttl``.
+
+    Example:
+
+    >>> from asyncio_ops.connectors import LookupCache
+    >>> cache = LookupCache(ttl=300, max_size=10_000)  # per worker; shared="redis://..." too
+    >>> cache.put(42, [{"name": "ada", "tier": "gold"}])
+    >>> cache.get(42)
+    [{'name': 'ada', 'tier': 'gold'}]
+    >>> # in a job: PostgresLookup(dsn, query, key="customer_id", cache=cache)
     """
 
     def __init__(

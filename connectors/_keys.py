@@ -26,6 +26,13 @@ class KeyFields:
     A single name gives scalar keys (``row["id"]``); a tuple gives tuple keys
     (``(row["region"], row["id"])``). A key with a ``None`` component is "null":
     it never matches (SQL equality), so lookups answer it without a request.
+
+    Example:
+
+    >>> from asyncio_ops.connectors import KeyFields
+    >>> key = KeyFields(("region", "customer_id"), option="key")
+    >>> key.of({"region": "eu", "customer_id": 7}), key.of({"region": None, "customer_id": 7})
+    (('eu', 7), None)
     """
 
     __slots__ = ("composite", "names")

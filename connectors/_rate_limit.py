@@ -110,7 +110,20 @@ class RateLimitStatistics:
     to Redis, ``fallbacks`` (acquires served by the local share while Redis was
     unreachable), ``dropped`` (shared limits: leased request permits whose slot
     passed unused, lost to the budget rather than sent late), ``restored`` (shared
-    limits: records Redis had lost that this process restored from what it knew)."""
+    limits: records Redis had lost that this process restored from what it knew).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors import RateLimit
+    >>> limit = RateLimit(requests_per_second=100, burst=5)
+    >>> async def call():
+    ...     async with limit.acquire():
+    ...         pass  # the request
+    >>> asyncio.run(call())
+    >>> limit.statistics().requests
+    1
+    """
 
     requests: int
     tokens: int
@@ -125,7 +138,18 @@ class RateLimitStatistics:
 class Permit:
     """What one ``acquire`` was given: the ``tokens`` it reserved, and the seconds it
     ``waited`` for them (on the limit's clock, round trips to Redis included) before
-    its block ran."""
+    its block ran.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors import RateLimit
+    >>> async def call(limit):
+    ...     async with limit.acquire(tokens=1200) as permit:
+    ...         return permit.tokens  # permit.waited: the seconds it waited
+    >>> asyncio.run(call(RateLimit(tokens_per_minute=90_000)))
+    1200.0
+    """
 
     tokens: float
     waited: float
@@ -184,6 +208,18 @@ class RateLimit:
     happens without Redis. ``clock``: a :class:`asyncio_ops.Scheduler` time comes
     from and waits are scheduled on (``asyncio_ops.testing.ManualClock`` in tests;
     the shared script then takes its time too); default: the monotonic clock.
+
+    Example::
+
+        from asyncio_ops.connectors import RateLimit
+        from asyncio_ops.connectors.openai import ChatLookup
+
+        quota = RateLimit(requests_per_second=20, tokens_per_minute=90_000, burst=5,
+                          shared="redis://redis:6379/0", name="openai-prod")  # the cluster's
+        chat = ChatLookup(base, "gpt-4o-mini", prompt="{text}", rate_limit=quota)
+
+        async with quota.acquire(tokens=1200) as permit:  # a call of your own
+            ...
     """
 
     def __init__(

@@ -48,6 +48,25 @@ class SharedResources(Generic[T]):
     ``create(key)`` builds a resource (awaited once per key and loop);
     ``aclose(resource)`` closes it gracefully and must respect its own timeout;
     ``terminate(resource)`` closes it without awaiting (used when the loop is gone).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors import SharedResources
+    >>> async def connect(dsn):
+    ...     return f"pool for {dsn}"
+    >>> async def disconnect(pool):
+    ...     pass
+    >>> POOLS = SharedResources("pools", create=connect, aclose=disconnect,
+    ...                         terminate=lambda pool: None)
+    >>> async def main():
+    ...     a, b = await POOLS.acquire("db1"), await POOLS.acquire("db1")
+    ...     shared = a is b, POOLS.active()
+    ...     await POOLS.release("db1")
+    ...     await POOLS.release("db1")  # the last release closes it
+    ...     return shared, POOLS.active()
+    >>> asyncio.run(main())
+    ((True, 1), 0)
     """
 
     def __init__(

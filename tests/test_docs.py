@@ -1,4 +1,6 @@
-"""Every code block of README.md and docs/ runs, so that the docs cannot drift from the code.
+"""Every code block of README.md and docs/ (``docs/**/*.md``, the internals included) runs,
+so that the docs cannot drift from the code; every relative link resolves; the reference of
+the public names is the docstrings' (``python -m scripts.reference``).
 
 - ``python`` blocks run in order, one namespace per document, as a reader would
   paste them: top-level ``await`` is allowed, and every DataFrame a block defines
@@ -16,6 +18,14 @@
   machine does not have.
 
 Blocks without a language are output samples and diagrams, not code.
+
+- Links ``[text](path#anchor)`` between the documents name a file that exists and, with an
+  anchor, a heading of it, by GitHub's rules (lower case, punctuation but ``-`` and ``_``
+  dropped, spaces as ``-``, ``-1``, ``-2`` for repeated headings).
+- docs/reference.md is what ``scripts.reference`` generates from the public names'
+  docstrings; every public class and function has a docstring with an example (``>>>``,
+  run here as a doctest, or an ``Example::`` block, compiled here), but the names listed
+  in :data:`WITHOUT_EXAMPLE`.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from tests.spark.conftest import spark
 __all__ = ["pg_dsn", "spark"]
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
 
 
@@ -92,7 +102,9 @@ def docs_dsn(pg_dsn: str) -> Iterator[str]:
         pg_execute(pg_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def given(document: str, spark: SparkSession, dsn: str) -> dict[str, Any]:
+def given(
+    document: str, spark: SparkSession, dsn: str, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     """The names ``document`` uses without defining them."""
     orders = spark.range(0, 2000, numPartitions=2).selectExpr(
         "id AS order_id", "CAST(id % 1200 + 1 AS INT) AS customer_id"
@@ -109,10 +121,12 @@ def given(document: str, spark: SparkSession, dsn: str) -> dict[str, Any]:
         names["orders"] = orders
         names["lookup"] = lookup
         names["people"] = spark.createDataFrame([(1, "ada"), (2, "bob")], "id long, name string")
-    elif document == "docs/state.md":
+    elif document == "docs/keyed-state.md":
         names["events"] = spark.createDataFrame(
             [(1, 0.0), (1, 5.0), (2, 1.0)], "user_id long, t double"
         ).selectExpr("user_id", "timestamp_seconds(t) AS ts")
+    elif document == "docs/cluster.md":  # a bucket: the S3-compatible server of the tests
+        names["location"] = request.getfixturevalue("s3_server")(f"docs-{uuid.uuid4().hex[:8]}")
     return names
 
 
@@ -142,9 +156,10 @@ def test_python_blocks_run(
     spark: SparkSession,
     docs_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.syspath_prepend(str(ROOT))  # `from examples... import` as from a clone
-    namespace = given(document, spark, docs_dsn)
+    namespace = given(document, spark, docs_dsn, request)
     for block in blocks("python"):
         if str(block.document.relative_to(ROOT)) == document:
             _run(block, namespace)
@@ -275,3 +290,148 @@ def test_the_metrics_table_is_the_summary() -> None:
         for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
     ]  # fmt: skip
     assert documented == list(RunMetrics().summary())
+
+
+# -- links --------------------------------------------------------------------------------------
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """``text`` without its fenced blocks and inline code, where brackets are not links."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text in lower case, without punctuation but
+    ``-`` and ``_``, spaces as ``-`` (``Columnar lookups (`chunk_size`)`` ->
+    ``columnar-lookups-chunk_size``)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(document: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    for m in HEADING.finditer(FENCE.sub("", document.read_text())):
+        slug = github_anchor(m.group(2))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+    return {slug if n == 0 else f"{slug}-{n}" for slug, count in seen.items()
+            for n in range(count)}  # fmt: skip
+
+
+def test_the_anchor_rule_is_githubs() -> None:
+    assert github_anchor("Columnar lookups (`chunk_size`)") == "columnar-lookups-chunk_size"
+    assert github_anchor("Connectors (`bench/connectors.py`)") == "connectors-benchconnectorspy"
+    assert github_anchor("Trust boundary, and signing") == "trust-boundary-and-signing"
+    assert github_anchor("A — B") == "a--b"
+
+
+def test_every_relative_link_resolves() -> None:
+    """``[x](path#anchor)``: the file exists and, with an anchor, has that heading."""
+    broken = []
+    for document in DOCUMENTS:
+        for target in LINK.findall(_prose(document.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (document.parent / path).resolve() if path else document
+            where = f"{document.relative_to(ROOT)}: ({target})"
+            if not linked.exists():
+                broken.append(f"{where}: no file {path}")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{where}: no heading '#{anchor}' in {linked.relative_to(ROOT)}")
+    assert broken == []
+
+
+# -- the reference, and examples in the docstrings ----------------------------------------------
+def test_the_reference_is_the_docstrings() -> None:
+    from scripts import reference
+
+    assert (ROOT / "docs" / "reference.md").read_text() == reference.render(), (
+        "docs/reference.md is out of date: python -m scripts.reference"
+    )
+
+
+# Public names whose docstring has no example yet: the ones whose modules other work was
+# changing when the examples were written. Adding an example fails the test until the name
+# leaves this list; a new public name needs an example from the start.
+WITHOUT_EXAMPLE: set[str] = {
+    # asyncio_ops/_operator/
+    "asyncio_ops.AsyncWaitOperator", "asyncio_ops.OperatorHooks", "asyncio_ops.RuntimeHooks",
+    # asyncio_ops/state/
+    "asyncio_ops.decode_canonical",
+    *(f"asyncio_ops.state.{name}" for name in (
+        "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Collector",
+        "HeapKeyedStateBackend", "KeyedProcessContext", "KeyedProcessFunction",
+        "KeyedRuntimeContext", "KeyedStateBackend", "ListState", "ListStateDescriptor",
+        "MapState", "MapStateDescriptor", "OperatorStateBackend", "PickleSerializer",
+        "ReducingState", "ReducingStateDescriptor", "RocksDBKeyedStateBackend",
+        "RocksDBSnapshot", "Serializer", "State", "StateDescriptor", "StateTtlConfig",
+        "StateVisibility", "TimeDomain", "TimerService", "TtlTimeCharacteristic", "UpdateType",
+        "ValueState", "ValueStateDescriptor", "cleanup_full_snapshot",
+        "cleanup_in_rocksdb_compaction", "cleanup_incrementally", "restore_key_groups",
+        "snapshot_key_groups",
+    )),
+    # asyncio_ops/spark/: all but _api.py, _keyed_process.py and _read_state.py
+    *(f"asyncio_ops.spark.{name}" for name in (
+        "AsyncDataStream", "AsyncMetrics", "Time", "library_error", "library_errors",
+        "lookup_join", "register", "register_table", "route_values", "session",
+    )),
+    # connectors/postgres/
+    "asyncio_ops.connectors.postgres.PostgresLookup",
+    "asyncio_ops.connectors.postgres.active_pools",
+}  # fmt: skip
+
+EXAMPLE_BLOCK = re.compile(r"^Examples?\b[^\n]*::[ \t]*\n((?:[ \t]*\n|[ \t]+\S.*(?:\n|$))+)", re.M)
+
+
+def _public() -> list[Any]:
+    from scripts import reference
+
+    seen: set[int] = set()
+    out = []
+    for entry in reference.entries():
+        if entry.documented and id(entry.obj) not in seen:
+            seen.add(id(entry.obj))
+            out.append(entry)
+    return out
+
+
+def test_every_public_name_has_a_docstring_with_an_example() -> None:
+    from scripts import reference
+
+    missing = {
+        f"{e.module}.{e.name}" for e in _public()
+        if not (">>>" in (doc := reference.own_doc(e.obj)) or EXAMPLE_BLOCK.search(doc))
+    }  # fmt: skip
+    assert sorted(missing - WITHOUT_EXAMPLE) == [], "no example in the docstring"
+    assert sorted(WITHOUT_EXAMPLE - missing) == [], "has an example now: take it off the list"
+
+
+def test_docstring_examples_run() -> None:
+    """``>>>`` examples run as doctests; ``Example::`` blocks (Spark jobs, network calls)
+    compile."""
+    import doctest
+
+    from scripts import reference
+
+    parser = doctest.DocTestParser()
+    flags = doctest.ELLIPSIS | doctest.IGNORE_EXCEPTION_DETAIL | doctest.NORMALIZE_WHITESPACE
+    failures = []
+    for entry in _public():
+        doc, name = reference.own_doc(entry.obj), f"{entry.module}.{entry.name}"
+        if ">>>" in doc:
+            test = parser.get_doctest(doc, {}, name, None, 0)
+            runner = doctest.DocTestRunner(optionflags=flags)
+            report: list[str] = []
+            runner.run(test, out=report.append)
+            if runner.failures:
+                failures.append(f"{name}:\n" + "".join(report))
+        for block in EXAMPLE_BLOCK.findall(doc):
+            try:
+                compile(inspect.cleandoc("\n" + block), name, "exec",
+                        flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)  # fmt: skip
+            except SyntaxError as exc:
+                failures.append(f"{name}: Example:: block does not compile: {exc}")
+    assert failures == [], "\n".join(failures)

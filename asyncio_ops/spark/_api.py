@@ -383,6 +383,23 @@ def ordered_wait(
     without the data, its failure raised here before any job (``preflight=False``
     skips it). Every other option is a keyword of :class:`WaitOptions` (its
     defaults: ``inspect.signature(ordered_wait)``); see docs/spark.md for each.
+
+    Example::
+
+        import asyncio
+        from asyncio_ops.spark import AsyncMetrics, ordered_wait, session
+
+        spark = session()
+        orders = spark.range(10_000).withColumnRenamed("id", "customer_id")
+
+        async def lookup(row):  # one row in, a list of rows out
+            await asyncio.sleep(0.02)  # a call to a slow system
+            return [{"name": f"customer-{row['customer_id']}", "tier": row["customer_id"] % 3}]
+
+        metrics = AsyncMetrics(spark)
+        enriched = ordered_wait(orders, lookup, timeout=2.0, capacity=200,
+                                output_schema="name string, tier int", metrics=metrics)
+        enriched.write.mode("overwrite").parquet("/tmp/enriched")
     """
     return _wait(df, fn, OutputMode.ORDERED, output_schema,
                  WaitOptions.of(timeout=timeout, **options))  # fmt: skip
@@ -400,6 +417,15 @@ def unordered_wait(
 
     With ``event_time`` the order is bounded by watermarks (no row crosses
     one); with ``key`` rows of one key keep their input order.
+
+    Example::
+
+        from asyncio_ops.connectors.http import HttpLookup
+        from asyncio_ops.spark import unordered_wait
+
+        customers = HttpLookup("http://api:8080/customers/{customer_id}")
+        enriched = unordered_wait(orders, customers, timeout=30.0, capacity=100,
+                                  output_schema="name string, tier string")
     """
     return _wait(df, fn, OutputMode.UNORDERED, output_schema,
                  WaitOptions.of(timeout=timeout, **options))  # fmt: skip

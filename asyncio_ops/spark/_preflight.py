@@ -66,8 +66,8 @@ def preflight(enabled: object, function: object, df: DataFrame, output: StructTy
         raise
 
 
-def _run_alone(make: Any) -> None:
+def _run_alone(make: Any) -> Any:
     """Run the coroutine ``make()`` on a loop of its own, on a thread of its own: the
-    caller's thread keeps its loop, running (a notebook's) or not."""
+    caller's thread keeps its loop, running (a notebook's) or not; its result."""
     with ThreadPoolExecutor(1, thread_name_prefix="asyncio_ops-preflight") as pool:
-        pool.submit(lambda: asyncio.run(make())).result()
+        return pool.submit(lambda: asyncio.run(make())).result()

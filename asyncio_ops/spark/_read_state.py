@@ -154,7 +154,17 @@ def read_state(
     ``_read_async_state``.
 
     ``lease``: for how many seconds a running query's retention keeps the versions
-    this DataFrame reads (0: no lease); see the module docstring."""
+    this DataFrame reads (0: no lease); see the module docstring.
+
+    Example::
+
+        from asyncio_ops.spark import read_state
+
+        counts = read_state(spark, "s3://bucket/checkpoints/counts", uid="counts", state="count")
+        counts.selectExpr("user_id", "CAST(value AS BIGINT) AS n").show()
+        timers = read_state(spark, "s3://bucket/checkpoints/counts", uid="counts", timers=True)
+        carried = read_state(spark, "s3://bucket/checkpoints/lookups", uid="enrich")  # in flight
+    """
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
     _errors.install()

@@ -71,6 +71,14 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
     A date in the past gives 0; an unparseable or missing value gives None.
     ``now`` (epoch seconds) defaults to the wall clock: HTTP dates are wall time.
+
+    Example:
+
+    >>> from asyncio_ops.connectors.http import parse_retry_after
+    >>> parse_retry_after("120"), parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT")  # in the past
+    (120.0, 0.0)
+    >>> parse_retry_after("soon") is None
+    True
     """
     if value is None:
         return None
@@ -102,6 +110,21 @@ class HttpBatch:
     (joined by ``separator``, or as a repeated parameter when ``separator`` is
     None) or in the JSON body field ``json_field`` (as a list). ``max_size``
     keys per request at most; ``max_delay`` seconds a key waits for others.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors.http import HttpBatch, HttpLookup
+    >>> from asyncio_ops.services.customers import ServiceThread
+    >>> async def main(base):  # GET /customers?ids=1,2 -> {"items": [...]}: one request
+    ...     batched = HttpLookup(f"{base}/customers", result_path="items",
+    ...                          batch=HttpBatch(key="id", result_key="id", param="ids"))
+    ...     async with batched:
+    ...         rows = await asyncio.gather(*(batched.async_invoke({"id": i}) for i in (1, 2)))
+    ...         return [r[0]["name"] for r in rows], batched.statistics().batching.batches
+    >>> with ServiceThread() as service:
+    ...     asyncio.run(main(service.url))
+    (['customer-1', 'customer-2'], 1)
     """
 
     key: str
@@ -170,7 +193,18 @@ _SESSIONS: Final[SharedResources[aiohttp.ClientSession]] = SharedResources(
 
 
 def active_sessions() -> int:
-    """How many aiohttp sessions this process holds open (for tests and metrics)."""
+    """How many aiohttp sessions this process holds open (for tests and metrics).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors.http import HttpLookup, active_sessions
+    >>> async def main():
+    ...     async with HttpLookup("http://api/customers/{id}"):
+    ...         return active_sessions()  # one aiohttp session in this process
+    >>> asyncio.run(main()), active_sessions()
+    (1, 0)
+    """
     return _SESSIONS.active()
 
 
@@ -220,6 +254,21 @@ class HttpLookup(BaseLookup[_Runtime]):
     ``ca_file`` trusts a private CA.
 
     ``batch``: an :class:`HttpBatch`; the templates may then not use row fields.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors.http import HttpLookup
+    >>> from asyncio_ops.services.customers import ServiceThread
+    >>> async def main(base):
+    ...     async with HttpLookup(f"{base}/customers/{{id}}") as customers:
+    ...         return [await customers.async_invoke({"id": i}) for i in (17, 10**9)]
+    >>> with ServiceThread() as service:  # a local customer API; 404 for an unknown id
+    ...     asyncio.run(main(service.url))
+    [[{'id': 17, 'name': 'customer-17', 'tier': 'bronze', 'country': 'US'}], []]
+
+    In Spark: ``unordered_wait(orders, HttpLookup(...), timeout=30.0,
+    output_schema="name string, tier string")`` (docs/enrich-http.md).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Model endpoints for asyncio_ops: :class:`ChatLookup` and :class:`EmbeddingLookup` for
 any OpenAI-compatible server (aiohttp; with a shared RateLimit and LookupCache).
 
-See ``docs/connectors.md`` ("Model endpoints").
+See ``docs/enrich-models.md``.
 """
 
 from ._lookup import ChatLookup, EmbeddingLookup, Usage

@@ -141,7 +141,12 @@ _SESSIONS: Final[SharedResources[aiohttp.ClientSession]] = SharedResources(
 @dataclass(frozen=True)
 class Usage:
     """Tokens the server reported and requests made by one lookup in this process;
-    ``cost`` in the unit of ``prices`` (None without them)."""
+    ``cost`` in the unit of ``prices`` (None without them).
+
+    Example::
+
+        usage = chat.usage()  # after its calls: Usage(requests=1, prompt_tokens=7, ...)
+    """
 
     requests: int
     prompt_tokens: int
@@ -360,7 +365,25 @@ class _ModelLookup(BaseLookup[aiohttp.ClientSession]):
 
 
 class ChatLookup(_ModelLookup):
-    """One chat completion per row (see the module docstring)."""
+    """One chat completion per row (see the module docstring).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops.connectors.openai import ChatLookup
+    >>> from asyncio_ops.services.models import OpenAIServiceThread
+    >>> async def main(base):
+    ...     chat = ChatLookup(base, "local", prompt="Is this review positive? {text}",
+    ...                       max_tokens=16)
+    ...     async with chat:
+    ...         return await chat.async_invoke({"text": "a great product"})
+    >>> with OpenAIServiceThread() as service:  # any OpenAI-compatible server's base URL
+    ...     asyncio.run(main(service.url))
+    [{'answer': 'positive'}]
+
+    In Spark: ``unordered_wait(reviews, chat, timeout=60, output_schema="label string,
+    score double")`` asks for JSON of those columns (docs/enrich-models.md).
+    """
 
     def __init__(
         self,
@@ -472,7 +495,14 @@ class ChatLookup(_ModelLookup):
 
 class EmbeddingLookup(_ModelLookup):
     """Embeddings of a row's text, ``batch_size`` rows per request (see the module
-    docstring)."""
+    docstring).
+
+    Example::
+
+        embed = EmbeddingLookup(base, "text-embedding-3-small", input="{text}")
+        vectors = unordered_wait(reviews, embed, timeout=60,
+                                 output_schema="embedding array<float>")
+    """
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Redis lookups for asyncio_ops: :class:`RedisLookup` (redis-py's asyncio client, batched).
 
-See ``docs/connectors.md`` ("Writing a connector" walks through it).
+See ``docs/connectors.md`` (its options) and ``docs/writing-a-connector.md`` (a walk-through).
 """
 
 from ._lookup import RedisLookup

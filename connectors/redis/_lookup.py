@@ -1,6 +1,6 @@
 """RedisLookup: rows by key from Redis (strings, JSON documents or hashes), batched.
 
-Written as the walk-through of docs/connectors.md "Writing a connector": it uses
+Written as the walk-through of docs/writing-a-connector.md: it uses
 only the public connector base (:class:`asyncio_ops.connectors.BaseLookup`) and
 the abilities the operator looks for (``asyncio_ops.SupportsInvokeArrow``,
 ``PrefersChunks``, ``SupportsOutputColumns``, ``SupportsPreflight``).
@@ -128,6 +128,17 @@ class RedisLookup(BaseLookup[_Runtime]):
     round trips per second of this worker process and URL (``rate_burst`` at
     once), or a :class:`RateLimit` (per process, or shared through Redis by every
     executor): each round trip (``MGET`` or pipeline) takes one request permit.
+
+    Example::
+
+        from asyncio_ops.connectors.redis import RedisLookup
+        from asyncio_ops.spark import unordered_wait
+
+        # HGETALL customer:<customer_id>, one pipeline per chunk of rows
+        users = RedisLookup("redis://127.0.0.1:6379/0", key="customer_id", kind="hash",
+                            key_prefix="customer:")
+        profiles = unordered_wait(orders, users, timeout=5.0,
+                                  output_schema="name string, tier string")
     """
 
     def __init__(
