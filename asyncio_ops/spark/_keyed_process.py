@@ -97,13 +97,31 @@ def keyed_process(
     ``fn.open``, so ``fn``'s state handles and ``ctx.timer_service()`` act on
     it; ``rows`` are the key's initial rows as dicts. It needs
     ``checkpoint_location`` (the seed is written there, by a Spark job that
-    runs when ``keyed_process`` is called). See docs/state.md.
+    runs when ``keyed_process`` is called). See docs/keyed-state.md and docs/read-state.md.
 
     State belongs to the operator's ``uid`` (derived from the function's class name and
     the key columns with their types, unless given) and to the streaming query that
     wrote it: another query's state is refused, and a query that restores but finds no
     state for its uid while the location holds its state under other uids is refused
     naming them, unless ``allow_non_restored_state=True`` (it then starts empty).
+
+    Example::
+
+        from asyncio_ops.spark import keyed_process
+        from asyncio_ops.state import KeyedProcessFunction, StateTtlConfig, ValueStateDescriptor
+
+        class CountPerUser(KeyedProcessFunction):
+            def open(self, ctx):
+                self.count = ctx.get_state(ValueStateDescriptor("count", ttl=StateTtlConfig(600)))
+
+            def process_element(self, row, ctx, out):
+                n = (self.count.value() or 0) + 1
+                self.count.update(n)
+                yield {"user_id": ctx.get_current_key(), "n": n}
+
+        counts = keyed_process(events, CountPerUser(), key="user_id",
+                               output_schema="user_id long, n long",
+                               checkpoint_location="s3://bucket/checkpoints/counts")
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
