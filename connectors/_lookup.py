@@ -26,6 +26,16 @@ Subclasses implement ``lookup`` and ``lookup_many``, never ``async_invoke`` or
 
 It is also an async context manager (``async with lookup: ...``) for use outside
 the operator.
+
+What ``asyncio_ops.spark.lookup_join`` may do with a lookup, the lookup declares
+(:meth:`BaseLookup.join_strategies`): ``"rows"`` always; ``"distinct"`` (each
+distinct key looked up once, joined back) when its answer is decided by its
+request fields alone; ``"bulk"`` when it can list every key it answers, part by
+part (:meth:`BaseLookup.bulk_keys`, with :meth:`BaseLookup.table_statistics`
+for the cost model): a ``PostgresLookup`` given ``table=``.
+
+One class with one job, :class:`BaseLookup`, the connectors' base (with the records
+of its counters and of a table's statistics).
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ from ._slow_down import Pace, clipped
 if TYPE_CHECKING:  # pyarrow is needed only by the columnar path (the spark extra)
     import pyarrow as pa
 
-__all__ = ["BaseLookup", "LookupStatistics", "Row"]
+__all__ = ["BaseLookup", "LookupStatistics", "Row", "TableStatistics"]
 
 log = logging.getLogger("asyncio_ops.connectors")
 
@@ -77,12 +87,27 @@ class LookupStatistics:
     empty without a request because a request field was NULL; ``batching``: requests
     actually sent (see :class:`~connectors._batching.BatchStatistics`); ``cache``: None
     without a cache.
+
+    Example::
+
+        stats = lookup.statistics()  # rows, null_keys, batching.batches (requests), cache
     """
 
     rows: int
     null_keys: int
     batching: BatchStatistics
     cache: CacheStatistics | None
+
+
+@dataclass(frozen=True)
+class TableStatistics:
+    """The table a lookup reads its answers from, as the database estimates it: its name,
+    its rows and its size in bytes, and where the figures come from (``source``)."""
+
+    table: str
+    rows: int
+    bytes: int
+    source: str
 
 
 _NO_BATCHES = BatchStatistics(0, 0, 0, 0, 0)
@@ -116,6 +141,16 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     a columnar one also :meth:`lookup_many`, :meth:`preferred_chunk_rows` and
     :meth:`preferred_capacity`. Everything bound to a process or loop lives in
     ``self._runtime`` and is never pickled.
+
+    Example (docs/writing-a-connector.md has it whole)::
+
+        class RedisGet(BaseLookup[Runtime]):
+            def request_fields(self) -> tuple[str, ...]:
+                return ("id",)  # a row whose id is NULL is answered empty, never sent
+
+            async def lookup(self, value):
+                value = await self._require_runtime().client.get(f"user:{value['id']}")
+                return [] if value is None else [{"value": value}]
     """
 
     _runtime: R | None
@@ -123,6 +158,9 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     # a row the lookup cannot enrich is kept with NULL output columns unless the
     # user says on_empty="drop" (a left join, as Beam's Enrichment)
     default_on_empty = "keep"
+    # the answers carry the input row's fields (a connector's include_input=True): they
+    # then depend on the whole row, not only on its request fields
+    include_input = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -322,6 +360,38 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
     def preferred_capacity(self) -> int:
         """``asyncio_ops.PrefersChunks``: chunks in flight by default (with chunks)."""
         return 1
+
+    # -- what lookup_join may do (asyncio_ops.spark.lookup_join) -------------------------
+    def join_strategies(self) -> tuple[str, ...]:
+        """How ``lookup_join`` may join this lookup: ``"rows"`` (every row looked up)
+        always; ``"distinct"`` (each distinct key once, joined back) when the answer is
+        decided by :meth:`request_fields` alone (there are some, and the answers do not
+        carry the input row: no ``include_input``); ``"bulk"`` when the lookup can list
+        every key it answers (:meth:`bulk_keys`), which only connectors that read a table
+        add."""
+        if not tuple(self.request_fields()) or self.include_input:
+            return ("rows",)
+        return ("rows", "distinct")
+
+    async def table_statistics(self) -> TableStatistics:
+        """The table the lookup reads, as the database estimates it (for the ``"bulk"``
+        strategy's cost); on an open lookup. Only lookups with ``"bulk"`` in
+        :meth:`join_strategies` answer it."""
+        raise self._no_table()
+
+    async def bulk_keys(self, part: int, parts: int, schema: pa.Schema) -> pa.Table:
+        """Every key this lookup answers whose hash falls in ``part`` of ``parts`` (each key
+        in exactly one part), distinct and without NULLs, as columns of ``schema`` (the
+        input's key columns, named as :meth:`request_fields`); on an open lookup. Looking
+        each up answers what the lookup answers for every key: a key not listed has no
+        answer. Only lookups with ``"bulk"`` in :meth:`join_strategies` answer it."""
+        raise self._no_table()
+
+    def _no_table(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"{type(self).__name__} reads no table it could list (its join strategies: "
+            f"{list(self.join_strategies())}): use strategy='rows' or 'distinct'"
+        )
 
     def _require_runtime(self) -> R:
         runtime = self._runtime

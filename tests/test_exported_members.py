@@ -98,6 +98,7 @@ def test_spark_names_are_pinned() -> None:
         "keyed_process",
         "library_error",
         "library_errors",
+        "lookup_join",
         "ordered_wait",
         "read_state",
         "register",

@@ -5,7 +5,8 @@ PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
 porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessFunction`` with keyed state and timers (Flink's
 ``KeyedProcessOperator``), and ``read_state`` reads its checkpoint's state as
-a DataFrame; ``register`` makes a lookup a function of Spark SQL;
+a DataFrame; ``register`` makes a lookup a function of Spark SQL; ``lookup_join``
+joins a lookup per row, per distinct key or by a bulk read, whichever is cheapest;
 ``session()`` builds a SparkSession whose Python workers run this interpreter;
 ``AsyncMetrics`` collects operator metrics across tasks. A job failed by an
 asyncio_ops exception raises that exception, Spark's as its cause
@@ -21,6 +22,7 @@ from ._datastream import AsyncDataStream
 from ._errors import library_error, library_errors
 from ._keyed import route_values
 from ._keyed_process import keyed_process
+from ._lookup_join import lookup_join
 from ._metrics import AsyncMetrics
 from ._read_state import read_state
 from ._session import session
@@ -35,6 +37,7 @@ __all__ = [
     "keyed_process",
     "library_error",
     "library_errors",
+    "lookup_join",
     "ordered_wait",
     "read_state",
     "register",

@@ -43,10 +43,11 @@ from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache
 from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
 from .._keys import KeyFields
-from .._lookup import BaseLookup, Row
+from .._lookup import BaseLookup, Row, TableStatistics
 from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
+from . import _bulk
 from ._columnar import ARRAY_OIDS, TEXT_OIDS, Columnar, decode
 from ._errors import is_query_error, map_asyncpg_errors
 from ._matching import (
@@ -193,7 +194,10 @@ class PostgresLookup(BaseLookup[_Runtime]):
     ``rate_limit`` queries per second of this worker process and DSN (at most
     ``rate_burst`` at once), or a :class:`~asyncio_ops.connectors.RateLimit`
     (per process, or shared through Redis by every executor): each query (one
-    batch of keys) takes one request permit.
+    batch of keys) takes one request permit. ``table``: the table whose ``on``
+    column(s) hold every key the query answers; ``asyncio_ops.spark.lookup_join`` may
+    then read it in bulk (its keys, part by part, looked up by this query:
+    :mod:`._bulk`) and weighs its size from the server's statistics.
 
     Raises (from ``open`` and ``async_invoke``): ``LookupConnectionError`` and
     ``LookupTimeout`` (retryable: see :func:`asyncio_ops.connectors.is_retryable`),
@@ -227,6 +231,7 @@ class PostgresLookup(BaseLookup[_Runtime]):
         cache: LookupCache[Any] | None = None,
         rate_limit: float | RateLimit | None = None,
         rate_burst: int = 1,
+        table: str | None = None,
     ) -> None:
         super().__init__(cache=cache)
         if not isinstance(dsn, str) or not dsn:
@@ -284,6 +289,9 @@ class PostgresLookup(BaseLookup[_Runtime]):
         self.rate_limit = rate_limit_option(
             rate_limit, burst=self.rate_burst, name=f"postgres:{self._where}"
         )
+        if table is not None and (not isinstance(table, str) or not table.strip()):
+            raise ConfigurationError(f"table must be a table's name or None, got {table!r}")
+        self.table = table
 
     # -- lifecycle ---------------------------------------------------------------------
     async def _open_runtime(self) -> _Runtime:
@@ -321,6 +329,32 @@ class PostgresLookup(BaseLookup[_Runtime]):
         password), the query, the columns matched and answered, one or many."""
         return {"dsn": self._where, "query": self.query, "on": self.on.spec(),
                 "many": self.many, "columns": self.columns}  # fmt: skip
+
+    def join_strategies(self) -> tuple[str, ...]:
+        """The base's, and ``"bulk"`` with ``table=`` (see the class docstring)."""
+        strategies = super().join_strategies()
+        if self.table is not None and "distinct" in strategies:
+            return (*strategies, "bulk")
+        return strategies
+
+    async def table_statistics(self) -> TableStatistics:
+        """``table``'s rows and bytes from the server's statistics (:mod:`._bulk`)."""
+        if self.table is None:
+            raise self._no_table()
+        runtime = self._require_runtime()
+        with map_asyncpg_errors("read the table's statistics", self._where, self._scrub):
+            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
+                return await _bulk.table_statistics(connection, self.table, self.query_timeout)
+
+    async def bulk_keys(self, part: int, parts: int, schema: pa.Schema) -> pa.Table:
+        """Part ``part`` of ``parts`` of ``table``'s distinct keys (:mod:`._bulk`)."""
+        if self.table is None:
+            raise self._no_table()
+        runtime = self._require_runtime()
+        with map_asyncpg_errors("read the table's keys", self._where, self._scrub):
+            async with runtime.pool.acquire(timeout=self.query_timeout) as connection:
+                return await _bulk.table_keys(connection, self.table, self.on.names, part,
+                                              parts, schema, self.query_timeout)  # fmt: skip
 
     async def lookup(self, value: Mapping[str, Any]) -> list[Row]:
         """The matches of ``value``'s key (see the class docstring for the shape)."""
