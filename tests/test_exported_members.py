@@ -102,6 +102,7 @@ def test_spark_names_are_pinned() -> None:
         "ordered_wait",
         "read_state",
         "register",
+        "register_table",
         "route_values",
         "session",
         "unordered_wait",

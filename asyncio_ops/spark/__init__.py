@@ -5,7 +5,8 @@ PyFlink's names (``AsyncDataStream`` keeps PyFlink's argument order, for
 porting, and ``Time`` PyFlink's durations); ``keyed_process`` runs a
 ``KeyedProcessFunction`` with keyed state and timers (Flink's
 ``KeyedProcessOperator``), and ``read_state`` reads its checkpoint's state as
-a DataFrame; ``register`` makes a lookup a function of Spark SQL; ``lookup_join``
+a DataFrame; ``register`` makes a lookup a function of Spark SQL,
+``register_table`` a table function; ``lookup_join``
 joins a lookup per row, per distinct key or by a bulk read, whichever is cheapest;
 ``session()`` builds a SparkSession whose Python workers run this interpreter;
 ``AsyncMetrics`` collects operator metrics across tasks. A job failed by an
@@ -27,6 +28,7 @@ from ._metrics import AsyncMetrics
 from ._read_state import read_state
 from ._session import session
 from ._sql import register
+from ._sql_table import register_table
 from ._time import Time
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "ordered_wait",
     "read_state",
     "register",
+    "register_table",
     "route_values",
     "session",
     "unordered_wait",

@@ -32,11 +32,12 @@ value, in input order, by the end of the partition.
   row that did not fail; with ``"fail"`` a failed lookup fails the query with
   the library's exception naming the row. A lookup that answers more than one
   result for a row raises OutputSchemaError naming it: one-to-many lookups are
-  a table function's.
+  a table function's (``register_table``, :mod:`._sql_table`).
 - Driver. ``register`` checks the options, resolves the defaults and runs the
   function's preflight against ``input_schema`` and ``output_schema`` (unless
-  ``preflight=False``) before it registers anything; the function is marked
-  non-deterministic, so Spark neither reorders nor deduplicates its calls.
+  ``preflight=False``) before it registers anything (:func:`prepare`, shared
+  with ``register_table``); the function is marked non-deterministic, so Spark
+  neither reorders nor deduplicates its calls.
 - Not available: checkpoints, hence no replay log and no carried-over rows
   (a retried task or micro-batch looks its rows up again), event time and
   watermarks, keys (per-key order), ``unordered`` output (a scalar function
@@ -49,7 +50,7 @@ import inspect
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 import numpy as np
@@ -73,7 +74,15 @@ from ._metrics import AsyncMetrics
 from ._options import WaitOptions
 from ._preflight import preflight as run_preflight
 
-__all__ = ["POSITION_COLUMN", "SQL_OPTIONS", "register"]
+__all__ = [
+    "POSITION_COLUMN",
+    "SQL_OPTIONS",
+    "Prepared",
+    "cast_argument",
+    "prepare",
+    "register",
+    "signature_of",
+]
 
 POSITION_COLUMN: Final = "__aops_row"
 """The row's position in its partition, added to the function's input (and output)."""
@@ -100,17 +109,127 @@ def register(
     """Register ``fn`` as the SQL function ``name`` of ``spark`` and return it (a
     ``UserDefinedFunction``, callable from the DataFrame API too). See the module
     docstring; every option as ``ordered_wait``'s (docs/sql.md)."""
+    sql = prepare("register", spark, name, fn, timeout, output_schema, input_schema, options,
+                  SQL_OPTIONS)  # fmt: skip
+    opts = sql.options
+    strip = _without_position if opts.rows_as == "dict" else _row_without_position
+    spec = sql.spec(
+        OutputMode.ORDERED,
+        [*sql.inputs.fields, StructField(POSITION_COLUMN, LongType(), False), *sql.added.fields],
+        on_empty="keep",  # one value per row: a row without results gets NULL
+        row_factory=strip if sql.chunk_rows is None else None,
+    )
+    value_type = (
+        StructType([StructField("result", sql.added, True),
+                    StructField("error", ERROR_STRUCT, True)])
+        if opts.on_error == "error_column"
+        else sql.added
+    )  # fmt: skip
+    evaluate = _Evaluate(
+        spec,
+        sql.call_of(),
+        to_arrow_schema(sql.inputs, timezone=sql.timezone),
+        to_arrow_type(value_type, timezone=sql.timezone),
+        options=opts,
+    )
+
+    def lookup(args: Iterator[Any]) -> Iterator[pa.Array]:
+        return evaluate(args)
+
+    lookup.__name__ = lookup.__qualname__ = name
+    with warnings.catch_warnings():  # "prefer type hints": the type is given explicitly
+        warnings.simplefilter("ignore", UserWarning)
+        udf = arrow_udf(lookup, value_type.simpleString(), ArrowUDFType.SCALAR_ITER)
+    udf = udf.asNondeterministic()
+    return spark.udf.register(name, udf)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What ``register`` and ``register_table`` resolve on the driver before they register
+    anything: the options checked, the arguments' and the results' columns, the defaults
+    (``batch_size``, chunks, ``capacity``) chosen as ``ordered_wait`` chooses them."""
+
+    name: str
+    options: WaitOptions
+    function: AsyncFunction[Any, Any]
+    inputs: StructType
+    added: StructType
+    batch_size: int
+    chunk_rows: int | None
+    capacity: int | str
+    timezone: str
+    epoch: int
+
+    def call_of(self, table: bool = False) -> str:
+        """How error messages name the function: ``f(customer_id int)``, or for a table
+        function ``f(TABLE(order_id bigint, customer_id int))``."""
+        columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in self.inputs.fields)
+        return f"{self.name}(TABLE({columns}))" if table else f"{self.name}({columns})"
+
+    def spec(
+        self,
+        mode: OutputMode,
+        columns: list[StructField],
+        *,
+        on_empty: str,
+        row_factory: Callable[..., Any] | None,
+    ) -> PartitionSpec:
+        """The runtime's spec: rows of ``columns`` (then ``_error`` with
+        ``on_error="error_column"``) out, the lookup's columns added."""
+        opts = self.options
+        if opts.on_error == "error_column":
+            columns = [*columns, StructField(ERROR_COLUMN, ERROR_STRUCT, True)]
+        arrow_schema = to_arrow_schema(StructType(columns), timezone=self.timezone)
+        return PartitionSpec(
+            function=self.function,
+            function_token=uuid.uuid4().hex,
+            mode=mode,
+            timeout=opts.timeout,
+            capacity=self.capacity,
+            retry=opts.retry,
+            output_schema=pa.schema([f.with_nullable(True) for f in arrow_schema]),
+            added_columns=tuple(f.name for f in self.added.fields),
+            keep_input_columns=True,
+            on_error=opts.on_error,
+            on_empty=on_empty,
+            row_factory=row_factory,
+            batch_size=self.batch_size,
+            operator_uid=f"sql-{self.name}",
+            chunk_size=self.chunk_rows,
+            output_buffer=opts.output_buffer_for(self.capacity),
+            max_capacity=opts.max_capacity,
+            run_token=uuid.uuid4().hex[:16],
+            run_epoch=self.epoch,
+        )
+
+
+def prepare(
+    api: str,
+    spark: SparkSession,
+    name: str,
+    fn: AsyncFunction[Any, Any] | Callable[[Any], Any],
+    timeout: Any,
+    output_schema: str | StructType,
+    input_schema: str | StructType | None,
+    options: dict[str, Any],
+    allowed: frozenset[str],
+) -> Prepared:
+    """Check ``api``'s call (its options among ``allowed``, the name, the schemas), resolve
+    the defaults and run the function's preflight: all on the driver, before anything is
+    registered."""
     for keyword, value in options.items():
-        if keyword not in SQL_OPTIONS:
+        if keyword not in allowed:
             known = {f.name for f in fields(WaitOptions)}
             if keyword in known:
+                why = _NOT_IN_SQL.get(keyword, "a SQL function has no checkpoints, event "
+                                               "time, keys or partitioning")  # fmt: skip
                 raise ConfigurationError(
-                    f"register() has no option {keyword!r} (given {keyword}={value!r:.100}): "
-                    f"it is an option of ordered_wait over a DataFrame, which a SQL function "
-                    f"does not have (no checkpoints, event time, keys or partitioning); its "
-                    f"options are {', '.join(sorted(SQL_OPTIONS))}"
+                    f"{api}() has no option {keyword!r} (given {keyword}={value!r:.100}): "
+                    f"it is an option of ordered_wait over a DataFrame, and {why}; its "
+                    f"options are {', '.join(sorted(allowed))}"
                 )
-            raise unknown_keyword("register", keyword, value, SQL_OPTIONS | _OWN_KEYWORDS)
+            raise unknown_keyword(api, keyword, value, allowed | _OWN_KEYWORDS)
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigurationError(f"name must be a SQL function name (an identifier), got {name!r}")
     opts = WaitOptions.of(timeout=timeout, **options)
@@ -131,62 +250,40 @@ def register(
     if capacity is None:
         capacity = default_capacity(function, opts.chunk_size, chunk_rows)
     run_preflight(opts.preflight, function, shape, added)
-
-    runtime_fields = [*inputs.fields, StructField(POSITION_COLUMN, LongType(), False),
-                      *added.fields]  # fmt: skip
-    if opts.on_error == "error_column":
-        runtime_fields.append(StructField(ERROR_COLUMN, ERROR_STRUCT, True))
-    timezone = spark.conf.get("spark.sql.session.timeZone")
-    arrow_schema = to_arrow_schema(StructType(runtime_fields), timezone=timezone)
-    arrow_schema = pa.schema([f.with_nullable(True) for f in arrow_schema])
-    strip = _without_position if opts.rows_as == "dict" else _row_without_position
-    spec = PartitionSpec(
-        function=function,
-        function_token=uuid.uuid4().hex,
-        mode=OutputMode.ORDERED,
-        timeout=opts.timeout,
-        capacity=capacity,
-        retry=opts.retry,
-        output_schema=arrow_schema,
-        added_columns=tuple(f.name for f in added.fields),
-        keep_input_columns=True,
-        on_error=opts.on_error,
-        on_empty="keep",  # one value per row: a row without results gets NULL
-        row_factory=strip if chunk_rows is None else None,
-        batch_size=batch_size,
-        operator_uid=f"sql-{name}",
-        chunk_size=chunk_rows,
-        output_buffer=opts.output_buffer_for(capacity),
-        max_capacity=opts.max_capacity,
-        run_token=uuid.uuid4().hex[:16],
-        run_epoch=run_epoch(spark),
-    )
-    value_type = (
-        StructType([StructField("result", added, True), StructField("error", ERROR_STRUCT, True)])
-        if opts.on_error == "error_column"
-        else added
-    )
-    evaluate = _Evaluate(
-        spec,
-        name,
-        inputs,
-        to_arrow_schema(inputs, timezone=timezone),
-        to_arrow_type(value_type, timezone=timezone),
+    return Prepared(
+        name=name,
         options=opts,
+        function=function,
+        inputs=inputs,
+        added=added,
+        batch_size=batch_size,
+        chunk_rows=chunk_rows,
+        capacity=capacity,
+        timezone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
+        epoch=run_epoch(spark),
     )
 
-    def lookup(args: Iterator[Any]) -> Iterator[pa.Array]:
-        return evaluate(args)
 
-    lookup.__name__ = lookup.__qualname__ = name
-    with warnings.catch_warnings():  # "prefer type hints": the type is given explicitly
-        warnings.simplefilter("ignore", UserWarning)
-        udf = arrow_udf(lookup, value_type.simpleString(), ArrowUDFType.SCALAR_ITER)
-    udf = udf.asNondeterministic()
-    return spark.udf.register(name, udf)
+def cast_argument(array: pa.Array, field: pa.Field, call: str) -> pa.Array:
+    """``array`` as the declared type of the argument ``field`` (a safe cast), else a
+    ConfigurationError naming the argument and the call."""
+    if array.type == field.type:
+        return array
+    try:
+        return array.cast(field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ConfigurationError(
+            f"the argument {field.name!r} of the SQL function {call} is {array.type}, "
+            f"which does not cast to {field.type}: {exc}"
+        ) from exc
 
 
 _OWN_KEYWORDS: Final = frozenset({"timeout", "output_schema", "input_schema"})
+_NOT_IN_SQL: Final = {
+    "output_buffer": "a table function's rows leave as they complete",
+    "on_empty": "a scalar function answers every row (NULL for no result)",
+    "keep_input_columns": "the query chooses its columns",
+}
 
 
 def _input_struct(schema: str | StructType | None, function: AsyncFunction[Any, Any]) -> StructType:
@@ -260,16 +357,14 @@ class _Evaluate:
     def __init__(
         self,
         spec: PartitionSpec,
-        name: str,
-        inputs: StructType,
+        call: str,
         input_arrow: pa.Schema,
         value_type: pa.DataType,
         *,
         options: WaitOptions,
     ) -> None:
         self.spec = spec
-        self.name = name
-        self.signature = f"{name}({inputs.simpleString()[7:-1].replace(':', ' ')})"
+        self.signature = call
         self.input_arrow = input_arrow
         self.value_type = value_type
         self.with_error = options.on_error == "error_column"
@@ -302,17 +397,8 @@ class _Evaluate:
                 f"the SQL function {self.signature} takes {len(schema)} argument(s), "
                 f"called with {len(arrays)}"
             )
-        columns = []
-        for array, field in zip(arrays, schema, strict=True):
-            if array.type != field.type:
-                try:
-                    array = array.cast(field.type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise ConfigurationError(
-                        f"the argument {field.name!r} of the SQL function {self.signature} "
-                        f"is {array.type}, which does not cast to {field.type}: {exc}"
-                    ) from exc
-            columns.append(array)
+        columns = [cast_argument(array, field, self.signature)
+                   for array, field in zip(arrays, schema, strict=True)]  # fmt: skip
         n = len(columns[0])
         columns.append(pa.array(np.arange(first, first + n, dtype=np.int64)))
         return pa.RecordBatch.from_arrays(columns, [*schema.names, POSITION_COLUMN])
@@ -372,7 +458,8 @@ class _InOrder:
             raise OutputSchemaError(
                 f"the SQL function {self.e.signature} got more than one result for the row "
                 f"{row!r:.300}: a scalar function answers one value per row (a one-to-many "
-                "lookup runs with ordered_wait or unordered_wait)"
+                "lookup runs as a table function, register_table, or with ordered_wait or "
+                "unordered_wait)"
             )
 
     def _values(self, batch: pa.RecordBatch) -> pa.Array:
@@ -389,7 +476,8 @@ class _InOrder:
 
 
 # what help() and inspect show: the SQL options with ordered_wait's defaults
-def _signature() -> inspect.Signature:
+def signature_of(allowed: frozenset[str]) -> inspect.Signature:
+    """The signature of ``register`` (``register_table``) with its ``allowed`` options."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     params = [
         inspect.Parameter("spark", inspect.Parameter.POSITIONAL_OR_KEYWORD),
@@ -400,8 +488,8 @@ def _signature() -> inspect.Signature:
         inspect.Parameter("input_schema", keyword, default=None),
     ]
     params += [inspect.Parameter(f.name, keyword, default=f.default)
-               for f in fields(WaitOptions) if f.name in SQL_OPTIONS]  # fmt: skip
+               for f in fields(WaitOptions) if f.name in allowed]  # fmt: skip
     return inspect.Signature(params)
 
 
-register.__signature__ = _signature()  # type: ignore[attr-defined]
+register.__signature__ = signature_of(SQL_OPTIONS)  # type: ignore[attr-defined]

@@ -6,12 +6,20 @@ import asyncio
 import json
 import os
 import sys
+from collections import Counter
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from asyncio_ops import ConfigurationError, OutputSchemaError
-from asyncio_ops.spark import AsyncMetrics, library_errors, ordered_wait, register, unordered_wait
+from asyncio_ops.spark import (
+    AsyncMetrics,
+    library_errors,
+    ordered_wait,
+    register,
+    register_table,
+    unordered_wait,
+)
 
 
 async def double(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,6 +62,37 @@ def sql_functions(spark: SparkSession) -> dict[str, Any]:
     return {"sql_rows": len(rows), "sql_values": values_ok, "sql_error": raised}
 
 
+async def fan_out(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fails for multiples of 7; nothing for multiples of 5; two results for multiples of 3."""
+    await asyncio.sleep(0.001)
+    i = row["id"]
+    if i % 7 == 0:
+        raise ValueError(f"no fan for {i}")
+    if i % 5 == 0:
+        return []
+    return [{"d": 2 * i}, {"d": 2 * i + 1}] if i % 3 == 0 else [{"d": 2 * i}]
+
+
+def table_functions(spark: SparkSession) -> dict[str, Any]:
+    """The table function registered and called over Spark Connect: zero, one or two rows
+    per input row, error rows, compared as a multiset with what fan_out answers."""
+    register_table(spark, "connect_fan", fan_out, timeout=5, input_schema="id long",
+                   output_schema="d long", on_error="error_column", on_empty="drop",
+                   capacity=16)  # fmt: skip
+    rows = spark.sql("SELECT * FROM connect_fan(TABLE(SELECT id FROM range(0, 300, 1, 2)))")
+    got = Counter(
+        (r.id, r.d, None if r._error is None else tuple(r._error)) for r in rows.collect()
+    )
+    want: Counter[tuple[Any, ...]] = Counter()
+    for i in range(300):
+        if i % 7 == 0:
+            want[(i, None, ("ValueError", f"no fan for {i}", 1))] += 1
+        elif i % 5 != 0:
+            for d in [2 * i, 2 * i + 1] if i % 3 == 0 else [2 * i]:
+                want[(i, d, None)] += 1
+    return {"sql_table_rows": sum(got.values()), "sql_table_values": got == want}
+
+
 def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = SparkSession.builder.remote("local[2]").getOrCreate()
@@ -75,6 +114,7 @@ def main() -> None:
         "keyed_values": all(r.d == 2 * r.id for r in keyed),
         "metrics_error": metrics_error,
         **sql_functions(spark),
+        **table_functions(spark),
     }), flush=True)  # fmt: skip
     spark.stop()
 

@@ -1,5 +1,5 @@
-"""The DataFrame API and the SQL functions (``register``) through Spark Connect (a local
-Connect server, in its own process)."""
+"""The DataFrame API and the SQL functions (``register``, ``register_table``) through Spark
+Connect (a local Connect server, in its own process)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,5 @@ def test_ordered_keyed_unordered_and_sql_functions_work_over_spark_connect() -> 
     # a lookup registered as a SQL function from the Connect client, called in SQL
     assert result["sql_rows"] == 998 and result["sql_values"]
     assert "connect_strict(id bigint)" in result["sql_error"] and "999" in result["sql_error"]
+    # a table function registered from the Connect client: zero to two rows per input row
+    assert result["sql_table_values"] and result["sql_table_rows"] > 300
