@@ -133,7 +133,7 @@ def http_case(spark: SparkSession, args: argparse.Namespace) -> None:
         before = answered(url)
         auto, chosen, text = joined(orders, lookup, "auto")
         line(case, f"auto: {chosen}", args.rows, auto, f"{answered(url) - before:,}",
-             "with its estimates and probe")  # fmt: skip
+             "its decision included")  # fmt: skip
         print(text)
         part = min(args.rows_slice or args.rows, args.rows)
         sliced = orders_df(spark, part, args.keys) if part < args.rows else orders
@@ -183,9 +183,9 @@ def pg_case(spark: SparkSession, args: argparse.Namespace, table: str) -> None:
               "missing (apt-get install libpostgresql-jdbc-java) |")  # fmt: skip
     else:
         line(case, "JDBC read + broadcast join", args.rows, median(jdbc), "-",
-             f"Spark alone, {rounds}")  # fmt: skip
+             f"Spark alone, {rounds} ({', '.join(f'{s:.2f}' for s in jdbc)})")  # fmt: skip
     line(case, f"auto: {chosen}", args.rows, median(auto), "-",
-         f"with its estimates and probe, {rounds}")  # fmt: skip
+         f"its decision included, {rounds} ({', '.join(f'{s:.2f}' for s in auto)})")  # fmt: skip
     print(text)
     for strategy in ("bulk", "distinct", "rows"):
         seconds, _, _ = joined(orders, pg_lookup(table), strategy)
@@ -201,7 +201,7 @@ def large_case(spark: SparkSession, args: argparse.Namespace, table: str) -> Non
     orders = orders_df(spark, args.rows, args.large_keys)
     case = f"Postgres, {args.large:,}-row table, {args.large_keys:,} keys"
     auto, chosen, text = joined(orders, pg_lookup(table), "auto")
-    line(case, f"auto: {chosen}", args.rows, auto, "-", "with its estimates and probe")
+    line(case, f"auto: {chosen}", args.rows, auto, "-", "its decision included")
     print(text)
     verdict("auto does not read the large table", chosen != "bulk")
 

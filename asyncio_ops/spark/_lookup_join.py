@@ -19,12 +19,21 @@ promised (a join's). Only the cost differs:
   by one Spark task each and looked up by ``ordered_wait``, then joined: a
   snapshot of the table as the job reads it;
 - ``"auto"``: the cheapest by :func:`choose` (the cost model, documented in
-  docs/lookup-join.md) from estimates: the input's rows and distinct keys (one
-  Spark job: ``count`` and ``approx_count_distinct`` over the key columns),
-  the table's rows and bytes (the lookup's ``table_statistics()``, for a lookup
-  that can read in bulk), the service's rate (``rate=`` as given, else a probe
-  on the driver: ``probe_keys`` of the input's keys looked up as the operator
-  would, timed, times the cluster's task slots).
+  docs/lookup-join.md) from estimates made in this order, each only when the
+  choice still depends on it: the table's rows and bytes (the lookup's
+  ``table_statistics()``, for a lookup that can read in bulk); the input's rows
+  from Spark's plan statistics (no job); when the table has fewer rows than
+  that, the service's rate from a probe of the table's own keys on the driver
+  (``bulk_keys``, no Spark job), and ``"bulk"`` is chosen without reading the
+  input when it costs less than ``"rows"`` and than ``"distinct"`` with no
+  lookups at all (its aggregation and join alone); otherwise the input's rows
+  and distinct keys (one Spark job: ``count`` and ``approx_count_distinct``
+  over the key columns) and, unless given (``rate=``) or already probed, the
+  rate from a probe on the driver of ``probe_keys`` of the input's keys, timed,
+  times the cluster's task slots.
+
+One module with one job, ``lookup_join``: its choice of strategy (the estimates, the
+cost model, the explanation) and the plan of the strategy chosen.
 
 What a lookup can do, it declares (``join_strategies()``, the connector base's):
 a function without it is joined ``"rows"``; a streaming DataFrame too (each
@@ -35,7 +44,7 @@ runs), and a join with the options that only the per-row operator has
 Call order on the driver: the keywords are checked (``strategy``, ``how``, then
 every option by ``ordered_wait``, which builds the per-row plan and runs the
 lookup's preflight once); the strategy is chosen (``auto``: the estimates'
-jobs and queries run now); its plan is built; the choice is logged at INFO on
+queries, probe and job, those it needs, run now); its plan is built; the choice is logged at INFO on
 ``asyncio_ops.spark`` (the record's ``lookup_join`` attribute holds the
 :class:`JoinChoice`) and printed with ``explain=True``. Nothing else runs until
 an action. The broadcast hint is given when the estimated lookup side is at
@@ -52,7 +61,7 @@ import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -86,12 +95,19 @@ ROWS_ONLY: Final = frozenset({
 
 DEFAULT_PROBE_KEYS: Final = 100
 """Keys the probe looks up one at a time (a columnar lookup: one chunk, at most
-:data:`MAX_PROBE_CHUNK` keys), after one warm-up lookup."""
+:data:`MAX_PROBE_CHUNK` keys), after as many to warm up."""
 MAX_PROBE_CHUNK: Final = 5000
 DEFAULT_BROADCAST_THRESHOLD: Final = 64 * 1024 * 1024
 """Bytes of the lookup side (estimated) up to which the join is broadcast."""
 ANSWER_BYTES: Final = 200
 """Bytes of one answer row assumed when no probe measured them."""
+TABLE_PROBE_MAX_ROWS: Final = 1_000_000
+"""Table rows up to which the probe looks up the table's own keys (one part of them: the
+server scans the table once) rather than a sample of the input's (a Spark job)."""
+TABLE_PROBE_CHUNK: Final = 1000
+"""Keys of a chunk the table's probe times (a columnar lookup): a smaller chunk than the
+operator's, for a quicker probe; its rate is lower (a query's fixed cost weighs more),
+which leans to the strategies that make fewer lookups."""
 BULK_ROWS_PER_PART: Final = 50_000
 """Table rows per Spark task of a bulk read (at most four tasks per task slot)."""
 
@@ -120,10 +136,13 @@ class JoinEstimates:
     estimated), the table's (``table``, ``table_rows``, ``table_bytes``: None without a
     bulk read), the lookups per second of the whole cluster (``rate``, from
     ``rate_source``), the cluster's task ``slots``, the bytes of one answer row, and the
-    lookups the probe made (``probe_calls``)."""
+    lookups the probe made (``probe_calls``); each ``*_source`` says where its figure
+    came from, or why it was not estimated."""
 
     rows: int | None = None
+    rows_source: str = "count"
     distinct_keys: int | None = None
+    distinct_source: str = "approx_count_distinct"
     table: str | None = None
     table_rows: int | None = None
     table_bytes: int | None = None
@@ -158,17 +177,21 @@ class JoinChoice:
         e = self.estimates
         if e is not None:
             if e.rows is not None:
-                lines.append(f"  input rows        {e.rows:,} (count)")
+                lines.append(f"  input rows        {e.rows:,} ({e.rows_source})")
             if e.distinct_keys is not None:
-                lines.append(f"  distinct keys     ~{e.distinct_keys:,} (approx_count_distinct)")
+                lines.append(f"  distinct keys     ~{e.distinct_keys:,} ({e.distinct_source})")
+            elif e.rows is not None:
+                lines.append(f"  distinct keys     not estimated ({e.distinct_source})")
             if e.table is not None:
                 lines.append(f"  table             {e.table}: ~{e.table_rows:,} rows, "
                              f"{_size(e.table_bytes or 0)} ({e.table_source})")  # fmt: skip
             if e.rate is not None:
                 lines.append(f"  service rate      ~{e.rate:,.0f} lookups/s ({e.rate_source})")
         if self.seconds:
+            unseen = e is not None and e.distinct_keys is None  # distinct's: a lower bound
             lines.append("  estimated seconds " + " | ".join(
-                f"{s} {v:,.2f}" for s, v in self.seconds.items()))  # fmt: skip
+                f"{s} {'>=' if unseen and s == 'distinct' else ''}{v:,.2f}"
+                for s, v in self.seconds.items()))  # fmt: skip
         if self.calls:
             lines.append("  lookups           " + " | ".join(
                 f"{s} {v:,}" for s, v in self.calls.items()))  # fmt: skip
@@ -382,7 +405,7 @@ def _auto(
     options: WaitOptions, rate: float | None, probe_keys: int, broadcast_threshold: int,
 ) -> JoinChoice:  # fmt: skip
     """``strategy="auto"``: rows when nothing else may run, else :func:`choose` on the
-    estimates made here."""
+    estimates made here, the cheap ones first (see the module docstring)."""
     if possible == ("rows",):
         return JoinChoice("rows", possible, f"{type(function).__name__} is joined per row only")
     if df.isStreaming:
@@ -397,22 +420,27 @@ def _auto(
             f"{type(function).__name__} looks rows up by {list(keys)}; the input has no "
             f"column(s) {missing} (columns: {df.columns})"
         )
+    estimates = JoinEstimates(slots=_slots(df))
+    if rate is not None:
+        estimates = _replace(estimates, rate=float(rate), rate_source="given: rate=")
+    if "bulk" in possible:
+        planned = _planned_rows(df)
+        estimates = _table_and_rate(df, keys, function, options, probe_keys, estimates,
+                                    planned)  # fmt: skip
+        if planned is not None and estimates.rate is not None:
+            made = _bulk_unseen(possible, _replace(estimates, rows=planned[0],
+                                rows_source=planned[1]), broadcast_threshold)  # fmt: skip
+            if made is not None:
+                return made
     key = F.struct(*[_quoted(k) for k in keys]) if len(keys) > 1 else F.col(_quoted(keys[0]))
     counting = df.select(
         F.count(F.lit(1)).alias("n"),
         F.approx_count_distinct(F.when(_present(keys), key)).alias("d"),
     )
-    estimates = JoinEstimates(slots=_slots(df))
-    # the input counted by one Spark job while the table and the service are asked
+    # the input counted by one Spark job while the service is probed (if it still must be)
     with ThreadPoolExecutor(1, thread_name_prefix="asyncio_ops-lookup-join") as pool:
         counted = pool.submit(counting.first)
-        if "bulk" in possible:
-            stats = _on_driver(function, lambda lookup: lookup.table_statistics())
-            estimates = _replace(estimates, table=stats.table, table_rows=stats.rows,
-                                 table_bytes=stats.bytes, table_source=stats.source)  # fmt: skip
-        if rate is not None:
-            estimates = _replace(estimates, rate=float(rate), rate_source="given: rate=")
-        else:
+        if estimates.rate is None:
             estimates = _probe(df, keys, function, options, probe_keys, estimates)
         row = counted.result()
     assert row is not None
@@ -422,9 +450,105 @@ def _auto(
     return choose(possible, estimates, broadcast_threshold)
 
 
-def _replace(estimates: JoinEstimates, **changes: Any) -> JoinEstimates:
-    from dataclasses import replace
+def _bulk_unseen(
+    possible: tuple[str, ...], estimates: JoinEstimates, broadcast_threshold: int
+) -> JoinChoice | None:
+    """``"bulk"`` without reading the input, when it costs less than ``"rows"`` and than
+    ``"distinct"`` with no lookups (its cost grows with the distinct keys, which are
+    not counted then); None when the choice depends on them."""
+    assert estimates.rows is not None
+    if not 0 < (estimates.table_rows or 0) < estimates.rows:
+        return None
+    bound = choose(possible, _replace(estimates, distinct_keys=0), broadcast_threshold)
+    if bound.strategy != "bulk":
+        return None
+    why = (f"distinct costs at least {bound.seconds['distinct']:,.2f} s whatever its count "
+           f"(its aggregation and join of ~{estimates.rows:,} rows), more than bulk"
+           ) if "distinct" in bound.seconds else "distinct is not possible"  # fmt: skip
+    calls = {k: v for k, v in bound.calls.items() if k != "distinct"}
+    return JoinChoice(
+        "bulk", possible,
+        f"the cheapest by the estimates (~{bound.seconds['bulk']:,.2f} s), decided without "
+        "reading the input",
+        estimates=_replace(estimates, distinct_source=f"skipped: {why}"),
+        seconds=bound.seconds, calls=calls, broadcast=bound.broadcast,
+    )  # fmt: skip
 
+
+_ROW_PRESERVING: Final = frozenset({
+    "Project", "Repartition", "RepartitionByExpression", "Sort", "SubqueryAlias",
+    "ResolvedHint", "Window",
+})  # fmt: skip
+"""Logical plan nodes whose rows are their child's (their row count is looked for below)."""
+
+
+def _planned_rows(df: DataFrame) -> tuple[int, str] | None:
+    """The input's rows as Spark's optimizer estimates them, without a job: the plan's
+    ``rowCount`` (found under nodes that keep their child's rows), else its
+    ``sizeInBytes`` over the bytes of a row (Spark's own: 8 + the columns' default
+    sizes); None where the plan is out of reach (Spark Connect) or says nothing."""
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        row_bytes = 8 + int(df._jdf.schema().defaultSize())
+        node = plan
+        while True:
+            stats = node.stats()
+            count = stats.rowCount()
+            if count.isDefined():
+                where = f"Spark's plan statistics: rowCount of {node.nodeName()}"
+                return int(str(count.get())), where
+            if node.nodeName() not in _ROW_PRESERVING or node.children().size() != 1:
+                break
+            node = node.children().head()
+        size = int(str(plan.stats().sizeInBytes()))
+    except Exception:  # Spark Connect (no _jdf) or a plan without statistics
+        return None
+    if size <= 0 or size >= 2**62:  # Spark's "unknown" is Long.MaxValue
+        return None
+    return max(1, size // row_bytes), (f"Spark's plan statistics: sizeInBytes {_size(size)} "
+                                       f"/ {row_bytes} B a row")  # fmt: skip
+
+
+def _table_and_rate(
+    df: DataFrame, keys: Sequence[str], function: Any, options: WaitOptions, probe_keys: int,
+    estimates: JoinEstimates, planned: tuple[int, str] | None,
+) -> JoinEstimates:  # fmt: skip
+    """The table's statistics, and in the same driver session, when the rate is not given
+    and the table has fewer rows than the input is planned to have (at most
+    :data:`TABLE_PROBE_MAX_ROWS`), the rate from a probe of the table's own keys."""
+    plan = _probe_plan(df, function, options, probe_keys)
+    if plan.columnar and plan.chunk > TABLE_PROBE_CHUNK:
+        plan = replace(plan, chunk=TABLE_PROBE_CHUNK, wanted=2 * TABLE_PROBE_CHUNK,
+                       warm=TABLE_PROBE_CHUNK)  # fmt: skip
+    schema = df.select(*[_quoted(k) for k in keys]).schema
+    arrow = to_arrow_schema(schema, timezone=df.sparkSession.conf.get(
+        "spark.sql.session.timeZone"))  # fmt: skip
+    wanted = plan.wanted
+
+    async def run(lookup: Any) -> tuple[Any, Any]:
+        stats = await lookup.table_statistics()
+        rows = stats.rows
+        if (estimates.rate is not None or planned is None or not 0 < rows < planned[0]
+                or rows > TABLE_PROBE_MAX_ROWS):  # fmt: skip
+            return stats, None
+        parts = max(1, rows // wanted)
+        sample: pa.Table = await lookup.bulk_keys(0, parts, arrow)
+        if sample.num_rows < 2:
+            return stats, None
+        sample = sample.slice(0, wanted)
+        return stats, (sample.num_rows, await plan.measure(lookup, sample))
+
+    stats, probed = _on_driver(function, run)
+    estimates = _replace(estimates, table=stats.table, table_rows=stats.rows,
+                         table_bytes=stats.bytes, table_source=stats.source)  # fmt: skip
+    if probed is None:
+        return estimates
+    keys_probed, (timed, seconds, answer_bytes) = probed
+    return plan.rated(estimates, timed, keys_probed - timed, seconds, answer_bytes,
+                      "of the table's keys")  # fmt: skip
+
+
+def _replace(estimates: JoinEstimates, **changes: Any) -> JoinEstimates:
     return replace(estimates, **changes)
 
 
@@ -480,15 +604,46 @@ def _table_keys(df: DataFrame, function: Any, keys: Sequence[str], made: JoinCho
     return spark.range(parts, numPartitions=parts).mapInArrow(parts_of, schema)
 
 
-def _probe(
-    df: DataFrame, keys: Sequence[str], function: Any, options: WaitOptions, probe_keys: int,
-    estimates: JoinEstimates,
-) -> JoinEstimates:  # fmt: skip
-    """The service's rate: ``probe_keys`` distinct keys of ``df`` (a columnar lookup: two
-    chunks of at most :data:`MAX_PROBE_CHUNK`) looked up on the driver as the operator
-    would (per row with ``capacity`` in flight, or in chunks): the first half warms up
-    (connections, prepared queries), the second is timed; the cluster's rate is that
-    times its task slots."""
+@dataclass(frozen=True)
+class _ProbePlan:
+    """How the probe looks keys up: as the operator would (per row with ``capacity`` in
+    flight, or in chunks of ``chunk`` rows), ``wanted`` keys, the first ``warm`` of them
+    (half) to warm up: connections, prepared queries, the server's plans and caches."""
+
+    columnar: bool
+    chunk: int
+    capacity: int
+    wanted: int
+    warm: int
+    timeout: float
+
+    async def measure(self, lookup: Any, keys: pa.Table) -> tuple[int, float, float]:
+        """The keys timed, their seconds, and the bytes of one answer: the first ``warm``
+        of ``keys`` (at most half) warm up (connections, prepared queries), the rest is
+        timed."""
+        half = min(self.warm, keys.num_rows // 2)
+        warm, timed = keys.slice(0, half), keys.slice(half)
+        await _look_up(lookup, warm, self.columnar, self.chunk, self.capacity, self.timeout)
+        start = time.perf_counter()
+        answers = await _look_up(lookup, timed, self.columnar, self.chunk, self.capacity,
+                                 self.timeout)  # fmt: skip
+        seconds = time.perf_counter() - start
+        return timed.num_rows, seconds, _answer_bytes(answers, self.columnar)
+
+    def rated(
+        self, estimates: JoinEstimates, timed: int, warm: int, seconds: float,
+        answer_bytes: float, what: str,
+    ) -> JoinEstimates:  # fmt: skip
+        per_task = timed / max(seconds, 1e-6)
+        how = (f"a probe {what}: {timed} on the driver after {warm}, "
+               f"{'in chunks' if self.columnar else 'per row'} with capacity {self.capacity}: "
+               f"{per_task:,.0f}/s, times {estimates.slots} task slots")  # fmt: skip
+        return _replace(estimates, rate=per_task * estimates.slots, rate_source=how,
+                        answer_bytes=answer_bytes or ANSWER_BYTES,
+                        probe_calls=timed + warm)  # fmt: skip
+
+
+def _probe_plan(df: DataFrame, function: Any, options: WaitOptions, probe_keys: int) -> _ProbePlan:
     batch_size = batch_size_of(df, options.batch_size)
     chunk_rows = chunk_rows_of(options.chunk_size, function, options.rows_as, options.retry,
                                batch_size)  # fmt: skip
@@ -498,30 +653,29 @@ def _probe(
     columnar = chunk_rows is not None and isinstance(function, SupportsInvokeArrow)
     chunk = min(chunk_rows or 1, MAX_PROBE_CHUNK)
     wanted = 2 * chunk if columnar else probe_keys
+    warm = wanted // 2
+    return _ProbePlan(columnar, chunk, capacity, wanted, warm, options.timeout)
+
+
+def _probe(
+    df: DataFrame, keys: Sequence[str], function: Any, options: WaitOptions, probe_keys: int,
+    estimates: JoinEstimates,
+) -> JoinEstimates:  # fmt: skip
+    """The service's rate: ``probe_keys`` distinct keys of ``df`` (a columnar lookup: two
+    chunks of at most :data:`MAX_PROBE_CHUNK`) looked up on the driver as the operator
+    would (:class:`_ProbePlan`); the cluster's rate is that times its task slots."""
+    plan = _probe_plan(df, function, options, probe_keys)
+    wanted = plan.wanted
     sample = df.select(*[_quoted(k) for k in keys]).where(_present(keys)).limit(4 * wanted)
     table = sample.toArrow()
     rows = list({tuple(r.values()): r for r in table.to_pylist()}.values())[:wanted]
     if len(rows) < 2:
         return _replace(estimates, rate=float(DEFAULT_CAPACITY) / options.timeout,
                         rate_source="too few keys to probe: capacity / timeout")  # fmt: skip
-    half = len(rows) // 2
-    warm, timed = (pa.Table.from_pylist(part, schema=table.schema)
-                   for part in (rows[:half], rows[half:]))  # fmt: skip
-
-    async def measure(lookup: Any) -> tuple[float, float]:
-        await _look_up(lookup, warm, columnar, chunk, capacity, options.timeout)
-        start = time.perf_counter()
-        answers = await _look_up(lookup, timed, columnar, chunk, capacity, options.timeout)
-        return time.perf_counter() - start, _answer_bytes(answers, columnar)
-
-    seconds, answer_bytes = _on_driver(function, measure)
-    per_task = timed.num_rows / max(seconds, 1e-6)
-    how = (f"a probe of {timed.num_rows} keys on the driver after {warm.num_rows}, "
-           f"{'in chunks' if columnar else 'per row'} with capacity {capacity}: "
-           f"{per_task:,.0f}/s, times {estimates.slots} task slots")  # fmt: skip
-    return _replace(estimates, rate=per_task * estimates.slots, rate_source=how,
-                    answer_bytes=answer_bytes or ANSWER_BYTES,
-                    probe_calls=len(rows))  # fmt: skip
+    distinct = pa.Table.from_pylist(rows, schema=table.schema)
+    timed, seconds, answer_bytes = _on_driver(function, partial(plan.measure, keys=distinct))
+    return plan.rated(estimates, timed, len(rows) - timed, seconds, answer_bytes,
+                      "of the input's keys")  # fmt: skip
 
 
 async def _look_up(

@@ -3,7 +3,9 @@ every strategy, against a real PostgreSQL, the customer HTTP service and the exa
 service: NULL keys, keys with no match, duplicate keys, one-to-many answers, error rows,
 decimal and timestamptz columns, left and inner; each strategy's lookups are counted
 (the operator's metrics, the services' own counters); ``auto`` chooses by its estimates
-(a small analyzed table is read in bulk, a table the statistics call huge is not); a bulk
+(a small analyzed table is read in bulk, decided without reading a larger input when
+the statistics and a probe of the table's keys suffice; a table the statistics call huge
+is not); a bulk
 read's parts hold each key once, and its failures of keys no row has fail nothing; the
 cost model decides on given estimates; what a strategy cannot take is refused."""
 
@@ -277,6 +279,44 @@ def test_auto_reads_a_small_table_and_not_a_huge_one(
             assert _rows(out) == expected
     finally:
         pg_execute(pg_dsn, f"DROP TABLE IF EXISTS {huge}")
+
+
+@pytest.mark.postgres
+def test_auto_reads_a_small_table_without_reading_the_input(
+    spark: SparkSession, pg_dsn: str, accounts: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 1,000,000 planned rows (Spark's statistics of a range: no job), a 122-row table: the
+    # table's statistics and a probe of its own keys decide, distinct is never counted
+    caplog.set_level(logging.INFO, logger="asyncio_ops.spark")
+    orders = spark.range(0, 10**6, numPartitions=2).selectExpr(
+        "id AS order_id", "CAST(id % 150 + 1 AS INT) AS account_id")  # fmt: skip
+    context = spark.sparkContext
+    group = f"lookup-join-{uuid.uuid4().hex[:8]}"
+    context.setJobGroup(group, "lookup_join's decision")
+    try:
+        out = lookup_join(orders, _accounts(pg_dsn, accounts, True), timeout=30,
+                          output_schema=SCHEMA)  # fmt: skip
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert list(context.statusTracker().getJobIdsForGroup(group)) == []  # no Spark job
+    made = _choice(caplog)
+    e = made.estimates
+    assert made.strategy == "bulk" and made.broadcast, made.explain()
+    assert e is not None and e.rows == 10**6 and "rowCount of Range" in e.rows_source
+    assert e.distinct_keys is None and e.distinct_source.startswith("skipped: distinct costs")
+    assert e.table_rows == 122 and "table's keys" in e.rate_source
+    assert 2 <= e.probe_calls <= 121  # the table's non-NULL keys, half of them timed
+    assert made.seconds["bulk"] < min(made.seconds["rows"], made.seconds["distinct"])
+    assert "distinct keys     not estimated (skipped" in made.explain()
+    assert out.columns == ["order_id", "account_id", "name", "balance", "opened"]
+    # an input that Spark sizes by bytes only (local rows, repartitioned), and a given rate
+    # at which distinct may still win: the input is counted, the rate not probed
+    lookup_join(_orders(spark), _accounts(pg_dsn, accounts, True), timeout=30,
+                output_schema=SCHEMA, rate=200)  # fmt: skip
+    made = _choice(caplog)
+    assert made.estimates is not None and made.estimates.rows == N
+    assert made.estimates.rows_source == "count" and made.estimates.distinct_keys is not None
+    assert made.estimates.probe_calls == 0 and made.estimates.rate == 200
 
 
 def test_model_endpoints_pay_once_per_distinct_prompt(
