@@ -2,8 +2,8 @@
 
 Run: ``python -m bench.state_scale`` (``--keys 20000,200000,1000000`` the
 state sizes, ``--small 2000`` events per small micro-batch, ``--batches 6``
-small micro-batches, ``--sides heap,rocksdb,tws``, ``--full-snapshot-interval 50``
-``keyed_process``'s option of that name; ``--big`` adds 10,000,000
+small micro-batches, ``--sides heap,rocksdb,tws`` (and ``spark``, below),
+``--full-snapshot-interval 50`` ``keyed_process``'s option of that name; ``--big`` adds 10,000,000
 keys for ``keyed_process`` on RocksDB only; ``--quick`` is a dev run: 20,000
 and 200,000 keys, 3 small micro-batches; ``--cold``: as a user's job runs,
 below).
@@ -18,12 +18,15 @@ JVM's first streaming query, the Python workers' start and imports).
 
 ``--breakdown N``: no Spark; one ``keyed_process`` partition's bulk task (N new
 keys, 10,000-row input batches with their key groups, the ``RunningCount``
-above, checkpoint on local disk) run in this process, best of 3 per backend,
-its time split: the rows (``process_element`` with its key and state work),
-the output rows turned into Arrow batches, the full sections' tables, their
-Arrow IPC streams and zstd frames, and the rest of the version (files,
-manifests). A ``local[2]`` micro-batch runs two such partitions at once; what
-its ``triggerExecution`` holds beyond them is Spark's (reading the files, the
+above, checkpoint on local disk, parked copies in a directory of the run) run
+in this process, best of 3 per backend, its time split: the rows
+(``process_element`` with its key and state work), the output rows turned
+into Arrow batches, the rows a RocksDB bulk load staged written into the
+database, the full sections' tables, their Arrow IPC streams and zstd frames,
+the rest of the version (files, manifests), and RocksDB's parked copy (a
+checkpoint of the database: a flush of what is in its memtable). A
+``local[2]`` micro-batch runs two such partitions at once; what its
+``triggerExecution`` holds beyond them is Spark's (reading the files, the
 shuffle into key groups, the Arrow transfer to the workers and back, the
 ``foreachBatch``).
 
@@ -43,6 +46,10 @@ UI off, Spark's RocksDB state store provider with changelog checkpointing).
 - ``tws``: Spark's ``transformWithState`` (a ``StatefulProcessor`` whose
   ``handleInputRows`` reads the key's ValueState once per key and micro-batch),
   time mode ``None``.
+- ``spark`` (not run by default): ``keyed_process``'s plan (the key group
+  column, the shuffle into key groups, ``mapInArrow``) with a Python function
+  that keeps no state and emits each row's key and the count 1: what the
+  micro-batch costs without ``keyed_process``'s own work, Spark's share.
 
 Per size and side, printed as one markdown table:
 
@@ -110,6 +117,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import LongType, StructField, StructType
 
 from asyncio_ops.spark import keyed_process, session
+from asyncio_ops.spark._keyed import partition_by_key_group
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -118,7 +126,8 @@ from asyncio_ops.state import (
     ValueStateDescriptor,
 )
 
-SIDES = ("heap", "rocksdb", "tws")
+SIDES = ("heap", "rocksdb", "tws", "spark")
+DEFAULT_SIDES = "heap,rocksdb,tws"
 BIG = 10_000_000
 OUTPUT = "k long, n long"
 V0 = f"v{0:010d}"
@@ -134,6 +143,13 @@ class RunningCount(KeyedProcessFunction[int, dict[str, Any], dict[str, Any]]):
         n = (self.count.value() or 0) + 1
         self.count.update(n)
         out.collect({"k": value["k"], "n": n})
+
+
+def ones(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``spark``'s function: each row's key and the count 1, no state."""
+    for batch in batches:
+        n = pa.array(np.ones(batch.num_rows, np.int64))
+        yield pa.RecordBatch.from_arrays([batch.column("k"), n], names=["k", "n"])
 
 
 class SparkRunningCount(StatefulProcessor):
@@ -303,6 +319,10 @@ def run(
     if side == "tws":
         out = stream.groupBy("k").transformWithState(SparkRunningCount(), OUTPUT, "Append", "None")
         state_dir = spark_checkpoint / "state"
+    elif side == "spark":  # keyed_process's plan, its Python function keeping nothing
+        state_dir = root / f"{name}-state"  # never written
+        routed, _ = partition_by_key_group(stream, ["k"], 128, 2)
+        out = routed.mapInArrow(ones, OUTPUT)
     else:
         state_dir = root / f"{name}-state"
         out = keyed_process(
@@ -348,10 +368,11 @@ def run(
         query.stop()
     if error is not None:
         raise SystemExit(f"{name}: {error}")
-    if rows[0] != data.events or total_n[0] != data.expected_sum:
+    expected = data.events if side == "spark" else data.expected_sum  # spark: n = 1 a row
+    if rows[0] != data.events or total_n[0] != expected:
         raise SystemExit(
             f"{name}: {rows[0]:,} rows (expected {data.events:,}), sum of counts "
-            f"{total_n[0]:,} (expected {data.expected_sum:,})"
+            f"{total_n[0]:,} (expected {expected:,})"
         )
     total = size(walk(state_dir))
 
@@ -396,7 +417,8 @@ def table(results: list[Result]) -> str:
         lines.append(
             f"| {r.keys:,} | {label(r.side)} | {r.bulk_ms / 1000:,.2f} s | {r.small_ms:,.0f} ms "
             f"| {human(r.small_bytes)} | {r.bytes_per_key:,.0f} | {human(r.total)} "
-            f"| {human(r.full_copy)}{' (est.)' if r.side == 'tws' else ''} | {r.ratio:.2f}x "
+            f"| {human(r.full_copy)}{' (est.)' if r.side == 'tws' else ''} "
+            f"| {f'{r.ratio:.2f}x' if r.full_copy else 'n/a'} "
             f"| {human(r.rss) if r.rss >= 0 else 'n/a'} |"
         )
     return "\n".join(lines)
@@ -406,6 +428,8 @@ TARGET_KEYS = 1_000_000
 
 
 def label(side: str) -> str:
+    if side == "spark":
+        return "Spark's share (the plan, no state)"
     return "transformWithState" if side == "tws" else f"keyed_process {side}"
 
 
@@ -448,7 +472,7 @@ def targets(results: list[Result]) -> list[str]:
                 f"{bulk_x:.1f}x faster (target >= 5x) {verdict(bulk_x >= 5)}"
             )
     for r in results:
-        if r.side != "tws" and r.keys == TARGET_KEYS:
+        if r.side in ("heap", "rocksdb") and r.keys == TARGET_KEYS:
             tws = by.get(("tws", r.keys))
             x = f", {tws.bulk_ms / r.bulk_ms:.1f}x transformWithState's" if tws else ""
             out.append(
@@ -456,7 +480,7 @@ def targets(results: list[Result]) -> list[str]:
                 f"{r.bulk_ms / 1000:,.2f} s{x} (target <= 4 s) {verdict(r.bulk_ms <= 4000)}"
             )
     for r in results:
-        if r.side != "tws":
+        if r.side in ("heap", "rocksdb"):
             out.append(
                 f"(3) {label(r.side)} at {r.keys:,} keys: state dir {r.ratio:.2f}x one full copy "
                 f"(target <= 2x) {verdict(r.ratio <= 2)}"
@@ -469,7 +493,7 @@ def main() -> None:
     p.add_argument("--keys", default="20000,200000,1000000", help="state sizes, comma-separated")
     p.add_argument("--small", type=int, default=2000, help="events per small micro-batch")
     p.add_argument("--batches", type=int, default=6, help="small micro-batches")
-    p.add_argument("--sides", default=",".join(SIDES), help="of heap,rocksdb,tws")
+    p.add_argument("--sides", default=DEFAULT_SIDES, help="of heap,rocksdb,tws,spark")
     p.add_argument("--big", action="store_true", help=f"add {BIG:,} keys, rocksdb only")
     p.add_argument("--quick", action="store_true", help="20000,200000 keys, 3 small batches")
     p.add_argument("--master", default="local[2]")
@@ -641,20 +665,26 @@ def breakdown(keys: int, repeat: int = 3) -> None:
     import asyncio_ops.state._keyed_snapshot as keyed_snapshot
     from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
     from asyncio_ops._runtime import _keyed_partition as partition
     from asyncio_ops._runtime._sink import ArrowSink
+    from asyncio_ops.state import RocksDBKeyedStateBackend
 
-    os.environ["ASYNCIO_OPS_PARKED"] = "0"
     spent: dict[str, float] = {}
+    inside: list[str] = []  # the timed calls under way, outermost first
 
     def timed(name: str, f: Any) -> Any:
         def run(*a: Any, **kw: Any) -> Any:
+            inside.append(name)
             t0 = time.perf_counter()
             try:
                 return f(*a, **kw)
             finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                inside.pop()
+                spent[name] = spent.get(name, 0.0) + took
+                if name == "tables" and "encode" in inside:  # a section built as it is encoded
+                    spent["tables in encode"] = spent.get("tables in encode", 0.0) + took
 
         return run
 
@@ -677,6 +707,11 @@ def breakdown(keys: int, repeat: int = 3) -> None:
         "tables", keyed_snapshot.key_group_sections
     )
     checkpoint.encode = timed("encode", checkpoint.encode)  # type: ignore[assignment]
+    _parked.park = timed("park", _parked.park)  # type: ignore[assignment]
+    if hasattr(RocksDBKeyedStateBackend, "_seal"):  # a bulk load's staged rows written
+        RocksDBKeyedStateBackend._seal = timed(  # type: ignore[method-assign]
+            "staged", RocksDBKeyedStateBackend._seal
+        )
     maxp = 128
     schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
     ks = np.arange(keys, dtype=np.int64)
@@ -689,14 +724,15 @@ def breakdown(keys: int, repeat: int = 3) -> None:
     print(f"command: python -m bench.state_scale --breakdown {keys}")
     print(f"one partition's bulk task, {keys:,} new keys, in process, best of {repeat}")
     print()
-    print("| backend | task | rows | output to Arrow | full sections' tables "
-          "| IPC + zstd | files, manifests, rest | rest of the task |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| backend | task | rows | output to Arrow | staged rows written | full sections' tables "
+          "| IPC + zstd | files, manifests | park | rest |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for backend in ("heap", "rocksdb"):
         best: dict[str, float] = {}
         for _ in range(repeat):
             spent.clear()
             root = Path(tempfile.mkdtemp(prefix="bench_state_scale_breakdown_"))
+            os.environ["ASYNCIO_OPS_PARKED"] = str(root / "parked")  # parked as in a job
             try:
                 spec = KeyedProcessSpec(
                     function=RunningCount(), key_columns=("k",), max_parallelism=maxp,
@@ -709,17 +745,24 @@ def breakdown(keys: int, repeat: int = 3) -> None:
                     pass
                 spent["task"] = time.perf_counter() - t0
             finally:
+                _warm.clear()
                 shutil.rmtree(root, ignore_errors=True)
             if not best or spent["task"] < best["task"]:
                 best = dict(spent)
-        tables = best.get("tables", 0.0)
-        encode = best.get("encode", 0.0) - tables
-        files = best["version"] - best.get("encode", 0.0)
-        rest = best["task"] - best["rows"] - best["version"]
+        staged = best.get("staged", 0.0)  # inside the first section's step (value_runs)
+        tables = best.get("tables", 0.0) - staged
+        encode = best.get("encode", 0.0) - best.get("tables in encode", 0.0)
+        files = (
+            best["version"]
+            - best.get("encode", 0.0)
+            - (best.get("tables", 0.0) - best.get("tables in encode", 0.0))
+        )
+        park = best.get("park", 0.0)
+        rest = best["task"] - best["rows"] - best["version"] - park - best.get("output", 0.0)
         print(
             f"| {backend} | {best['task']:.2f} s | {best['rows']:.2f} s "
-            f"| {best.get('output', 0.0):.2f} s | {tables:.2f} s | {encode:.2f} s "
-            f"| {files:.2f} s | {rest - best.get('output', 0.0):.2f} s |",
+            f"| {best.get('output', 0.0):.2f} s | {staged:.2f} s | {tables:.2f} s "
+            f"| {encode:.2f} s | {files:.2f} s | {park:.2f} s | {rest:.2f} s |",
             flush=True,
         )
 

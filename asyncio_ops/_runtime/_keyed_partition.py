@@ -266,6 +266,7 @@ def _operator(
 ) -> KeyedProcessOperator:
     return KeyedProcessOperator(
         spec.function, key_of, backend=backend, output=sink, schedule_timers=False,
+        collect=sink.collect,
         runtime_context=RuntimeContext(
             task_name="keyed_process", index_of_this_subtask=task.partition_id,
             number_of_parallel_subtasks=task.num_partitions or 1,
@@ -291,6 +292,10 @@ def _process(
     groups = batch.column(at).to_pylist()
     rows = batch.remove_column(at).to_pylist()
     if column is None and watermarks is None:  # no event time: the shortest loop
+        keys = _keys(spec.key_columns, batch)
+        if keys is not None and backend.assign_key_groups(keys, groups):
+            op.process_values(rows, keys, _note)  # the batch's keys filed at once
+            return
         process = op.process_element
         for row, kg in zip(rows, groups, strict=True):
             key = key_of(row)
@@ -298,7 +303,7 @@ def _process(
                 assign(key, kg)
                 process(Record(row, None))
             except Exception as exc:
-                exc.add_note(f"keyed_process: key {key!r:.100}, row {describe_row(row)}")
+                _note(exc, key, row)
                 raise
         return
     for row, kg in zip(rows, groups, strict=True):
@@ -308,13 +313,30 @@ def _process(
             assign(key, kg)
             op.process_element(Record(row, ts))
         except Exception as exc:
-            exc.add_note(f"keyed_process: key {key!r:.100}, row {describe_row(row)}")
+            _note(exc, key, row)
             raise
         if watermarks is not None:
             assert ts is not None
             wm = watermarks.observe(ts)
             if wm is not None:
                 op.process_watermark(Watermark(wm))
+
+
+def _keys(columns: tuple[str, ...], batch: pa.RecordBatch) -> list[Any] | None:
+    """The batch's keys in row order, as the key selector gives them from its rows (one
+    column's values, or tuples of several), read as columns; None if a key column is
+    not found once by its name."""
+    at = [batch.schema.get_field_index(c) for c in columns]
+    if min(at) < 0:
+        return None
+    if len(at) == 1:
+        keys: list[Any] = batch.column(at[0]).to_pylist()
+        return keys
+    return list(zip(*(batch.column(i).to_pylist() for i in at), strict=True))
+
+
+def _note(exc: Exception, key: Any, row: Any) -> None:
+    exc.add_note(f"keyed_process: key {key!r:.100}, row {describe_row(row)}")
 
 
 def _previous(

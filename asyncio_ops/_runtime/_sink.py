@@ -34,7 +34,10 @@ class ArrowSink:
             f for f in self.schema if f.name in added and pa.types.is_integer(f.type)
         ]
         self.batch_size = batch_size
+        # one list for the sink's life: ``collect`` (one output row as it is, a keyed
+        # operator's ``collect``) is its append, a C call per row
         self.rows: list[dict[str, Any]] = []
+        self.collect = self.rows.append
         self.emitted = 0
         # columnar results (ArrowChunkFunction): Arrow batches, never rows
         self.batches: list[pa.RecordBatch] = []
@@ -73,7 +76,8 @@ class ArrowSink:
         if self.batches:
             yield from self._take_batches()
             return
-        rows, self.rows = self.rows, []
+        rows = self.rows.copy()
+        self.rows.clear()
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start : start + self.batch_size]
             self.emitted += len(chunk)

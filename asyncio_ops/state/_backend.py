@@ -7,6 +7,7 @@ Call order, per operator instance::
     state = backend.get_state(desc)    any time; restored data of that name is loaded
     backend.assign_key_group(key, kg)  optional: file ``key`` under the key group the engine
                                        computed (Spark's hash in the JVM), before its first use
+    backend.assign_key_groups(ks, kgs) or a batch's keys at once (False: assign them one by one)
     backend.set_current_key(key)       per record / per timer (the timer service does it)
     state.value(); state.update(v)     read and write the current key's entry
     backend.advance_watermark(w)       per watermark (event-time TTL)
@@ -34,10 +35,13 @@ checkpoints)::
     backend.clear_key_group(kg)        drop a key group (before a full blob replaces it)
 
 A bulk load (``track_changes`` begun on a backend holding no row, with
-:meth:`~KeyedStateBackend.require_assigned_groups`): a key first named by
-``assign_key_group`` since then has no row, so its value states read None
-without a lookup until one of them is written (RocksDB: no read of the database
-for a key it never had).
+:meth:`~KeyedStateBackend.require_assigned_groups`): no key named since then
+has a row it did not write. RocksDB keeps what its value states without TTL
+write in memory (a dict per state, by key) instead of a get and a put per
+key, and writes it into the database in row-key order, at once, before
+anything else reads the database (a snapshot, ``keys``, a restore, parking,
+the next ``track_changes``): the database then holds what the puts would
+have written.
 
 A key made current counts as changed whether or not its state was written
 (reads with TTL ``update_on_read`` write too). Entries deleted by TTL cleanup
@@ -112,8 +116,9 @@ from ._descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from ._keycodec import decode_canonical, encoded_key_group, key_prefix
+from ._keycodec import byte_rows, decode_canonical, encoded_key_group, int_key_rows, key_prefix
 from ._payloads import ValueRun
+from ._serializers import PickleSerializer
 from ._ttl import IncrementalCleanup, StateTtlConfig
 from ._typed_states import checker, typed_state
 from ._types import StateType, evolution
@@ -208,6 +213,11 @@ class TableBase:
         else:
             self.dumps = _naming_dumps(descriptor.serializer.dumps, descriptor.name)
             self.loads = descriptor.serializer.loads
+        # ``dumps`` without the wrapper that names a failure: a hot path calls it, and on
+        # an exception calls ``dumps`` to raise the named error
+        self.unnamed_dumps: Callable[[Any], bytes] = (
+            descriptor.serializer.dumps if self.typing is None else self.dumps
+        )
         ttl: StateTtlConfig | None = descriptor.ttl
         self.ttl_config = ttl
         self.has_ttl = ttl is not None
@@ -222,6 +232,22 @@ class TableBase:
         self.full_snapshot_cleanup = ttl is not None and ttl.full_snapshot_cleanup()
         comp = ttl.compaction(rocksdb=rocks) if ttl else None
         self.compaction_every = comp.query_time_after_num_entries if comp is not None else 0
+
+    def dump_values(self, values: list[Any]) -> list[bytes]:
+        """``[self.dumps(v) for v in values]`` (a snapshot's values), without a Python frame
+        per value: the serializer's own ``dumps`` (a failure is raised by ``self.dumps``,
+        naming the state), and with the default pickle serializer each distinct ``int``
+        pickled once when they repeat (a bulk load's counts: equal ints pickle alike)."""
+        raw = self.unnamed_dumps
+        if type(self.serializer) is PickleSerializer and set(map(type, values)) == {int}:
+            distinct = set(values)
+            if 2 * len(distinct) <= len(values):
+                memo = {v: raw(v) for v in distinct}
+                return list(map(memo.__getitem__, values))
+        try:
+            return list(map(raw, values))
+        except Exception:
+            return list(map(self.dumps, values))  # the value that fails, named
 
     def now(self) -> float:
         """The TTL time of this state: processing time, or the watermark (0 without TTL)."""
@@ -280,12 +306,10 @@ class KeyedStateBackend(ABC):
         # require_assigned_groups, every key named since the last track_changes().
         self._assigned: dict[Any, int] = {}
         self._require_assigned = False
-        # A key first named (assign_key_group) while the backend held no row of it, none
-        # of whose value states was written since: its value states read None without a
-        # lookup (RocksDB: a bulk load's reads of new keys). ``_fresh``: the backend held
-        # nothing when track_changes began, so a key not named since has no row.
+        # ``_fresh``: a bulk load (module docstring): the backend held nothing when
+        # track_changes began and nothing was restored since, so every row it holds was
+        # written since (RocksDB: its value states' writes are held in memory meanwhile).
         self._fresh = False
-        self._blank: Any = NO_KEY
         self._watermark = _NEG_INF
         self._first_watermark = _NEG_INF
         self._tables: dict[str, TableBase] = {}
@@ -375,8 +399,6 @@ class KeyedStateBackend(ABC):
             if pinned is None:
                 cache = self._key_cache
                 cached = cache.get(key)
-                if self._fresh:
-                    self._blank = key
                 if cached is None and type(key) in _ALWAYS_ENCODABLE:
                     # valid as it is: filed now, so that making it current finds it cached
                     self._assigned[key] = key_group
@@ -405,6 +427,51 @@ class KeyedStateBackend(ABC):
         self._assigned[key] = key_group
         if self._key_cache.pop(key, None) is not None and self._key == key:
             self._key = key  # the current key: refresh its cached group
+
+    def assign_key_groups(self, keys: Sequence[Any], key_groups: Sequence[int]) -> bool:
+        """:meth:`assign_key_group` of each ``(keys[i], key_groups[i])`` in order, in a few
+        passes in C instead of a call per key, when the batch is the common case: with
+        :meth:`require_assigned_groups`, every key of a type that always encodes (int, str,
+        bytes, float, bool, None), every group an int inside the range, and no key named
+        with another group (in the batch, or before). Then True; otherwise False and
+        nothing is assigned: the caller assigns key by key, and the call that fails names
+        its key."""
+        if not self._require_assigned:
+            return False
+        if not keys:
+            return True
+        start = self._kg_start
+        if set(map(type, key_groups)) != {int} or not set(map(type, keys)) <= _ALWAYS_ENCODABLE:
+            return False
+        if min(key_groups) < start or max(key_groups) > self._kg_end:
+            return False
+        named = dict(zip(keys, key_groups, strict=True))
+        if len(named) != len(keys) and list(map(named.__getitem__, keys)) != list(key_groups):
+            return False  # a key with two groups: its second call fails
+        assigned, cache = self._assigned, self._key_cache
+        for key in named.keys() & assigned.keys():
+            if assigned[key] != named[key]:
+                return False
+        for key in named.keys() & cache.keys():
+            if cache[key][0] + start != named[key]:
+                return False
+        assigned.update(named)
+        if len(cache) + len(named) > _KEY_CACHE_LIMIT:
+            cache.clear()  # bounded memory (by a batch at most); a miss costs a lookup
+        if self.is_rocksdb:  # each key's row prefix, as arrays for integer keys
+            ks, kgs = list(named), list(named.values())
+            rows = int_key_rows(ks, kgs)
+            prefixes = (
+                byte_rows(rows) if rows is not None
+                else list(map(key_prefix, kgs, map(canonical_bytes, ks)))
+            )  # fmt: skip
+            cache.update(
+                zip(ks, zip([kg - start for kg in kgs], prefixes, strict=True), strict=True)
+            )
+        else:
+            entries = {kg: (kg - start, b"") for kg in set(named.values())}
+            cache.update(zip(named, map(entries.__getitem__, named.values()), strict=True))
+        return True
 
     def key_group_of(self, key: Any) -> int:
         """The key group ``key``'s state is filed under (KeyGroupError outside the range)."""
@@ -440,6 +507,12 @@ class KeyedStateBackend(ABC):
         """Per processed record: incremental TTL cleanup with ``run_for_every_record``."""
         for table in self._per_record:
             table.cleanup_step()
+
+    @property
+    def cleaned_per_record(self) -> Sequence[TableBase]:
+        """The states :meth:`on_record` cleans up (live: a state registered later joins
+        it), so a caller of many records calls it only while this is not empty."""
+        return self._per_record
 
     # -- states -----------------------------------------------------------------------
     @overload
@@ -641,7 +714,6 @@ class KeyedStateBackend(ABC):
         """
         self._check_open()
         self._fresh = False
-        self._blank = NO_KEY
         decoded = [
             (kg, dumps) for kg, dumps in groups.items()
             if isinstance(kg, int) and kg in self.key_group_range
@@ -713,7 +785,6 @@ class KeyedStateBackend(ABC):
         self._tracking = True
         if self._require_assigned:
             self._assigned.clear()
-        self._blank = NO_KEY
         self._fresh = self._require_assigned and self._holds_nothing()
         if self._fresh:  # from now on a key is made current only once named (cached then)
             self._key_cache.clear()

@@ -88,6 +88,22 @@ class Collector(Generic[OUT]):
         self._output(Record(value, self.timestamp))
 
 
+class ValueCollector(Collector[OUT]):
+    """A :class:`Collector` whose ``collect`` is ``sink`` itself (a C callable such as a
+    list's ``append``): each value goes on as it is, without a Record (its timestamp is
+    dropped) and without a Python frame, for an output that keeps values only."""
+
+    __slots__ = ("collect",)  # the instance's own, not the method
+
+    def __init__(self, sink: Callable[[OUT], object]) -> None:
+        super().__init__(_unused)
+        self.collect = sink  # type: ignore[method-assign,assignment]
+
+
+def _unused(element: StreamElement) -> None:
+    raise AssertionError("a ValueCollector's values go to its sink")  # pragma: no cover
+
+
 class KeyedRuntimeContext(RuntimeContext):
     """The runtime context of a keyed function: also where state comes from."""
 

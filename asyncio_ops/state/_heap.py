@@ -763,11 +763,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 if found is None:
                     return None
                 order, keys = found
-                stored = list(d.values())
-                values = [stored[i] for i in order]
+                values = list(map(list(d.values()).__getitem__, order))
                 if table.typing is None:
                     try:
-                        values = list(map(table.snap_dumps, values))
+                        values = table.dump_values(values)
                     except StateError as exc:
                         raise StateError(f"{exc} (snapshot of key group {key_group})") from exc
                 runs.append(

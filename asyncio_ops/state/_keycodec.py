@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import struct
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, Final
 
@@ -31,9 +32,11 @@ from .._exceptions import CorruptStateError
 from .._keygroups import HASH_SEED, canonical_bytes
 
 __all__ = [
+    "byte_rows",
     "decode_canonical",
     "encoded_key_group",
     "int_key_column",
+    "int_key_rows",
     "key_prefix",
     "namespace_suffix",
 ]
@@ -81,6 +84,34 @@ def int_key_column(keys: list[Any]) -> tuple[list[int], pa.FixedSizeBinaryArray]
         pa.binary(9), len(keys), [None, pa.py_buffer(rows.tobytes())]
     )
     return order.tolist(), column
+
+
+def int_key_rows(keys: Sequence[Any], key_groups: Sequence[int]) -> np.ndarray | None:
+    """``key_prefix(kg, canonical_bytes(k))`` of integer keys and their groups, as the rows
+    of a uint8 matrix computed as arrays (15 bytes each: the group, the length 9, ``b"i"``
+    and 8 little-endian bytes); None unless every key is an ``int`` (not a bool or a
+    subclass) in the int64 range."""
+    if not keys or set(map(type, keys)) != {int}:
+        return None
+    try:
+        values = np.fromiter(keys, np.int64, len(keys))
+    except OverflowError:  # beyond int64: encoded with b"I", row by row
+        return None
+    rows = np.empty((len(keys), 15), np.uint8)
+    rows[:, 0:2] = np.asarray(key_groups, ">u2").view(np.uint8).reshape(-1, 2)
+    rows[:, 2:6] = np.frombuffer(_pack_be32(9), np.uint8)
+    rows[:, 6] = _I
+    rows[:, 7:] = values.astype("<i8").view(np.uint8).reshape(-1, 8)
+    return rows
+
+
+def byte_rows(rows: np.ndarray) -> list[bytes]:
+    """The rows of a uint8 matrix as bytes objects (one C pass)."""
+    n, width = rows.shape
+    if not width:
+        return [b""] * n
+    out: list[bytes] = np.ascontiguousarray(rows).view(f"V{width}").ravel().tolist()
+    return out
 
 
 def key_prefix(key_group: int, enc: bytes) -> bytes:

@@ -28,8 +28,14 @@ states without TTL whose rows are all one length (integer keys) is read for a
 full section in one C loop and cut into columns as arrays (``value_runs``).
 
 A bulk load (the backend held no row when ``track_changes`` began, see
-``_backend``): a value state of a key new to the backend reads None without a
-``get`` until it is written, a lookup that found nothing cost as much as the put.
+``_backend``): a value state without TTL keeps what it writes in a dict of its
+own, key -> the bytes the row would hold, and reads it there (no row exists
+that it did not write): no ``get`` of a key that has no row, no ``put`` into a
+memtable in random key order. Before anything reads the database (a snapshot,
+``keys``, a restore, ``park``, the next ``track_changes``; ``_seal``) each
+state's staged rows are written in row-key order through one write batch
+(integer keys: their row keys built and sorted as arrays), and the bulk load
+ends: the database holds what the puts would have written.
 
 TTL cleanup beyond lazy-on-access: the stand-in for Flink's compaction filter
 is a sweep that, after every ``query_time_after_num_entries`` writes to a TTL
@@ -50,7 +56,7 @@ import struct
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +66,6 @@ from .._exceptions import ConfigurationError, StateError
 from .._keygroups import KeyGroupRange, canonical_bytes
 from ._api import ListState, MapState, State, ValueState
 from ._backend import (
-    NO_KEY,
     Entry,
     KeyedStateBackend,
     StateDump,
@@ -78,7 +83,7 @@ from ._descriptors import (
     VALUE,
     StateDescriptor,
 )
-from ._keycodec import decode_canonical, key_prefix, namespace_suffix
+from ._keycodec import byte_rows, decode_canonical, int_key_rows, key_prefix, namespace_suffix
 from ._payloads import ValueRun
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBSnapshot"]
@@ -146,6 +151,16 @@ def _scan(cf: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
         out.append((k, it.value()))
         it.next()
     return out
+
+
+class _Sealed(NamedTuple):
+    """One state's rows of a bulk load, sorted as written (``_seal``): integer keys of
+    one namespace, kept for ``value_runs`` until the database changes."""
+
+    groups: np.ndarray  # each row's key group (int64), ascending
+    rows: np.ndarray  # each row's key prefix (uint8, 15 bytes: group, length, key)
+    namespace: bytes  # the rows' namespace suffix (length, canonical bytes)
+    values: list[bytes]  # each row's value bytes
 
 
 class _RocksTable(TableBase):
@@ -230,18 +245,25 @@ class _RocksState:
 
 
 class _RocksValueState(_RocksState, ValueState[Any]):
-    """Value state without TTL: one get or put of the cached key prefix."""
+    """Value state without TTL: one get or put of the cached key prefix; in a bulk load
+    (the backend's ``_fresh``) one operation on its staged rows' dict, by key."""
 
-    __slots__ = ()
+    __slots__ = ("_staged",)
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _RocksTable, namespace: Any):
+        super().__init__(backend, table, namespace)
+        self._staged: dict[Any, bytes] | None = None  # a bulk load's rows (module docstring)
 
     def value(self) -> Any:
         b = self._b
         p = b._kprefix
         if p is None:
             raise no_current_key()
-        if b._blank is b._key:  # a key new to the backend, not written since: no row
-            return None
-        raw = self._get(p + self._ns)
+        if b._fresh:
+            staged = self._staged
+            raw = None if staged is None else staged.get(b._key)
+        else:
+            raw = self._get(p + self._ns)
         return None if raw is None else self._t.loads(raw)
 
     def update(self, value: Any) -> None:
@@ -249,11 +271,32 @@ class _RocksValueState(_RocksState, ValueState[Any]):
         p = b._kprefix
         if p is None:
             raise no_current_key()
-        b._blank = NO_KEY
         if value is None:
-            self._delete(p + self._ns)
+            self.clear()
+            return
+        t = self._t
+        try:
+            data = t.unnamed_dumps(value)
+        except Exception:
+            data = t.dumps(value)  # raises, naming the state
+        if b._fresh:
+            staged = self._staged
+            if staged is None:
+                staged = self._staged = {}
+                b._staging.append(self)
+            staged[b._key] = data
         else:
-            self._put(p + self._ns, self._t.dumps(value))
+            self._put(p + self._ns, data)
+
+    def clear(self) -> None:
+        b = self._b
+        if b._fresh:
+            if b._kprefix is None:
+                raise no_current_key()
+            if self._staged is not None:
+                self._staged.pop(b._key, None)
+            return
+        super().clear()
 
 
 class _RocksCell(_RocksState):
@@ -676,6 +719,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # Sequence numbers of list elements: increasing across the backend's life (and
         # a parked database's next owner's), so elements of one list sort in insertion order.
         self._seq = itertools.count(adopt or 0)
+        # the value states holding a bulk load's staged rows (module docstring), and the
+        # runs _seal wrote, kept while the database's sequence number is ``_sealed_at``
+        self._staging: list[_RocksValueState] = []
+        self._sealed: dict[str, _Sealed] | None = None
+        self._sealed_at = -1
 
     def _column_family(self, name: str) -> Any:
         cf = self._cfs.get(name)
@@ -703,6 +751,113 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return _RocksAggregatingState(self, table, namespace)
         raise AssertionError(kind)  # pragma: no cover - descriptors validate kinds
 
+    # -- a bulk load's staged rows (module docstring) ---------------------------------
+    def _seal(self) -> None:
+        """End a bulk load: write the rows the value states staged into the database,
+        each state's in row-key order (integer keys of one namespace: one table file,
+        ingested, kept as arrays for ``value_runs`` too; else one write batch); the
+        database is read from now on. Called first by everything that reads or changes
+        the database other than a value state."""
+        if not self._fresh:
+            return
+        self._fresh = False
+        staging, self._staging = self._staging, []
+        parts: dict[str, list[tuple[bytes, dict[Any, bytes]]]] = {}
+        for state in staging:
+            staged, state._staged = state._staged, None
+            if staged:
+                parts.setdefault(state._t.name, []).append((state._ns, staged))
+        sealed: dict[str, _Sealed] | None = {}
+        for name, staged_parts in parts.items():
+            run = self._int_run(staged_parts)
+            if run is not None:
+                self._ingest(name, run)
+                if sealed is not None:
+                    sealed[name] = run
+                continue
+            sealed = None  # value_runs reads the database
+            group_of = self.key_group_of
+            pairs = [
+                (key_prefix(group_of(key), canonical_bytes(key)) + ns, value)
+                for ns, staged in staged_parts
+                for key, value in staged.items()
+            ]
+            pairs.sort(key=_FIRST)
+            wb = self._rd.WriteBatch(raw_mode=True)
+            wb.set_default_column_family(self._db.get_column_family_handle(_CF_PREFIX + name))
+            put = wb.put
+            for row, value in pairs:
+                put(row, value)
+            self._db.write(wb, self._write_opts)
+        if sealed:
+            self._sealed = sealed
+            self._sealed_at = self._db.latest_sequence_number()
+
+    def _int_run(self, parts: list[tuple[bytes, dict[Any, bytes]]]) -> _Sealed | None:
+        """One state's staged rows as a sorted run built as arrays, when they are of one
+        namespace and every key an integer in the int64 range; else None."""
+        if len(parts) != 1:
+            return None
+        ns, staged = parts[0]
+        keys = list(staged)
+        try:
+            groups = list(map(self._assigned.__getitem__, keys))
+        except KeyError:  # a key not named since track_changes: not a bulk load's
+            return None
+        rows = int_key_rows(keys, groups)
+        if rows is None:
+            return None
+        order = np.lexsort((
+            np.ascontiguousarray(rows[:, 7:]).view(">u8").ravel(),
+            np.ascontiguousarray(rows[:, :2]).view(">u2").ravel(),
+        ))  # fmt: skip
+        rows = rows[order]
+        values = list(staged.values())
+        return _Sealed(
+            np.ascontiguousarray(rows[:, :2]).view(">u2").ravel().astype(np.int64),
+            rows, ns, list(map(values.__getitem__, order.tolist())),
+        )  # fmt: skip
+
+    def _ingest(self, name: str, run: _Sealed) -> None:
+        """Write a sorted run's rows into state ``name``'s column family as one table file,
+        ingested (moved in: no memtable, nothing for a checkpoint to flush)."""
+        n = len(run.values)
+        if not n:
+            return
+        full = np.empty((n, run.rows.shape[1] + len(run.namespace)), np.uint8)
+        full[:, : run.rows.shape[1]] = run.rows
+        full[:, run.rows.shape[1] :] = np.frombuffer(run.namespace, np.uint8)
+        target = self._root / "ingest" / f"{next(self._snap_ids)}.sst"
+        target.parent.mkdir(exist_ok=True)
+        writer = self._rd.SstFileWriter(self._rd.Options(raw_mode=True))
+        writer.open(str(target))
+        put = writer.__setitem__
+        for row, value in zip(byte_rows(full), run.values, strict=True):
+            put(row, value)
+        writer.finish()
+        opts = self._rd.IngestExternalFileOptions()
+        opts.set_move_files(True)
+        try:
+            self._cfs[name].ingest_external_file([str(target)], opts)
+        finally:
+            target.unlink(missing_ok=True)
+
+    def _sealed_runs(self) -> dict[str, _Sealed] | None:
+        """The runs the last ``_seal`` wrote, if the database has not changed since."""
+        if self._sealed is not None and self._db.latest_sequence_number() != self._sealed_at:
+            self._sealed = None
+        return self._sealed
+
+    def track_changes(self, keys: bool = True) -> None:
+        self._seal()
+        self._sealed = None
+        super().track_changes(keys)
+
+    def load(self, groups: Mapping[int, list[StateDump]]) -> int:
+        self._seal()
+        self._sealed = None
+        return super().load(groups)
+
     def _holds_nothing(self) -> bool:
         if self._pending:
             return False
@@ -714,6 +869,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return True
 
     def _keys(self, table: _RocksTable, namespace: Any) -> Iterator[Any]:
+        self._seal()
         ns_enc = canonical_bytes(namespace)
         it = table.cf.iter()
         it.seek_to_first()
@@ -731,6 +887,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def begin_snapshot(self) -> RocksDBSnapshot:
         """Phase 1: a RocksDB checkpoint (consistent, milliseconds); see RocksDBSnapshot."""
         self._check_open()
+        self._seal()
         snap_dir = self._root / "snapshots" / str(next(self._snap_ids))
         snap_dir.parent.mkdir(exist_ok=True)
         tables = []
@@ -755,6 +912,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def _dump_groups(self, key_groups: Collection[int] | None = None) -> dict[int, list[StateDump]]:
         """Some key groups (all: :meth:`snapshot` takes a checkpoint instead), read live."""
+        self._seal()
         groups = sorted(key_groups) if key_groups is not None else list(self.key_group_range)
         out: dict[int, list[StateDump]] = {}
         for t, now in self._tables_now():
@@ -771,16 +929,32 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         keys), their keys and namespaces cut out of them as arrays instead of a parse per
         row (the entries :meth:`_dump_groups` gives, in their order)."""
         self._check_open()
+        self._seal()
         if self._pending:
             return None
         prefix = struct.pack(">H", key_group)
         bounds = self._rd.ReadOptions()
         bounds.set_iterate_upper_bound(struct.pack(">H", key_group + 1))
         runs: list[ValueRun] = []
+        sealed = self._sealed_runs()
         for table in self._tables.values():
             assert isinstance(table, _RocksTable)
             if table.kind != VALUE or table.has_ttl:
                 return None
+            if sealed is not None:  # a bulk load's rows as _seal wrote them: no read
+                run = sealed.get(table.name)
+                if run is None:  # it staged nothing: it has no row
+                    continue
+                a, b = np.searchsorted(run.groups, (key_group, key_group + 1)).tolist()
+                if a == b:
+                    continue
+                values = run.values[a:b]
+                if table.typing is not None:
+                    values = list(map(table.loads, values))
+                keys = _fixed(run.rows[a:b, 6:])
+                runs.append(ValueRun(table.name, table.kind, table.typing, keys,
+                                     run.namespace[4:], values))  # fmt: skip
+                continue
             pairs = list(table.cf.items(from_key=prefix, read_opt=bounds))
             if not pairs:
                 continue
@@ -810,6 +984,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _dump_keys(
         self, keys: Mapping[int, Sequence[tuple[Any, bytes]]]
     ) -> dict[int, list[StateDump]]:
+        self._seal()
         out: dict[int, list[StateDump]] = {}
         for t, now in self._tables_now():
             by_kg: dict[int, list[Entry]] = {}
@@ -821,17 +996,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return out
 
     def _remove_keys(self, key_group: int, keys: Sequence[tuple[Any, bytes]]) -> None:
+        self._seal()
         for cf in self._cfs.values():
             for _, enc in keys:
                 p = key_prefix(key_group, enc)
                 cf.delete_range(p, _successor(p))
 
     def _clear_key_group(self, key_group: int) -> None:
+        self._seal()
         p = _KG.pack(key_group)
         for cf in self._cfs.values():
             cf.delete_range(p, _successor(p))
 
     def _load_entries(self, table: _RocksTable, kg: int, entries: list[Entry]) -> None:
+        self._seal()
         wb = self._rd.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._db.get_column_family_handle(_CF_PREFIX + table.name))
         put = wb.put
@@ -863,6 +1041,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def sweep_expired(self, state_name: str | None = None) -> int:
         """Delete every expired row of one TTL state (or all); returns how many."""
         self._check_open()
+        self._seal()
         n = 0
         for t in list(self._tables.values()):
             if state_name is None or t.name == state_name:
@@ -890,6 +1069,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         keeps working. Its timers and anything else held in memory are the caller's to
         keep (StateError while restored data is still pending a descriptor)."""
         self._check_open()
+        self._seal()
+        self._sealed = None  # the snapshot is written: the runs are not needed again
         if self._pending:
             raise StateError("a backend holding restored state no descriptor claimed is not parked")
         root = Path(target)
@@ -904,6 +1085,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Close the database and delete the working directory. Idempotent."""
         if self._closed:
             return
+        self._fresh = False
+        for state in self._staging:  # a bulk load's rows die with the working copy
+            state._staged = None
+        self._staging.clear()
+        self._sealed = None
         super().close()
         # Every column-family handle shares the database; each must be closed, or the
         # states still referencing one keep the LOCK held.

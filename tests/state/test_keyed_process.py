@@ -215,6 +215,62 @@ def test_bad_arguments(backend: KeyedStateBackend) -> None:
         KeyedProcessOperator(CountWithTimeout(), len, backend=backend, output=None)  # type: ignore[arg-type]
 
 
+class Echo(KeyedProcessFunction[str, tuple[str, int], Any]):
+    """Counts per key, emits through ``out`` and by returning; refuses a 7."""
+
+    def open(self, runtime_context: KeyedRuntimeContext) -> None:
+        self.count = runtime_context.get_state(COUNT)
+
+    def process_element(
+        self, value: tuple[str, int], ctx: KeyedProcessContext, out: Collector[Any]
+    ) -> Any:
+        if value[1] == 7:
+            raise ValueError("no sevens")
+        assert ctx.current_key == value[0] and ctx.timestamp() is None
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        ctx.timer_service().register_processing_time_timer(1_000.0 + value[1])
+        out.collect((value[0], n))
+        return [("again", value[1])] if value[1] % 2 else None
+
+
+def test_a_batch_of_values_is_their_records_one_by_one(
+    make_backend: BackendFactory, clock: ManualClock
+) -> None:
+    """``process_values`` makes the calls ``process_element`` of their records makes (state,
+    timers, outputs in order); ``collect`` takes the values without their Records."""
+    values = [(k, i) for i, k in enumerate("abcabdaabca") if i != 7]
+    records: list[StreamElement] = []
+    by_record = KeyedProcessOperator(Echo(), lambda v: v[0], backend=make_backend(),
+                                     output=records.append, clock=clock)  # fmt: skip
+    collected: list[Any] = []
+    batched = KeyedProcessOperator(Echo(), lambda v: v[0], backend=make_backend(),
+                                   output=records.append, clock=clock,
+                                   collect=collected.append)  # fmt: skip
+    for op in (by_record, batched):
+        op.open()
+    for v in values:
+        by_record.process_element(Record(v))
+    batched.process_values(values, [k for k, _ in values])
+    assert collected == [r.value for r in records if isinstance(r, Record)]
+    assert batched.snapshot() == by_record.snapshot()
+    with pytest.raises(ConfigurationError, match="collect"):
+        KeyedProcessOperator(Echo(), len, backend=make_backend(), output=print, collect=3)  # type: ignore[arg-type]
+
+
+def test_a_batch_stops_at_the_value_that_fails_and_names_it(make_backend: BackendFactory) -> None:
+    collected: list[Any] = []
+    op = KeyedProcessOperator(Echo(), lambda v: v[0], backend=make_backend(), output=print,
+                              collect=collected.append, schedule_timers=False)  # fmt: skip
+    op.open()
+    seen: list[tuple[Any, Any]] = []
+    with pytest.raises(ValueError, match="no sevens"):
+        op.process_values([("a", 1), ("b", 7), ("c", 3)], ["a", "b", "c"],
+                          lambda exc, key, value: seen.append((key, value)))  # fmt: skip
+    assert seen == [("b", ("b", 7))]
+    assert collected == [("a", 1), ("again", 1)]
+
+
 def test_chains_after_the_async_operator(backend: KeyedStateBackend) -> None:
     """AsyncWaitOperator(output=keyed.process): one partition, one loop, no glue."""
 
