@@ -91,12 +91,10 @@ from collections import deque
 from typing import Final, Protocol, runtime_checkable
 
 from ._exceptions import ConfigurationError
-from .options import positive_int
+from .options import DEFAULT_MAX_CAPACITY, positive_int
 
 log = logging.getLogger("asyncio_ops.limit")
 
-DEFAULT_MAX_CAPACITY: Final = 1024
-"""The default bound of an adaptive limit (and the queue size it needs)."""
 STARTUP_GROWTH: Final = 2.0
 STARTUP_GAIN: Final = 1.25  # the goodput must grow this much per startup step
 STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the goodput this much

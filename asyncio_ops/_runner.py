@@ -9,11 +9,10 @@ from typing import Any
 from ._clock import Scheduler
 from ._elements import StreamElement, Watermark
 from ._functions import AsyncFunction
-from ._limit import DEFAULT_MAX_CAPACITY
 from ._operator import AsyncWaitOperator, OutputMode
 from ._retry import AsyncRetryStrategy
 from ._snapshot import OperatorSnapshot
-from .options import DEFAULT_CAPACITY
+from .options import DEFAULT_CAPACITY, DEFAULT_MAX_CAPACITY
 
 
 async def run_async_wait(

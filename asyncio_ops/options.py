@@ -24,6 +24,7 @@ from ._exceptions import ConfigurationError
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "DEFAULT_MAX_CAPACITY",
     "OutputMode",
     "at_least",
     "choice",
@@ -39,6 +40,8 @@ __all__ = [
 
 DEFAULT_CAPACITY: Final = 100
 """Elements in flight per operator instance when ``capacity`` is not given (Flink's 100)."""
+DEFAULT_MAX_CAPACITY: Final = 1024
+"""The bound of ``capacity="auto"``'s adaptive limit when ``max_capacity`` is not given."""
 
 
 class OutputMode(enum.Enum):

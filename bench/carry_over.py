@@ -42,7 +42,7 @@ from asyncio_ops._container import Kind
 from asyncio_ops._elements import Record
 from asyncio_ops._functions import as_async_function
 from asyncio_ops._operator import OutputMode
-from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, WaitOptions
 from asyncio_ops._runtime._adapters import RowValue
 from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
 from asyncio_ops._runtime._inflight import WatermarkState
@@ -69,19 +69,24 @@ async def echo(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def spec(root: Path, keyed: bool, backend: str) -> PartitionSpec:
+    storage = CheckpointStorage(str(root), "op")
     return PartitionSpec(
+        options=WaitOptions.of(
+            timeout=60.0, state_backend=backend, checkpoint_location=storage.location
+        ),
         function=as_async_function(echo),
         function_token="bench",
         mode=OutputMode.UNORDERED,
-        timeout=60.0,
-        capacity=100,
-        retry=None,
         output_schema=OUT,
         added_columns=("score",),
-        key_columns=("id",) if keyed else (),
-        checkpoint=CheckpointStorage(str(root), "op"),
+        capacity=100,
+        on_empty="drop",
+        output_buffer=0,
+        batch_size=10_000,
+        uid="op",
+        key=("id",) if keyed else (),
         num_partitions=2,
-        state_backend=backend,
+        checkpoint=storage,
     )
 
 

@@ -129,7 +129,13 @@ def handover(keys: int, repeat: int) -> dict[str, float]:
     import pyarrow as pa
 
     from asyncio_ops._checkpoint import CheckpointStorage
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
+    from asyncio_ops._runtime import (
+        KEY_GROUP_COLUMN,
+        KeyedOptions,
+        KeyedProcessSpec,
+        TaskInfo,
+        _warm,
+    )
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
 
     schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
@@ -156,8 +162,9 @@ def handover(keys: int, repeat: int) -> dict[str, float]:
             tmp = Path(tempfile.mkdtemp(prefix="bench-handover-"))
             os.environ["ASYNCIO_OPS_PARKED"] = str(tmp / "parked") if case == "parked" else "0"
             spec = KeyedProcessSpec(
-                function=Counted(), key_columns=("k",), output_schema=out, max_parallelism=MAXP,
-                checkpoint=CheckpointStorage(str(tmp / "ckpt"), "bench"), state_backend="rocksdb",
+                options=KeyedOptions.of(max_parallelism=MAXP, state_backend="rocksdb"),
+                function=Counted(), key=("k",), output_schema=out, batch_size=10_000,
+                checkpoint=CheckpointStorage(str(tmp / "ckpt"), "bench"),
             )  # fmt: skip
             for _ in run_keyed_process(spec, [bulk], TaskInfo(0, 1, batch_id=0)):
                 pass
@@ -186,7 +193,7 @@ def memory(kind: str, keys: int, root: str, step: str) -> dict[str, float]:
     import pyarrow as pa
 
     from asyncio_ops._checkpoint import CheckpointStorage
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedOptions, KeyedProcessSpec, TaskInfo
     from asyncio_ops._runtime import _keyed_partition as partition
 
     os.environ["ASYNCIO_OPS_PARKED"] = "0"
@@ -205,9 +212,9 @@ def memory(kind: str, keys: int, root: str, step: str) -> dict[str, float]:
         return [batch(ks[i : i + 10_000]) for i in range(0, len(ks), 10_000)]
 
     spec = KeyedProcessSpec(
-        function=Counted(), key_columns=("k",), output_schema=pa.schema([("k", pa.int64())]),
-        max_parallelism=MAXP, checkpoint=CheckpointStorage(str(Path(root) / "ckpt"), "bench"),
-        state_backend=kind,
+        options=KeyedOptions.of(max_parallelism=MAXP, state_backend=kind),
+        function=Counted(), key=("k",), output_schema=pa.schema([("k", pa.int64())]),
+        batch_size=10_000, checkpoint=CheckpointStorage(str(Path(root) / "ckpt"), "bench"),
     )  # fmt: skip
     todo = (
         batches(list(range(keys))) if step == "bulk"

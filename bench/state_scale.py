@@ -665,7 +665,14 @@ def breakdown(keys: int, repeat: int = 3) -> None:
     import asyncio_ops.state._keyed_snapshot as keyed_snapshot
     from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
+    from asyncio_ops._runtime import (
+        KEY_GROUP_COLUMN,
+        KeyedOptions,
+        KeyedProcessSpec,
+        TaskInfo,
+        _parked,
+        _warm,
+    )
     from asyncio_ops._runtime import _keyed_partition as partition
     from asyncio_ops._runtime._sink import ArrowSink
     from asyncio_ops.state import RocksDBKeyedStateBackend
@@ -735,10 +742,10 @@ def breakdown(keys: int, repeat: int = 3) -> None:
             os.environ["ASYNCIO_OPS_PARKED"] = str(root / "parked")  # parked as in a job
             try:
                 spec = KeyedProcessSpec(
-                    function=RunningCount(), key_columns=("k",), max_parallelism=maxp,
+                    options=KeyedOptions.of(max_parallelism=maxp, state_backend=backend),
+                    function=RunningCount(), key=("k",), batch_size=10_000,
                     output_schema=pa.schema([("k", pa.int64()), ("n", pa.int64())]),
                     checkpoint=CheckpointStorage(str(root / "ckpt"), "bench"),
-                    state_backend=backend,
                 )  # fmt: skip
                 t0 = time.perf_counter()
                 for _ in partition.run_keyed_process(spec, batches, TaskInfo(0, 1, batch_id=0)):

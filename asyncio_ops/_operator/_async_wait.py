@@ -33,7 +33,7 @@ from .._functions import (
     as_async_function,
     maybe_await,
 )
-from .._limit import DEFAULT_MAX_CAPACITY, AdaptiveLimit
+from .._limit import AdaptiveLimit
 from .._queues import make_queue
 from .._retry import AsyncRetryStrategy
 from .._snapshot import OperatorSnapshot
@@ -42,6 +42,7 @@ from .._timeout_slots import TimeoutSlots
 from .._timers import InternalTimerService
 from ..options import (
     DEFAULT_CAPACITY,
+    DEFAULT_MAX_CAPACITY,
     OutputMode,
     capacity_or_auto,
     non_negative_int,

@@ -5,6 +5,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 :class:`TaskInfo`, and consumes the iterator it returns (the shape of
 ``DataFrame.mapInArrow``). One job per module:
 
+- ``_options``: every option of the operators over partitions, once, with its default;
 - ``_spec``: what the driver sends (:class:`PartitionSpec`) and what a task is (:class:`TaskInfo`);
 - ``_worker``: the worker process (one event loop, the opened functions);
 - ``_adapters``: the user's function as the operator sees it (rows, chunks, Arrow);
@@ -46,17 +47,24 @@ from ._keyed_partition import (
 from ._keyed_partition import OPERATOR as KEYED_PROCESS
 from ._leases import hold_versions, lease_noted
 from ._metrics import RunMetrics
+from ._options import (
+    CHUNK_AUTO,
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_FLUSH_ROWS,
+    ON_EMPTY,
+    STATE_BACKENDS,
+    KeyedOptions,
+    PartitionOptions,
+    WaitOptions,
+)
 from ._partition import run_partition
 from ._replay_log import read_segment, segment_of
 from ._seed import InitialStateFn, clear_seed, write_seed
 from ._spec import (
-    DEFAULT_FLUSH_INTERVAL,
-    DEFAULT_FLUSH_ROWS,
     ERROR_COLUMN,
     ERROR_TYPE,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
-    STATE_BACKENDS,
     KeyedProcessSpec,
     PartitionSpec,
     TaskInfo,
@@ -76,6 +84,7 @@ from ._worker import MAX_OPEN_FUNCTIONS, WorkerRuntime
 
 __all__ = [
     "ASYNC_WAIT",
+    "CHUNK_AUTO",
     "DEFAULT_FLUSH_INTERVAL",
     "DEFAULT_FLUSH_ROWS",
     "ERROR_COLUMN",
@@ -85,18 +94,22 @@ __all__ = [
     "KEY_SCHEMA",
     "LATE_COLUMN",
     "MAX_OPEN_FUNCTIONS",
+    "ON_EMPTY",
     "ROW",
     "STATE_BACKENDS",
     "STATE_TYPES",
     "CarriedFormat",
     "Chain",
     "InitialStateFn",
+    "KeyedOptions",
     "KeyedProcessSpec",
+    "PartitionOptions",
     "PartitionSpec",
     "RunMetrics",
     "StateTypes",
     "TaskInfo",
     "VersionFiles",
+    "WaitOptions",
     "WorkerRuntime",
     "all_chains",
     "carried_elements",

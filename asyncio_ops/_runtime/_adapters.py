@@ -153,7 +153,7 @@ class RowFunction(AsyncFunction[Any, Any]):
             user.bind_output_columns(self.columns)
         if isinstance(user, SupportsOutputSchema):  # e.g. a model asked for typed JSON
             user.bind_output_schema(pa.schema([spec.output_schema.field(c) for c in self.columns]))
-        self.keep = spec.keep_input_columns
+        self.keep = spec.options.keep_input_columns
         # on_empty="keep": a row without results is emitted once, its output columns null
         self.keep_empty = spec.on_empty == "keep"
         self.log: ReplayLog | None = None

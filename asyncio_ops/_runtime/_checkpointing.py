@@ -113,8 +113,8 @@ def run_version(spec: PartitionSpec, task: TaskInfo) -> Version:
     """The version this task reads and writes (see the module docstring)."""
     if task.batch_id is not None:
         return task.batch_id
-    if spec.checkpoint_version is not None:
-        return spec.checkpoint_version
+    if spec.options.checkpoint_version is not None:
+        return spec.options.checkpoint_version
     # <start>-<action>-<token>: the name orders runs (CheckpointStorage.runs), never a
     # modification time, which object stores do not keep for directories
     if task.execution_id is not None:
@@ -145,7 +145,7 @@ class PartitionCheckpoint:
         self.kind = ARROW if columnar else ROWS if spec.chunk_size is not None else ROW
         self.log = ReplayLog(
             self.storage, self.version, self.partition, log_type,
-            spec.flush_rows, spec.flush_interval,
+            spec.options.checkpoint_flush_rows, spec.options.checkpoint_flush_interval,
         )  # fmt: skip
 
     # -- replay log ------------------------------------------------------------------------
@@ -210,15 +210,15 @@ class PartitionCheckpoint:
         spec = self.spec
         return CarryOver(
             ElementSerializer(kind or self.kind, spec.output_schema, input_schema),
-            max_parallelism=spec.max_parallelism,
+            max_parallelism=spec.options.max_parallelism,
             key_groups=self._key_groups(num_partitions),
-            state_backend=spec.state_backend,
+            state_backend=spec.options.state_backend,
         )
 
     def _key_groups(self, num_partitions: int) -> KeyGroupRange:
         """The key groups this partition owns at ``num_partitions`` partitions."""
         return compute_key_group_range_for_operator_index(
-            self.spec.max_parallelism, num_partitions, self.partition
+            self.spec.options.max_parallelism, num_partitions, self.partition
         )
 
     def _narrow(self) -> bool:
@@ -226,7 +226,7 @@ class PartitionCheckpoint:
         manifests of partition 0 and of its key groups' old owners (its own, at the same
         number of partitions), not every partition's (whose watermarks no one reads): its
         requests do not grow with the number of partitions."""
-        return bool(self.spec.key_columns) and self.spec.event_time is None
+        return bool(self.spec.key) and self.spec.options.event_time is None
 
     def _previous_files(self) -> VersionFiles | None:
         """The previous micro-batch's version (read once per partition)."""
@@ -235,7 +235,8 @@ class PartitionCheckpoint:
             found = None
             if previous is not None:
                 p = self.task.num_partitions or 1
-                mine = (self._key_groups(p), self.spec.max_parallelism) if self._narrow() else None
+                maxp = self.spec.options.max_parallelism
+                mine = (self._key_groups(p), maxp) if self._narrow() else None
                 found = read_previous(self.storage, previous, mine, p)
             if self.streaming:  # another query's state is never restored (nor overwritten)
                 assert isinstance(self.version, int)
@@ -270,7 +271,7 @@ class PartitionCheckpoint:
             return None
         previous = found.version
         found.check_operator(ASYNC_WAIT)
-        keyed = bool(self.spec.key_columns)
+        keyed = bool(self.spec.key)
         p_new = self.task.num_partitions or 1
         written = carried_format(found, keyed, self.kind)
         input_schema, kind = written.input_schema, written.kind
@@ -294,7 +295,7 @@ class PartitionCheckpoint:
             converted = as_kind(carry.batches.elements(stored), kind, self.kind)
             now = self._carry_over(input_schema, p_new).batches
             stored = pa.Table.from_batches([now.to_batch(converted, deadlines=True)])
-        event_time = self.spec.event_time is not None
+        event_time = self.spec.options.event_time is not None
         entries = in_order(stored, self.kind, input_schema, self.spec.output_schema, event_time)
         current = watermarks.current
         if event_time and current > pc.max(stored.column("after_watermark")).as_py():
@@ -311,7 +312,7 @@ class PartitionCheckpoint:
                 f"{found.paths[marked.index(False)]} hold in-flight elements in two layouts "
                 "(of two releases): run the micro-batch again with one release"
             )
-        maxp = self.spec.max_parallelism
+        maxp = self.spec.options.max_parallelism
         if marked and marked[0]:
             return carry.restore_keyed(found.element_sections(carry.key_groups, maxp))
         return carry.restore_keyed_state(found.key_group_sections(carry.key_groups, maxp))
@@ -332,7 +333,7 @@ class PartitionCheckpoint:
         self.start_retention()
         p = self.task.num_partitions or 1
         carry = self._carry_over(input_schema, p)
-        keyed = bool(self.spec.key_columns)
+        keyed = bool(self.spec.key)
         stored = to_stored(remaining, self.partition, self.kind)
         sections: dict[int, Section] = {}
         if keyed:
@@ -364,7 +365,7 @@ class PartitionCheckpoint:
         :meth:`end_retention`."""
         if self._retention is None and self.partition == 0 and isinstance(self.version, int):
             self._retention = Retention(
-                self.storage, self.version, self.spec.retain_versions, None, chained=False
+                self.storage, self.version, self.spec.options.retain_versions, None, chained=False
             )
 
     def end_retention(self) -> None:
@@ -377,7 +378,7 @@ class PartitionCheckpoint:
         if self.partition != 0 or not isinstance(self.version, str):
             return
         runs = [r for r in self.storage.runs() if r != self.version]
-        keep = self.spec.retain_versions - 1
+        keep = self.spec.options.retain_versions - 1
         self.storage.delete_versions(runs[: max(0, len(runs) - keep)])
 
     # -- state of the function itself (e.g. a lookup cache) -----------------------------------

@@ -162,7 +162,7 @@ class Feeder:
         size = self.spec.chunk_size
         assert size is not None
         groups: list[int] | None = None
-        if self.spec.key_columns:
+        if self.spec.key:
             if batch is not None:
                 groups = batch.column(KEY_GROUP_COLUMN).to_pylist()
             else:
@@ -173,10 +173,10 @@ class Feeder:
         if watermarks is None:
             self._cut(range(n), None, None, groups, size, out)
             return out
-        column = self.spec.event_time
+        column = self.spec.options.event_time
         assert column is not None
         values = batch.column(column).to_pylist() if batch is not None else None
-        drop_late = self.spec.late_records == "drop"
+        drop_late = self.spec.options.late_records == "drop"
         kept: list[int] = []
         flags: list[bool] = []
         stamps: list[float] = []
@@ -268,8 +268,8 @@ class Feeder:
             # the common case, kept lean: one RowValue per row, no per-row branches
             await op.process_elements([RowValue(row) for row in rows])
             return
-        column = self.spec.event_time
-        drop_late = self.spec.late_records == "drop"
+        column = self.spec.options.event_time
+        drop_late = self.spec.options.late_records == "drop"
         watermarks = self.watermarks
         numbered = self.replay is not None
         inputs: list[Any] = []

@@ -116,7 +116,7 @@ def run_keyed_process(
     """Run ``spec.function`` over one partition's batches; yield output batches lazily."""
     p = task.num_partitions or 1
     key_groups = compute_key_group_range_for_operator_index(
-        spec.max_parallelism, p, task.partition_id
+        spec.options.max_parallelism, p, task.partition_id
     )
     streaming = task.batch_id is not None
     if streaming and spec.checkpoint is None:  # the driver refuses this; a worker never runs it
@@ -125,15 +125,15 @@ def run_keyed_process(
     if streaming:  # whose state: this query's, this uid's (refused otherwise)
         assert spec.checkpoint is not None and task.batch_id is not None
         claim(spec.checkpoint, task.batch_id, task.query_id, previous,
-              spec.allow_non_restored_state)  # fmt: skip
+              spec.options.allow_non_restored_state)  # fmt: skip
     warm_key = _warm_key(spec, task) if streaming else None
     held = _proven(spec, task, previous, _warm.take(warm_key)) if warm_key else None
     parked = None
-    if held is None and warm_key is not None and spec.state_backend == "rocksdb":
+    if held is None and warm_key is not None and spec.options.state_backend == "rocksdb":
         parked = _parked.claim(
             warm_key,
             lambda path, seq: RocksDBKeyedStateBackend(
-                path=path, max_parallelism=spec.max_parallelism, key_group_range=key_groups,
+                path=path, max_parallelism=spec.options.max_parallelism, key_group_range=key_groups,
                 adopt=seq,
             ),
             lambda version, writer: _committed(spec, task, previous, version, writer),
@@ -146,12 +146,14 @@ def run_keyed_process(
     else:
         backend = _new_backend(spec, key_groups)
     sink = ArrowSink(spec.output_schema, spec.output_schema.names, spec.batch_size)
-    key_of = key_selector(spec.key_columns)
+    key_of = key_selector(spec.key)
     op = _operator(spec, task, backend, sink, key_of)
     adopted = parked is not None
     watermarks = (
-        BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
-        if spec.event_time is not None
+        BoundedOutOfOrderness(
+            spec.options.watermark_delay or 0.0, spec.options.watermark_interval
+        )
+        if spec.options.event_time is not None
         else None
     )
     kept = False
@@ -160,7 +162,7 @@ def run_keyed_process(
         if streaming and task.partition_id == 0:  # beside the task on a remote store
             assert spec.checkpoint is not None and task.batch_id is not None
             retention = Retention(
-                spec.checkpoint, task.batch_id, spec.retain_versions, _kept_from(previous)
+                spec.checkpoint, task.batch_id, spec.options.retain_versions, _kept_from(previous)
             )
         restored = WatermarkState()
         chains: dict[int, Chain] = {}
@@ -233,7 +235,8 @@ def run_keyed_process(
             _warn_unclaimed(spec, task, backend)
             assert warm_key is not None and task.batch_id is not None
             kept = _warm.put(warm_key, _warm.Warm(task.batch_id, writer, op, chains))
-            if kept and spec.state_backend == "rocksdb" and not backend.unclaimed_state_names():
+            rocksdb = spec.options.state_backend == "rocksdb"
+            if kept and rocksdb and not backend.unclaimed_state_names():
                 _parked.park(warm_key, task.batch_id, writer, backend,
                              op.timer_service.snapshot, chains)  # fmt: skip
     finally:
@@ -252,7 +255,7 @@ def _new_backend(spec: KeyedProcessSpec, key_groups: KeyGroupRange) -> KeyedStat
     """An empty backend of the spec's kind. Spark names every key's group (rows:
     ``__aops_key_group``; timers: where they are filed), so it remembers groups per
     task, not per key stored (``require_assigned_groups``)."""
-    backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+    backend = make_backend(spec.options.state_backend, spec.options.max_parallelism, key_groups)
     backend.require_assigned_groups()
     return backend
 
@@ -283,7 +286,7 @@ def _process(
     watermarks: BoundedOutOfOrderness | None,
     batch: pa.RecordBatch,
 ) -> None:
-    column = spec.event_time
+    column = spec.options.event_time
     assign = backend.assign_key_group
     # the key groups apart from the rows (no pop per row)
     at = batch.schema.get_field_index(KEY_GROUP_COLUMN)
@@ -348,7 +351,7 @@ def _previous(
     assert spec.checkpoint is not None and task.batch_id is not None
     if task.batch_id <= 0:
         return None
-    owners = (key_groups, spec.max_parallelism) if spec.event_time is None else None
+    owners = (key_groups, spec.options.max_parallelism) if spec.options.event_time is None else None
     found = read_previous(spec.checkpoint, task.batch_id - 1, owners, task.num_partitions or 1)
     if found is not None:
         found.check_operator(OPERATOR)
@@ -360,7 +363,7 @@ def _warm_key(spec: KeyedProcessSpec, task: TaskInfo) -> tuple[object, ...]:
     assert storage is not None
     return (
         storage.location, storage.uid, spec.plan_token, task.partition_id,
-        task.num_partitions or 1, spec.state_backend, spec.max_parallelism,
+        task.num_partitions or 1, spec.options.state_backend, spec.options.max_parallelism,
     )  # fmt: skip
 
 
@@ -421,7 +424,7 @@ def _sync(
     that moved here reads them locally next time)."""
     assert spec.checkpoint is not None
     kgr: KeyGroupRange = op.backend.key_group_range
-    target = previous.chains(kgr, spec.max_parallelism) if previous is not None else {}
+    target = previous.chains(kgr, spec.options.max_parallelism) if previous is not None else {}
     rests: dict[int, Chain] = {}
     tails: set[int] = set()
     for kg in kgr:
@@ -490,7 +493,7 @@ def _snapshot(
     longer restored (``drop_manifest``)."""
     assert spec.checkpoint is not None and task.batch_id is not None
     version = task.batch_id
-    interval = spec.full_snapshot_interval
+    interval = spec.options.full_snapshot_interval
     full = {
         kg for kg in op.backend.key_group_range
         if kg not in chains or full_due(chains[kg], kg, version, interval)
@@ -516,7 +519,7 @@ def _snapshot(
     )  # fmt: skip
     if retention is not None:
         retention.join()
-    restorable = max(spec.retain_versions, _parked.PARK_EVERY)
+    restorable = max(spec.options.retain_versions, _parked.PARK_EVERY)
     drop_manifest(spec.checkpoint, version, task.partition_id, restorable)
     return writer, written
 

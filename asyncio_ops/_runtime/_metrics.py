@@ -8,7 +8,7 @@ is the number of chunks the rows travelled in (0 on the per-row path).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .._statistics import LatencyHistogram
 
@@ -128,3 +128,9 @@ class RunMetrics:
             else [self.capacity_low, self.capacity_high],
             "capacity_cuts": self.capacity_cuts,
         }
+
+
+class MetricsSink(Protocol):
+    """Where the driver sums the runs' metrics (the Spark layer's ``AsyncMetrics``)."""
+
+    def _add(self, metrics: RunMetrics) -> None: ...

@@ -69,7 +69,7 @@ def error_row_handler(spec: PartitionSpec, row_fn: RowFunction) -> FailureHandle
     A result that does not fit the output schema and a checkpoint that cannot
     be written are not failed lookups: they fail the partition loudly.
     """
-    if spec.on_error != "error_column":
+    if spec.options.on_error != "error_column":
         return None
 
     def handler(record: Record[Any], exc: BaseException, attempts: int) -> list[Any]:
@@ -83,7 +83,7 @@ def error_row_handler(spec: PartitionSpec, row_fn: RowFunction) -> FailureHandle
 def _key_selector(spec: PartitionSpec) -> Callable[[Any], Any] | None:
     """The operator's key of an element: the key columns of a row; for a chunk (all
     its rows of one key group, see the feeder) the key group that the JVM computed."""
-    cols = spec.key_columns
+    cols = spec.key
     if not cols:
         return None
     if spec.chunk_size is not None:
@@ -104,10 +104,10 @@ def _operator(
     return AsyncWaitOperator(
         row_fn,
         output=sink,
-        timeout=spec.timeout,
+        timeout=spec.options.timeout,
         capacity=spec.capacity if limiter is None else limiter,
         mode=spec.mode,
-        retry=spec.retry,
+        retry=spec.options.retry,
         on_failure=error_row_handler(spec, row_fn),
         manage_function=False,
         key_selector=_key_selector(spec),
@@ -123,7 +123,7 @@ def _operator(
             weight=chunk_rows if spec.chunk_size is not None else None,
         ),
         output_buffer=spec.output_buffer,
-        max_capacity=spec.max_capacity,
+        max_capacity=spec.options.max_capacity,
     )
 
 
@@ -216,12 +216,14 @@ def run_partition(
     start = ckpt.previous_limit() if ckpt is not None and spec.capacity == "auto" else None
     op = _operator(spec, row_fn, sink, columnar, runtime.limiter(spec, start))
     if op.limiter is not None:  # its log lines name the operator and the partition
-        op.limiter.name = f"capacity of {spec.operator_uid}, partition {task.partition_id}"
+        op.limiter.name = f"capacity of {spec.uid}, partition {task.partition_id}"
     started = time.perf_counter()
     counted_before = _function_counters(user_fn)
     watermarks = (
-        BoundedOutOfOrderness(spec.watermark_delay, spec.watermark_interval)
-        if spec.event_time is not None
+        BoundedOutOfOrderness(
+            spec.options.watermark_delay or 0.0, spec.options.watermark_interval
+        )
+        if spec.options.event_time is not None
         else None
     )
     replay = None
@@ -255,7 +257,8 @@ def run_partition(
             metrics.max_in_flight = max(metrics.max_in_flight, len(op))
             if sink.full() or sink.batch_full():
                 yield from sink.take()
-        drained = runtime.run(_drain(op, spec.drain_timeout))  # drain_timeout needs a checkpoint
+        # drain_timeout needs a checkpoint
+        drained = runtime.run(_drain(op, spec.options.drain_timeout))
         if ckpt is not None:
             remaining = op.snapshot_state().entries if not drained else ()
             metrics.carried_over = sum(

@@ -69,18 +69,18 @@ def write_seed(
     assert storage is not None
     p = task.num_partitions or 1
     key_groups = compute_key_group_range_for_operator_index(
-        spec.max_parallelism, p, task.partition_id
+        spec.options.max_parallelism, p, task.partition_id
     )
-    backend = make_backend(spec.state_backend, spec.max_parallelism, key_groups)
+    backend = make_backend(spec.options.state_backend, spec.options.max_parallelism, key_groups)
     op = KeyedProcessOperator(
-        spec.function, key_selector(spec.key_columns), backend=backend, output=lambda _: None,
+        spec.function, key_selector(spec.key), backend=backend, output=lambda _: None,
         schedule_timers=False,
         runtime_context=RuntimeContext(
             task_name="keyed_process initial state", index_of_this_subtask=task.partition_id,
             number_of_parallel_subtasks=p, attempt_number=task.attempt_number,
         ),
     )  # fmt: skip
-    key_of = key_selector(spec.key_columns)
+    key_of = key_selector(spec.key)
     rows: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
     for batch in batches:
         for row in batch.to_pylist():

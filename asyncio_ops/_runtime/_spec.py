@@ -16,10 +16,9 @@ import pyarrow as pa
 
 from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
-from .._limit import DEFAULT_MAX_CAPACITY
-from .._retry import AsyncRetryStrategy
 from ..options import OutputMode
 from ..state import KeyedProcessFunction
+from ._options import KeyedOptions, WaitOptions
 
 ERROR_COLUMN: Final = "_error"
 KEY_GROUP_COLUMN: Final = "__aops_key_group"
@@ -32,17 +31,19 @@ ERROR_TYPE: Final = pa.struct(
     ]
 )
 
-STATE_BACKENDS: Final = ("heap", "rocksdb")
-"""Where a streaming micro-batch's carry-over state is built: Python dicts, or RocksDB."""
-DEFAULT_FLUSH_ROWS: Final = 1000
-"""Completed lookups logged in memory before the replay log is written (checkpoints)."""
-DEFAULT_FLUSH_INTERVAL: Final = 1.0
-"""Seconds after which logged lookups are written even if fewer than the flush count."""
 
 
 @dataclass(frozen=True)
 class PartitionSpec:
     """Everything a worker needs to run one async operator over a partition.
+
+    ``options`` are the operator's options as given (checked, canonical); the
+    other fields are what the Spark layer resolved from them, the DataFrame and
+    the function, each under its option's name where it has one: ``key`` (the
+    key columns, none without ``key=``), ``capacity``, ``on_empty``,
+    ``batch_size``, ``chunk_size`` (rows per chunk, None: one element per row),
+    ``output_buffer``, ``uid``, ``num_partitions`` and ``checkpoint`` (the
+    storage at ``checkpoint_location``, None without one).
 
     ``run_token`` identifies the DataFrame this spec was built for (random,
     chosen on the driver): with the task's SQL execution id it names a batch
@@ -52,39 +53,24 @@ class PartitionSpec:
     known) leads the run's name, so that runs sort in the order they ran.
     """
 
+    options: WaitOptions
     function: AsyncFunction[Any, Any]
     function_token: str
     mode: OutputMode
-    timeout: float
-    capacity: int | str  # or "auto": an adaptive limit up to max_capacity
-    retry: AsyncRetryStrategy | None
     output_schema: pa.Schema
     added_columns: tuple[str, ...]
-    keep_input_columns: bool = True
-    on_error: str = "fail"
-    on_empty: str = "drop"
+    capacity: int | str  # or "auto": an adaptive limit up to options.max_capacity
+    on_empty: str
+    output_buffer: int
+    batch_size: int
+    uid: str
+    key: tuple[str, ...] = ()
+    chunk_size: int | None = None
+    num_partitions: int | None = None
+    checkpoint: CheckpointStorage | None = None
     # what the function receives for a row, made from the row dict (None: the dict);
     # the Spark layer passes pyspark's Row for rows_as="row"
     row_factory: Callable[..., Any] | None = None
-    event_time: str | None = None
-    watermark_delay: float = 0.0
-    watermark_interval: int = 1000
-    late_records: str = "keep"
-    key_columns: tuple[str, ...] = ()
-    batch_size: int = 10_000
-    operator_uid: str = "async-wait"
-    num_partitions: int | None = None
-    max_parallelism: int = 128
-    checkpoint: CheckpointStorage | None = None
-    checkpoint_version: int | None = None
-    drain_timeout: float | None = None
-    retain_versions: int = 10
-    chunk_size: int | None = None
-    output_buffer: int = 0
-    max_capacity: int = DEFAULT_MAX_CAPACITY
-    flush_rows: int = DEFAULT_FLUSH_ROWS
-    flush_interval: float = DEFAULT_FLUSH_INTERVAL
-    state_backend: str = "heap"
     run_token: str = ""
     run_epoch: int = 0
 
@@ -93,33 +79,26 @@ class PartitionSpec:
 class KeyedProcessSpec:
     """Everything a worker needs to run a :class:`KeyedProcessFunction` over a partition.
 
-    ``output_schema`` is the schema of the rows the function emits (nothing
-    else is output); ``checkpoint`` holds the state between micro-batches.
+    ``options`` are ``keyed_process``'s options as given; ``key`` (the key
+    columns), ``batch_size``, ``num_partitions`` and ``checkpoint`` (the storage
+    at ``checkpoint_location``) are resolved from them. ``output_schema`` is the
+    schema of the rows the function emits (nothing else is output);
+    ``checkpoint`` holds the state between micro-batches.
     """
 
+    options: KeyedOptions
     function: KeyedProcessFunction[Any, Any, Any]
-    key_columns: tuple[str, ...]
+    key: tuple[str, ...]
     output_schema: pa.Schema
-    event_time: str | None = None
-    watermark_delay: float = 0.0
-    watermark_interval: int = 1000
-    max_parallelism: int = 128
+    batch_size: int
     num_partitions: int | None = None
     checkpoint: CheckpointStorage | None = None
-    state_backend: str = "heap"
-    retain_versions: int = 10
-    batch_size: int = 10_000
-    # incremental checkpoints: a key group's full state every this many versions
-    full_snapshot_interval: int = 50
     # the key columns' names and Spark types (a StructType's JSON), written into each
     # manifest so read_state gives the keys back as columns; "" writes none
     key_schema: str = ""
     # initial state: the checkpoint holds a seed (``_seed``) that micro-batch 0 or the
     # batch job applies before ``open``
     seeded: bool = False
-    # a query that restores may start this operator empty although the location holds
-    # state of its other uids (Flink's allowNonRestoredState; see _versions.claim)
-    allow_non_restored_state: bool = False
     # drawn once per spec (on the driver, per DataFrame built; workers get copies):
     # keys the state a worker keeps warm, so another function never finds it
     plan_token: str = field(default_factory=lambda: uuid.uuid4().hex)

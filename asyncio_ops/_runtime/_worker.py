@@ -101,7 +101,7 @@ class WorkerRuntime:
                 self._close(token, old)
             fn = spec.function
             context = RuntimeContext(
-                task_name=spec.operator_uid,
+                task_name=spec.uid,
                 index_of_this_subtask=task.partition_id,
                 number_of_parallel_subtasks=task.num_partitions,
                 attempt_number=task.attempt_number,
@@ -120,8 +120,8 @@ class WorkerRuntime:
             return None
         last = start if start is not None else self.limits.get(self._limit_key(spec))
         if last is None:
-            return AdaptiveLimit(maximum=spec.max_capacity)
-        return AdaptiveLimit(initial=last, maximum=spec.max_capacity)
+            return AdaptiveLimit(maximum=spec.options.max_capacity)
+        return AdaptiveLimit(initial=last, maximum=spec.options.max_capacity)
 
     def remember(self, spec: PartitionSpec, limiter: AdaptiveLimit | None) -> None:
         """Keep where a partition's limit ended, for the next one calling its service

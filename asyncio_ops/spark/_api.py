@@ -40,9 +40,11 @@ from .._functions import (
 )
 from .._retry import AsyncRetryStrategy
 from .._runtime import (
+    CHUNK_AUTO,
     ERROR_COLUMN,
     KEY_GROUP_COLUMN,
     LATE_COLUMN,
+    ON_EMPTY,
     PartitionSpec,
     run_partition,
 )
@@ -60,13 +62,7 @@ from ._frame import as_struct, batch_size_of, event_time_column, key_columns, ta
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
 from ._metrics import AsyncMetrics
-from ._options import (
-    CHUNK_AUTO,
-    ON_EMPTY,
-    WAIT_SIGNATURE,
-    WaitKeywords,
-    WaitOptions,
-)
+from ._options import WAIT_SIGNATURE, WaitKeywords, WaitOptions
 from ._preflight import preflight as run_preflight
 
 if TYPE_CHECKING:
@@ -194,38 +190,23 @@ def _wait(
     arrow_schema = pa.schema([f.with_nullable(True) for f in arrow_schema])
 
     spec = PartitionSpec(
+        options=options,
         function=function,
         function_token=uuid.uuid4().hex,
         mode=mode,
-        timeout=options.timeout,
-        capacity=capacity,
-        retry=options.retry,
         output_schema=arrow_schema,
         added_columns=tuple(f.name for f in added.fields),
-        keep_input_columns=keep_input_columns,
-        on_error=options.on_error,
+        capacity=capacity,
         # not given: the function's own default (a connector keeps, a plain function drops)
         on_empty=options.on_empty or _default_on_empty(function),
-        row_factory=row_of if options.rows_as == "row" else None,
-        event_time=event_col,
-        watermark_delay=options.watermark_delay or 0.0,
-        watermark_interval=options.watermark_interval,
-        late_records=options.late_records,
-        key_columns=key_cols,
-        batch_size=batch_size,
-        operator_uid=operator_uid,
-        num_partitions=parts,
-        max_parallelism=options.max_parallelism,
-        checkpoint=storage,
-        checkpoint_version=options.checkpoint_version,
-        drain_timeout=options.drain_timeout,
-        retain_versions=options.retain_versions,
-        chunk_size=chunk_rows,
         output_buffer=options.output_buffer_for(capacity),
-        max_capacity=options.max_capacity,
-        flush_rows=options.checkpoint_flush_rows,
-        flush_interval=options.checkpoint_flush_interval,
-        state_backend=options.state_backend,
+        batch_size=batch_size,
+        uid=operator_uid,
+        key=key_cols,
+        chunk_size=chunk_rows,
+        num_partitions=parts,
+        checkpoint=storage,
+        row_factory=row_of if options.rows_as == "row" else None,
         run_token=uuid.uuid4().hex[:16],
         run_epoch=run_epoch(df.sparkSession),
     )

@@ -21,8 +21,7 @@ import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -46,35 +45,25 @@ from ._checkpoint_location import DESCRIBED, checkpoint_storage, plan_tag
 from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
 from ._keyed import partition_by_key_group
 from ._keywords import known_keywords
-from ._options import KeyedOptions
+from ._options import KEYED_SIGNATURE, KeyedKeywords, KeyedOptions
 from ._preflight import preflight as run_preflight
 from ._state_check import check_state_schema, newest_complete
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("asyncio_ops.spark")
 
 
-@known_keywords()
 def keyed_process(
     df: DataFrame,
     fn: KeyedProcessFunction[Any, Any, Any],
     *,
     key: str | Sequence[str],
     output_schema: str | StructType,
-    event_time: str | None = None,
-    watermark_delay: float | timedelta | str | None = None,
-    watermark_interval: int = 1000,
-    checkpoint_location: str | None = None,
-    state_backend: str = "heap",
-    max_parallelism: int = 128,
-    num_partitions: int | None = None,
-    uid: str | None = None,
-    retain_versions: int = 10,
-    batch_size: int | None = None,
-    full_snapshot_interval: int = 50,
-    preflight: bool = True,
-    allow_non_restored_state: bool = False,
     initial_state: DataFrame | None = None,
     initial_state_fn: InitialStateFn | None = None,
+    **options: Unpack[KeyedKeywords],
 ) -> DataFrame:
     """Run ``fn`` per key of ``df``, with keyed state and timers; returns its output rows.
 
@@ -130,18 +119,11 @@ def keyed_process(
         raise ConfigurationError(
             f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"
         )
-    options = KeyedOptions.of(
-        event_time=event_time, watermark_delay=watermark_delay,
-        watermark_interval=watermark_interval, checkpoint_location=checkpoint_location,
-        state_backend=state_backend, max_parallelism=max_parallelism,
-        num_partitions=num_partitions, uid=uid, retain_versions=retain_versions,
-        batch_size=batch_size, full_snapshot_interval=full_snapshot_interval,
-        preflight=preflight, allow_non_restored_state=allow_non_restored_state,
-    )  # fmt: skip
+    opts = KeyedOptions.of(**options)
     key_cols = key_columns(key, df)
     if not key_cols:
         raise ConfigurationError("keyed_process needs key= (a column name or a list of names)")
-    event_col = event_time_column(options.event_time, df)
+    event_time_column(opts.event_time, df)  # checked: it exists, with a usable type
     out_struct = as_struct(output_schema, "output_schema")
     if not out_struct.fields:
         raise ConfigurationError(f"output_schema declares no columns ({output_schema!r})")
@@ -150,9 +132,9 @@ def keyed_process(
     arrow_schema = pa.schema([f.with_nullable(True) for f in arrow_schema])
 
     storage: CheckpointStorage | None = None
-    if checkpoint_location is not None:
-        operator_uid = options.uid or _default_uid(fn, key_cols, df)
-        storage = checkpoint_storage(df, checkpoint_location, operator_uid)
+    if opts.checkpoint_location is not None:
+        operator_uid = opts.uid or _default_uid(fn, key_cols, df)
+        storage = checkpoint_storage(df, opts.checkpoint_location, operator_uid)
     elif df.isStreaming:
         raise ConfigurationError(
             "keyed_process on a streaming DataFrame needs checkpoint_location=: state and "
@@ -165,26 +147,19 @@ def keyed_process(
     found = newest_complete(storage) if storage is not None and df.isStreaming else None
     if found is not None:
         assert storage is not None
-        check_state_schema(fn, storage, found, key_cols, df, options.preflight)
-    run_preflight(options.preflight, fn, df, out_struct)
+        check_state_schema(fn, storage, found, key_cols, df, opts.preflight)
+    run_preflight(opts.preflight, fn, df, out_struct)
 
-    df, parts = partition_by_key_group(df, key_cols, max_parallelism, num_partitions)
+    df, parts = partition_by_key_group(df, key_cols, opts.max_parallelism, opts.num_partitions)
     spec = KeyedProcessSpec(
+        options=opts,
         function=fn,
-        key_columns=key_cols,
+        key=key_cols,
         output_schema=arrow_schema,
-        event_time=event_col,
-        watermark_delay=options.watermark_delay or 0.0,
-        watermark_interval=watermark_interval,
-        max_parallelism=max_parallelism,
+        batch_size=batch_size_of(df, opts.batch_size),
         num_partitions=parts,
         checkpoint=storage,
-        state_backend=state_backend,
-        retain_versions=retain_versions,
-        batch_size=batch_size_of(df, options.batch_size),
-        full_snapshot_interval=options.full_snapshot_interval,
         key_schema=StructType([df.schema[c] for c in key_cols]).json(),
-        allow_non_restored_state=options.allow_non_restored_state,
     )
     if seed_fn is not None:
         assert initial_state is not None and storage is not None
@@ -192,19 +167,18 @@ def keyed_process(
         if restores is not None:
             log.info(
                 "keyed_process uid %r: initial_state ignored, the query restores from "
-                "checkpoint version %d of %s", storage.uid, restores, checkpoint_location,
+                "checkpoint version %d of %s", storage.uid, restores, opts.checkpoint_location,
             )  # fmt: skip
         else:
             spec = replace(spec, seeded=True)
-            _write_seed(spec, seed_fn, initial_state, key_cols, max_parallelism, parts)
+            _write_seed(spec, seed_fn, initial_state, parts)
 
     def partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from run_keyed_process(spec, batches, task_info(parts))
 
     if storage is not None:
-        assert checkpoint_location is not None
         # the plan names the operator's checkpoint (see _checkpoint_location)
-        partition.__name__ = plan_tag(checkpoint_location, storage.uid)
+        partition.__name__ = plan_tag(storage.location, storage.uid)
         kind = type(fn)
         DESCRIBED[partition.__name__] = f"keyed_process of {kind.__module__}.{kind.__qualname__}"
     return df.mapInArrow(partition, out_struct)
@@ -264,14 +238,14 @@ def _write_seed(
     spec: KeyedProcessSpec,
     seed_fn: InitialStateFn,
     initial_state: DataFrame,
-    key_cols: Sequence[str],
-    max_parallelism: int,
     parts: int,
 ) -> None:
     """Run the Spark job that writes the seed (see ``asyncio_ops._runtime._seed``)."""
     assert spec.checkpoint is not None
     clear_seed(spec.checkpoint)
-    routed, _ = partition_by_key_group(initial_state, key_cols, max_parallelism, parts)
+    routed, _ = partition_by_key_group(
+        initial_state, spec.key, spec.options.max_parallelism, parts
+    )
 
     def seed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from write_seed(spec, seed_fn, batches, task_info(parts))
@@ -290,3 +264,8 @@ def _default_uid(
     parts = [type(fn).__qualname__, ",".join(keys)]
     digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
     return f"keyed-process-{digest}"
+
+
+# what help() and inspect show, and the keywords a call is checked against: every option
+keyed_process.__signature__ = KEYED_SIGNATURE  # type: ignore[attr-defined]
+keyed_process = known_keywords()(keyed_process)

@@ -189,11 +189,11 @@ class _Pump:
         self._stopped = False  # the input abandoned
         self._done = False  # the runner returned or raised
         self._error: BaseException | None = None
-        self._timeout = spec.timeout
+        self._timeout = spec.options.timeout
         self._thread = threading.Thread(
             target=self._run,
             args=(spec, task_info(None), on_done),  # the task's context: read on Spark's thread
-            name=f"asyncio_ops {spec.operator_uid}",
+            name=f"asyncio_ops {spec.uid}",
             daemon=True,
         )
         self._thread.start()

@@ -33,6 +33,7 @@ from asyncio_ops._runtime import (
     run_partition,
 )
 from asyncio_ops.async_retry_predicates import has_exception_predicate
+from tests.runtime.specs import partition_spec
 
 
 class Columnar(AsyncFunction[Any, Any]):
@@ -73,7 +74,7 @@ def spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
         "batch_size": 25,
     }
     defaults.update(kw)
-    return PartitionSpec(**defaults)
+    return partition_spec(**defaults)
 
 
 def batches(n: int, size: int = 30) -> list[pa.RecordBatch]:
@@ -409,7 +410,7 @@ def test_a_retried_attempt_replays_completed_chunks(tmp_path: Any, kind: str) ->
 
     fn: Any = Rows(fail_at=150) if kind == "rows" else _fails_once_columnar(150)
     s = spec(fn, checkpoint=CheckpointStorage(str(tmp_path), "op"), checkpoint_version=3,
-             flush_rows=2, capacity=2)  # fmt: skip
+             checkpoint_flush_rows=2, capacity=2)  # fmt: skip
     with pytest.raises(AsyncOperatorError, match="boom in the chunk of 150"):
         run(s, 300)
     first = list(fn.chunks)
@@ -425,7 +426,7 @@ def test_a_retried_attempt_replays_completed_chunks(tmp_path: Any, kind: str) ->
         expected = [{"id": i, "label": f"c{i}"} for i in range(300) if i % 4]
     assert rows == expected  # in order, fan-out and filtered rows as the first time
     done_before = [c for c in first if 150 not in c]
-    # the chunks completed by the failed attempt were logged (flush_rows=2, and at the
+    # the chunks completed by the failed attempt were logged (checkpoint_flush_rows=2, and at the
     # failure) and are not requested again; the failed one and the rest are
     assert not set(map(tuple, done_before)) & set(map(tuple, fn.chunks))
     assert fn.chunks[0][0] == 150 and fn.chunks[-1][-1] == 299
@@ -441,7 +442,9 @@ def test_a_replay_log_of_another_element_kind_is_not_served(
     fn = HangsOnceAnyPath()
     fn.seen.update(range(300))  # nothing hangs
     storage = CheckpointStorage(str(tmp_path), "op")
-    per_row = spec(fn, checkpoint=storage, checkpoint_version=2, chunk_size=None, flush_rows=5)
+    per_row = spec(
+        fn, checkpoint=storage, checkpoint_version=2, chunk_size=None, checkpoint_flush_rows=5
+    )
     assert len(run(per_row, 60)) == 60  # its replay log holds 60 rows' lookups
     fn = _fails_once_columnar(10_000)  # never fails; counts its chunks
     columnar = spec(fn, checkpoint=storage, checkpoint_version=2)
@@ -595,7 +598,7 @@ class TaggedArrow(Tagged):
 
 def keyed_spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
     fields = [pa.field("id", pa.int64()), pa.field("k", pa.int64()), pa.field("ts", pa.float64())]
-    if kw.get("key_columns"):
+    if kw.get("key"):
         fields.append(pa.field(KEY_GROUP_COLUMN, pa.int32()))
     fields.append(pa.field("label", pa.string()))
     if kw.get("event_time"):
@@ -614,7 +617,7 @@ def keyed_spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
         "max_parallelism": MAXP,
     }
     defaults.update(kw)
-    return PartitionSpec(**defaults)
+    return partition_spec(**defaults)
 
 
 def keyed_batches(n: int, keyed: bool, size: int = 37) -> list[pa.RecordBatch]:
@@ -638,14 +641,14 @@ def keyed_batches(n: int, keyed: bool, size: int = 37) -> list[pa.RecordBatch]:
 
 
 def run_keyed(s: PartitionSpec, n: int) -> list[dict[str, Any]]:
-    out = list(run_partition(s, iter(keyed_batches(n, bool(s.key_columns))), TaskInfo()))
+    out = list(run_partition(s, iter(keyed_batches(n, bool(s.key))), TaskInfo()))
     return [r for b in out for r in b.to_pylist()]
 
 
 @pytest.mark.parametrize("cls", [Tagged, TaggedArrow])
 def test_keyed_chunks_hold_one_key_group_and_keep_each_keys_order(cls: type[Tagged]) -> None:
     fn = cls()
-    rows = run_keyed(keyed_spec(fn, key_columns=("k",)), 200)
+    rows = run_keyed(keyed_spec(fn, key=("k",)), 200)
     assert sorted(r["id"] for r in rows) == list(range(200))  # every row once
     assert all(r["label"] == f"x{r['id']}" for r in rows)
     assert all(len(g) == 1 for g in fn.groups) and len(fn.groups) == len(fn.chunks)
@@ -667,7 +670,7 @@ def test_event_time_chunks_mark_late_rows_as_row_mode_does(
         "late_records": late_records, "mode": OutputMode.WATERMARK_BOUNDED,
     }  # fmt: skip
     if keyed:
-        kw["key_columns"] = ("k",)
+        kw["key"] = ("k",)
     chunked = run_keyed(keyed_spec(cls(), **kw), 300)
     per_row = run_keyed(keyed_spec(Tagged(), chunk_size=None, **kw), 300)
     # the same rows, each with the lateness it had on arrival, as the row path decides it

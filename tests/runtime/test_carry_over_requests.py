@@ -31,6 +31,7 @@ from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
 from asyncio_ops._runtime._inflight import WatermarkState, snapshot_operator_state
 from asyncio_ops._runtime._versions import write_version
 from asyncio_ops._snapshot import SnapshotEntry
+from tests.runtime.specs import partition_spec
 
 IN = pa.schema([("id", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
 OUT = pa.schema([("score", pa.float64())])
@@ -42,10 +43,10 @@ async def echo(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _spec(location: str, keyed: bool, event_time: str | None = None) -> PartitionSpec:
-    return PartitionSpec(
+    return partition_spec(
         function=as_async_function(echo), function_token="t", mode=OutputMode.UNORDERED,
         timeout=60.0, capacity=100, retry=None, output_schema=OUT, added_columns=("score",),
-        key_columns=("id",) if keyed else (), checkpoint=CheckpointStorage(location, "op"),
+        key=("id",) if keyed else (), checkpoint=CheckpointStorage(location, "op"),
         num_partitions=4, event_time=event_time,
     )  # fmt: skip
 

@@ -27,6 +27,7 @@ from asyncio_ops import AsyncFunction, OutputMode
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
+from tests.runtime.specs import partition_spec
 
 MAXP = 16
 
@@ -86,12 +87,12 @@ def _spec(fn: HangsOnce, location: str, keyed: bool, parts: int, mode: OutputMod
     if keyed:
         fields.append(pa.field(KEY_GROUP_COLUMN, pa.int32()))
     fields.append(pa.field("v", pa.int64()))
-    return PartitionSpec(
+    return partition_spec(
         function=fn, function_token=token, mode=mode, timeout=600.0, capacity=16, retry=None,
         output_schema=pa.schema(fields), added_columns=("v",),
-        key_columns=("k",) if keyed else (), num_partitions=parts, max_parallelism=MAXP,
+        key=("k",) if keyed else (), num_partitions=parts, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(location, "op"), drain_timeout=drain,
-        flush_rows=3, batch_size=4, chunk_size=chunk, retain_versions=2,
+        checkpoint_flush_rows=3, batch_size=4, chunk_size=chunk, retain_versions=2,
     )  # fmt: skip
 
 

@@ -43,6 +43,7 @@ from asyncio_ops.state import (
     ValueStateDescriptor,
 )
 from tests.helpers import retention_threads
+from tests.runtime.specs import keyed_process_spec
 
 Row = dict[str, Any]
 OUTPUT = pa.schema(
@@ -138,8 +139,8 @@ def run_partition(spec: KeyedProcessSpec, batch_id: int, p: int, parts: int,
 
 
 def spec_for(tmp: Path, backend: str, interval: int, retain: int = 3) -> KeyedProcessSpec:
-    return KeyedProcessSpec(
-        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+    return keyed_process_spec(
+        function=Agg(), key=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(str(tmp), "agg"), state_backend=backend,
         retain_versions=retain, full_snapshot_interval=interval,
     )  # fmt: skip
@@ -376,8 +377,8 @@ def test_a_cold_partition_reads_its_manifests_and_the_files_of_its_chains_at_onc
     never lets happen); its state is the model's."""
     import uuid
 
-    spec = KeyedProcessSpec(
-        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+    spec = keyed_process_spec(
+        function=Agg(), key=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(s3_server(f"at-once-{uuid.uuid4().hex[:8]}"), "agg"),
         state_backend="heap", retain_versions=3, full_snapshot_interval=8,
     )  # fmt: skip
@@ -518,8 +519,8 @@ class Late(KeyedProcessFunction[int, Row, Row]):
 
 def test_the_watermark_travels_in_the_manifest(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path), "late")
-    spec = KeyedProcessSpec(
-        function=Late(), key_columns=("k",), output_schema=pa.schema([("k", pa.int64()),
+    spec = keyed_process_spec(
+        function=Late(), key=("k",), output_schema=pa.schema([("k", pa.int64()),
         ("wm", pa.float64())]), max_parallelism=MAXP, checkpoint=storage, event_time="ts",
     )  # fmt: skip
     schema = pa.schema([("k", pa.int64()), ("ts", pa.float64()), (KEY_GROUP_COLUMN, pa.int32())])
@@ -557,8 +558,8 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
     import uuid
 
     location = s3_server(f"owners-{uuid.uuid4().hex[:8]}")
-    spec = KeyedProcessSpec(
-        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+    spec = keyed_process_spec(
+        function=Agg(), key=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(location, "agg"), state_backend="heap",
         retain_versions=10, full_snapshot_interval=50,
     )  # fmt: skip
@@ -599,8 +600,8 @@ def test_a_partition_reads_the_manifests_of_the_partitions_that_held_its_key_gro
 def _s3_spec(s3_server: Any, name: str, interval: int = 8) -> KeyedProcessSpec:
     import uuid
 
-    return KeyedProcessSpec(
-        function=Agg(), key_columns=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
+    return keyed_process_spec(
+        function=Agg(), key=("k",), output_schema=OUTPUT, max_parallelism=MAXP,
         checkpoint=CheckpointStorage(s3_server(f"{name}-{uuid.uuid4().hex[:8]}"), "agg"),
         state_backend="heap", retain_versions=3, full_snapshot_interval=interval,
     )  # fmt: skip
@@ -1019,7 +1020,7 @@ def test_a_parked_database_with_a_state_open_does_not_register_is_not_used(
     (nor in its snapshots): the worker reads the checkpoint instead, and the state's
     values carry on."""
     spec = spec_for(tmp_path, "rocksdb", interval=8)
-    spec = KeyedProcessSpec(**{**spec.__dict__, "function": Lazy()})
+    spec = dataclasses.replace(spec, function=Lazy())
     workers = Workers(monkeypatch)
     try:
         workers.use(0)
@@ -1051,8 +1052,8 @@ class Alarm(KeyedProcessFunction[int, Row, Row]):
 def test_timers_travel_with_the_parked_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = KeyedProcessSpec(
-        function=Alarm(), key_columns=("k",), max_parallelism=MAXP, event_time="ts",
+    spec = keyed_process_spec(
+        function=Alarm(), key=("k",), max_parallelism=MAXP, event_time="ts",
         output_schema=pa.schema([("k", pa.int64()), ("fired", pa.float64()),
                                  ("total", pa.int64())]),
         checkpoint=CheckpointStorage(str(tmp_path), "agg"), state_backend="rocksdb",

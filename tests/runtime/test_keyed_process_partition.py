@@ -11,7 +11,7 @@ import pytest
 
 from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._keygroups import assign_to_key_group
-from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops.state import (
     Collector,
@@ -20,6 +20,7 @@ from asyncio_ops.state import (
     KeyedRuntimeContext,
     ValueStateDescriptor,
 )
+from tests.runtime.specs import keyed_process_spec
 
 Row = dict[str, Any]
 OUTPUT = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -44,9 +45,9 @@ def micro_batch(
     fn: Count, storage: CheckpointStorage, batch_id: int, users: list[str]
 ) -> list[Row]:
     """One micro-batch of one partition (of one), as a Spark task runs it."""
-    spec = KeyedProcessSpec(function=fn, key_columns=("user",), output_schema=OUTPUT,
+    spec = keyed_process_spec(function=fn, key=("user",), output_schema=OUTPUT,
                             num_partitions=1, checkpoint=storage)  # fmt: skip
-    rows = [{"user": u, KEY_GROUP_COLUMN: assign_to_key_group(u, spec.max_parallelism)}
+    rows = [{"user": u, KEY_GROUP_COLUMN: assign_to_key_group(u, spec.options.max_parallelism)}
             for u in users]  # fmt: skip
     task = TaskInfo(partition_id=0, num_partitions=1, batch_id=batch_id)
     out = run_keyed_process(spec, [pa.RecordBatch.from_pylist(rows)], task)

@@ -31,6 +31,7 @@ from asyncio_ops._runtime import (
     run_partition,
 )
 from asyncio_ops.async_retry_predicates import empty_result_predicate, has_exception_predicate
+from tests.runtime.specs import partition_spec
 
 
 class Probe(AsyncFunction[Any, Any]):
@@ -69,7 +70,7 @@ def spec(fn: AsyncFunction[Any, Any], **kw: Any) -> PartitionSpec:
         "batch_size": 40,
     }
     defaults.update(kw)
-    return PartitionSpec(**defaults)
+    return partition_spec(**defaults)
 
 
 def run(s: PartitionSpec, n: int) -> tuple[list[dict[str, Any]], RunMetrics]:

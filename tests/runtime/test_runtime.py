@@ -23,6 +23,7 @@ from asyncio_ops._container import Kind
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
 from tests.helpers import retention_threads
+from tests.runtime.specs import partition_spec
 
 MAXP = 16
 
@@ -48,7 +49,7 @@ class Lookup(AsyncFunction[dict[str, Any], dict[str, Any]]):
 
 
 def spec_for(fn: Lookup, tmp_path: Path | None, **kw: Any) -> PartitionSpec:
-    keyed = bool(kw.get("key_columns"))
+    keyed = bool(kw.get("key"))
     fields = [pa.field("id", pa.int64())]
     if keyed:
         fields.append(pa.field(KEY_GROUP_COLUMN, pa.int32()))
@@ -66,7 +67,7 @@ def spec_for(fn: Lookup, tmp_path: Path | None, **kw: Any) -> PartitionSpec:
         "checkpoint": CheckpointStorage(str(tmp_path), "op") if tmp_path else None,
     }
     defaults.update(kw)
-    return PartitionSpec(**defaults)
+    return partition_spec(**defaults)
 
 
 def batches(ids: list[int], size: int = 10, keyed: bool = False) -> list[pa.RecordBatch]:
@@ -121,7 +122,9 @@ def test_retried_attempt_does_not_request_completed_lookups_again(tmp_path: Path
 
 def test_a_dead_attempt_repeats_at_most_capacity_plus_the_flush_count(tmp_path: Path) -> None:
     fn = Lookup()
-    spec = spec_for(fn, tmp_path, checkpoint_version=2, capacity=8, flush_rows=10, batch_size=5)
+    spec = spec_for(
+        fn, tmp_path, checkpoint_version=2, capacity=8, checkpoint_flush_rows=10, batch_size=5
+    )
     first = run_partition(spec, batches(list(range(200)), size=50), TaskInfo(attempt_number=0))
     got = [r for _ in range(8) for r in next(first).to_pylist()]  # 40 rows out, then it dies:
     assert len(got) == 40  # ... left suspended, so no failure path runs (a killed worker)
@@ -170,7 +173,7 @@ def test_carry_over_moves_by_key_group_on_rescale(tmp_path: Path) -> None:
     ids = list(range(200))
     fn.hang = set(ids)
     spec2 = spec_for(
-        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2, key_columns=("id",),
+        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2, key=("id",),
         num_partitions=2, capacity=500,
     )  # fmt: skip
     for p in range(2):
@@ -179,7 +182,7 @@ def test_carry_over_moves_by_key_group_on_rescale(tmp_path: Path) -> None:
         out = list(run_partition(spec2, batches(mine, keyed=True), TaskInfo(p, 2, batch_id=0)))
         assert rows_of(out) == []
     spec3 = spec_for(
-        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=5, key_columns=("id",),
+        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=5, key=("id",),
         num_partitions=3, function_token=spec2.function_token,
     )  # fmt: skip
     seen: list[int] = []
@@ -208,7 +211,7 @@ def test_incomplete_previous_version_is_an_error_naming_the_file(tmp_path: Path)
 def _carried_keyed(fn: Lookup, tmp_path: Path) -> PartitionSpec:
     fn.hang = set(range(40))
     spec = spec_for(
-        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2, key_columns=("id",),
+        fn, tmp_path, mode=OutputMode.UNORDERED, drain_timeout=0.2, key=("id",),
         num_partitions=1, capacity=100,
     )  # fmt: skip
     assert rows_of(list(run_partition(spec, batches(list(range(40)), keyed=True),
@@ -551,13 +554,14 @@ def test_a_manifest_naming_a_stray_key_group_is_an_error_naming_it(
     groups = table.column("key_groups").to_pylist()  # of each section the chains name
     assert len(groups[0]) > 1
     # one key group moved outside 0..max_parallelism-1, or renamed as another one there
-    groups[0][0] = spec.max_parallelism + 7 if rewrite == "outside the range" else groups[0][1]
+    maxp = spec.options.max_parallelism
+    groups[0][0] = maxp + 7 if rewrite == "outside the range" else groups[0][1]
     index = table.schema.get_field_index("key_groups")
     column = pa.array(groups, table.schema.field(index).type)
     stray = table.set_column(index, table.schema.field(index), column)
     meta = table.schema.metadata
     storage.write(0, "subtask-00000.ckpt", Kind.MANIFEST, stray.replace_schema_metadata(meta))
-    last = spec.max_parallelism - 1
+    last = spec.options.max_parallelism - 1
     message = (
         rf"outside 0\.\.{last}" if rewrite == "outside the range"
         else r"key group \d+'s chain names version 0 after 0"

@@ -1,12 +1,13 @@
-"""The options of ``ordered_wait`` / ``unordered_wait`` are defined once (``WaitOptions``):
-the public signatures, the type checkers' keywords and docs/spark.md's option table are
-held equal to it here, and every option's bad value is refused naming the option."""
+"""The options of ``ordered_wait`` / ``unordered_wait`` (``WaitOptions``) and of
+``keyed_process`` (``KeyedOptions``) are defined once: the public signatures, the type
+checkers' keywords, docs/spark.md's option table and the runtime's specs are held equal
+to them here, and every option's bad value is refused naming the option."""
 
 from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,16 @@ from typing import Any
 import pytest
 
 from asyncio_ops import AsyncRetryStrategy, ConfigurationError
-from asyncio_ops.spark import AsyncDataStream, ordered_wait, unordered_wait
-from asyncio_ops.spark._options import WAIT_SIGNATURE, WaitKeywords, WaitOptions
+from asyncio_ops._runtime import KeyedProcessSpec, PartitionSpec
+from asyncio_ops.spark import AsyncDataStream, keyed_process, ordered_wait, unordered_wait
+from asyncio_ops.spark._options import (
+    KEYED_SIGNATURE,
+    WAIT_SIGNATURE,
+    KeyedKeywords,
+    KeyedOptions,
+    WaitKeywords,
+    WaitOptions,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
 DURATIONS = {"timeout", "watermark_delay", "checkpoint_flush_interval", "drain_timeout"}
@@ -41,15 +50,58 @@ def test_the_docs_table_lists_every_option_with_its_default() -> None:
     assert documented == options
 
 
-def test_the_keywords_type_checkers_see_are_the_options() -> None:
-    given = {k: getattr(v, "__forward_arg__", v) for k, v in WaitKeywords.__annotations__.items()}
-    declared = {f.name: f.type for f in fields(WaitOptions) if f.name != "timeout"}
+@pytest.mark.parametrize(
+    ("keywords", "options"), [(WaitKeywords, WaitOptions), (KeyedKeywords, KeyedOptions)]
+)
+def test_the_keywords_type_checkers_see_are_the_options(keywords: Any, options: Any) -> None:
+    given = {k: getattr(v, "__forward_arg__", v) for k, v in keywords.__annotations__.items()}
+    declared = {f.name: f.type for f in fields(options) if f.name != "timeout"}
     assert set(given) == set(declared)
     for name, annotation in declared.items():
         if name in DURATIONS:  # given as seconds, a timedelta or an interval string
             assert given[name] == annotation.replace("float", "Seconds"), name
+        elif name == "metrics":  # the runtime knows the protocol, callers its class
+            assert (annotation, given[name]) == ("MetricsSink | None", "AsyncMetrics | None")
         else:
             assert given[name] == annotation, name
+
+
+# what a spec holds besides its options: what the Spark layer built or resolved that is
+# not an option (each resolved option keeps its option's name: key, capacity, uid, ...)
+NOT_OPTIONS = {
+    "function", "function_token", "mode", "output_schema", "added_columns", "row_factory",
+    "checkpoint", "run_token", "run_epoch", "key_schema", "seeded", "plan_token",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "options"), [(PartitionSpec, WaitOptions), (KeyedProcessSpec, KeyedOptions)]
+)
+def test_a_spec_carries_its_options_and_only_what_is_resolved_under_the_options_names(
+    spec: Any, options: Any
+) -> None:
+    held = {f.name: f for f in fields(spec)}
+    assert held.pop("options").type == options.__name__
+    option_names = {f.name for f in fields(options)} | {"key"}  # keyed_process's own key=
+    resolved = set(held) - NOT_OPTIONS
+    assert resolved <= option_names, resolved - option_names
+    # a resolved option has no default of its own in the spec (its default is the
+    # option's, resolved by the Spark layer), but where None or empty means "none"
+    for name in resolved:
+        default = held[name].default
+        assert default is MISSING or default in (None, ()), (name, default)
+
+
+def test_keyed_process_shows_and_checks_every_option() -> None:
+    assert inspect.signature(keyed_process) == KEYED_SIGNATURE
+    names = [p.name for p in KEYED_SIGNATURE.parameters.values()]
+    assert names[:4] == ["df", "fn", "key", "output_schema"]
+    assert names[-2:] == ["initial_state", "initial_state_fn"]
+    assert set(names[4:-2]) == {f.name for f in fields(KeyedOptions)}
+    defaults = {p.name: p.default for p in KEYED_SIGNATURE.parameters.values()}
+    assert all(defaults[f.name] == f.default for f in fields(KeyedOptions))
+    with pytest.raises(ConfigurationError, match=r"no option 'retain_version'.*'retain_versions'"):
+        keyed_process(None, None, key="k", output_schema="x int", retain_version=3)  # type: ignore[arg-type, call-arg]
 
 
 def test_the_public_functions_show_and_check_every_option() -> None:

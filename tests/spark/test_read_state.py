@@ -27,6 +27,7 @@ from asyncio_ops.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from tests.runtime.specs import keyed_process_spec
 
 Row = dict[str, Any]
 FILES = 4
@@ -217,17 +218,17 @@ def test_a_checkpoint_without_key_columns_gives_the_key_as_json(
 
     from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
 
     storage = CheckpointStorage(str(tmp_path), "old")
-    spec = KeyedProcessSpec(
-        function=Track(), key_columns=("user", "shard"), num_partitions=1, checkpoint=storage,
+    spec = keyed_process_spec(
+        function=Track(), key=("user", "shard"), num_partitions=1, checkpoint=storage,
         output_schema=pa.schema([("user", pa.string()), ("v", pa.int64())]),
     )  # fmt: skip
     rows = [
         {"user": u, "shard": 1, "v": 3, "ts": 1.0,
-         KEY_GROUP_COLUMN: assign_to_key_group((u, 1), spec.max_parallelism)}
+         KEY_GROUP_COLUMN: assign_to_key_group((u, 1), spec.options.max_parallelism)}
         for u in ["a", "b"]
     ]  # fmt: skip
     task = TaskInfo(partition_id=0, num_partitions=1, batch_id=0)
@@ -250,12 +251,12 @@ def test_a_read_of_a_running_query_keeps_its_versions_from_retention(
 
     from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
 
     storage = CheckpointStorage(str(tmp_path), "running")
-    spec = KeyedProcessSpec(
-        function=Track(), key_columns=("user", "shard"), num_partitions=1, checkpoint=storage,
+    spec = keyed_process_spec(
+        function=Track(), key=("user", "shard"), num_partitions=1, checkpoint=storage,
         output_schema=pa.schema([("user", pa.string()), ("v", pa.int64())]),
         retain_versions=2, full_snapshot_interval=2,
     )  # fmt: skip
@@ -264,7 +265,7 @@ def test_a_read_of_a_running_query_keeps_its_versions_from_retention(
     def batch(version: int) -> None:
         rows = [
             {"user": u, "shard": s, "v": v, "ts": ts,
-             KEY_GROUP_COLUMN: assign_to_key_group((u, s), spec.max_parallelism)}
+             KEY_GROUP_COLUMN: assign_to_key_group((u, s), spec.options.max_parallelism)}
             for u, s, v, ts in files[version]
         ]  # fmt: skip
         task = TaskInfo(partition_id=0, num_partitions=1, batch_id=version)

@@ -29,6 +29,7 @@ from asyncio_ops.state import (
     ListStateDescriptor,
     ValueStateDescriptor,
 )
+from tests.runtime.specs import keyed_process_spec
 
 Row = dict[str, Any]
 OUT = "user string, count long, n long, total double, note string, events int"
@@ -234,14 +235,14 @@ def test_the_types_held_are_known_after_the_older_manifests_are_deleted(
     import pyarrow as pa
 
     from asyncio_ops._keygroups import assign_to_key_group
-    from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo
+    from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
 
     storage = CheckpointStorage(str(tmp_path / "state"), "stats")
 
     def version(n: int, fn: Pair, users: list[str]) -> None:
-        spec = KeyedProcessSpec(
-            function=fn, key_columns=("user",), num_partitions=1, checkpoint=storage,
+        spec = keyed_process_spec(
+            function=fn, key=("user",), num_partitions=1, checkpoint=storage,
             output_schema=pa.schema([("user", pa.string()), ("a", pa.int32()),
                                      ("b", pa.string())]),
             key_schema=StructType([StructField("user", StringType())]).json(),

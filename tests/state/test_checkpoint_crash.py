@@ -65,9 +65,8 @@ from asyncio_ops._checkpoint import CheckpointStorage, Version
 from asyncio_ops._container import Kind, Section, encode
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
-from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _warm
+from asyncio_ops._runtime import KEY_GROUP_COLUMN, STATE_BACKENDS, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
-from asyncio_ops._runtime._spec import STATE_BACKENDS
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,
@@ -77,6 +76,7 @@ from asyncio_ops.state import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
+from tests.runtime.specs import keyed_process_spec
 
 Row = dict[str, Any]
 UID: Final = "sums"
@@ -240,8 +240,8 @@ class Job:
     plan_token: str = "crash-test"
 
     def spec(self, fn: Sums, storage: CheckpointStorage, parts: int) -> KeyedProcessSpec:
-        return KeyedProcessSpec(
-            function=fn, key_columns=("key",), output_schema=OUTPUT,
+        return keyed_process_spec(
+            function=fn, key=("key",), output_schema=OUTPUT,
             event_time="ts" if self.full else None, watermark_interval=10**9,
             max_parallelism=self.max_parallelism, num_partitions=parts, checkpoint=storage,
             state_backend=self.backend, retain_versions=self.retain_versions, batch_size=3,
