@@ -16,16 +16,18 @@ about 2 us of the 2.8 us an element took (``bench.carry_over``). In C
 (``_slotsfast.c``, built at install when a compiler is present) a call allocates
 the instance and stores its slots (0.07 us against 0.16 to 0.6 us for the three
 ``__init__``); the fallback is the class itself. ``ASYNCIO_OPS_PURE_PYTHON=1`` forces
-the fallback (the test suite runs both), read when a constructor is made.
+the fallback (the test suite runs both; ``asyncio_ops._native``), read when a
+constructor is made.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from types import MemberDescriptorType
 from typing import Any, TypeVar
+
+from ._native import in_use
 
 try:
     from ._slotsfast import Constructor as _CConstructor
@@ -35,18 +37,13 @@ except ImportError:  # not built (no compiler at install): the Python fallback b
 _T = TypeVar("_T")
 
 
-def accelerated() -> bool:
-    """True if constructors are built in C (see the module docstring)."""
-    return _CConstructor is not None and os.environ.get("ASYNCIO_OPS_PURE_PYTHON", "0") != "1"
-
-
 def constructor(cls: type[_T], fields: tuple[str, ...]) -> Callable[..., _T]:
     """``make(*values)``: a new ``cls`` with its slots ``fields`` set to ``values``
     (module docstring); TypeError now if ``fields`` are not the parameters of
     ``cls``'s ``__init__``, in order, or not writable slots of ``cls`` itself, or if
     its instances have a ``__dict__``. The fallback is ``cls`` itself. Made once per
     class, fields and path (C or not), then taken from a cache."""
-    in_c = accelerated()
+    in_c = in_use(_CConstructor)
     made = _MADE.get((cls, fields, in_c))
     if made is None:
         made = _MADE[cls, fields, in_c] = _constructor(cls, fields, in_c)

@@ -468,9 +468,10 @@ def main() -> None:
     head = ("benchmark", "asyncio_ops", "raw floor", "ratio", "target")
     widths = [max(len(r[i]) for r in [head, *ROWS]) for i in range(5)]
     clock = "wall time" if args.wall else "process CPU time"
-    from asyncio_ops.state._heap import accelerated
+    from asyncio_ops._native import in_use
+    from asyncio_ops.state._heap import _heapfast
 
-    heap = "C accelerator" if accelerated() else "pure Python (C accelerator off)"
+    heap = "C accelerator" if in_use(_heapfast) else "pure Python (C accelerator off)"
     print(
         f"python {sys.version.split()[0]}; ops={args.ops:,} keys={args.keys:,}; {clock}; "
         f"heap backend: {heap}"

@@ -471,6 +471,26 @@ class BaseLookup(AsyncFunction[Mapping[str, Any], Row], Generic[R]):
                 await cache.put_through([(key, known[key]) for key in wanted])
         return known
 
+    @staticmethod
+    def _columns_of(
+        keys: Sequence[Hashable | None],
+        known: Mapping[Hashable, Sequence[Row]],
+        names: Sequence[str] | None,
+    ) -> tuple[list[int], dict[str, list[Any]]]:
+        """A chunk's answers (``known``, from :meth:`_matches_of`) as columns,
+        ``(row_index, columns)``: a row repeats once per match of its key, and one
+        without a match (a NULL key among them) drops out. The columns are ``names``
+        (the bound output columns), else every name the matches hold, in the order met."""
+        index: list[int] = []
+        found: list[Row] = []
+        for i, key in enumerate(keys):
+            rows = known.get(key, ()) if key is not None else ()
+            index.extend([i] * len(rows))
+            found.extend(rows)
+        if names is None:
+            names = tuple(dict.fromkeys(name for row in found for name in row))
+        return index, {name: [row.get(name) for row in found] for name in names}
+
     async def _cached(self, key: Hashable, fetch: Callable[[], Awaitable[Any]]) -> Any:
         """One key's answer: from the cache (its shared layer too), else ``fetch()``,
         then kept in the cache."""

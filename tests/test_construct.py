@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from asyncio_ops import _construct
 from asyncio_ops._elements import Record, Watermark
+from asyncio_ops._native import in_use
 from asyncio_ops._runtime._adapters import RowValue
 from asyncio_ops._snapshot import SnapshotEntry
 
@@ -31,7 +32,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         monkeypatch.delenv("ASYNCIO_OPS_PURE_PYTHON", raising=False)
     else:
         monkeypatch.setenv("ASYNCIO_OPS_PURE_PYTHON", "1")
-    assert _construct.accelerated() == (request.param == "c")
+    assert in_use(_construct._CConstructor) == (request.param == "c")
     yield request.param
 
 

@@ -48,7 +48,6 @@ hands out, which are its dicts' views).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -56,6 +55,7 @@ from typing import Any
 from .._clock import Clock
 from .._exceptions import StateError, UnsupportedKeyError
 from .._keygroups import KeyGroupRange, canonical_bytes
+from .._native import in_use
 from ._api import ListState, MapState, State, ValueState
 from ._backend import (
     NO_KEY,
@@ -86,11 +86,6 @@ try:
     from . import _heapfast
 except ImportError:  # not built (no compiler at install): the Python classes below
     _heapfast = None  # type: ignore[assignment]
-
-
-def accelerated() -> bool:
-    """True if the heap backend's hot path runs in C (see the module docstring)."""
-    return _heapfast is not None and os.environ.get("ASYNCIO_OPS_PURE_PYTHON", "0") != "1"
 
 
 class _PyKeyContext:
@@ -657,7 +652,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     ) -> None:
         # The key context comes first: the base class sets the current key through it.
         cache: dict[Any, tuple[int, bytes]] = {}
-        self._fast = accelerated()
+        self._fast = in_use(_heapfast)
         context = _heapfast.KeyContext if self._fast else _PyKeyContext
         self._ctx: Any = context(NO_KEY, cache, self._validate_new_key, no_current_key)
         super().__init__(

@@ -485,16 +485,7 @@ class HttpLookup(BaseLookup[_Runtime]):
             )
         keys = batch.column(spec.key).to_pylist()
         known = await self._matches_of(keys, self._fetch_batch, spec.max_size)
-        index: list[int] = []
-        items: list[Row] = []
-        for i, key in enumerate(keys):
-            found = known[key]
-            index.extend([i] * len(found))
-            items.extend(found)
-        names = self.output_columns
-        if names is None:
-            names = tuple(items[0]) if items else ()
-        return index, {name: [item.get(name) for item in items] for name in names}
+        return self._columns_of(keys, known, self.output_columns)
 
     def bind_output_columns(self, columns: Sequence[str]) -> None:
         """Answer only the declared output columns: other JSON fields are left out, a

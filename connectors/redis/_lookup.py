@@ -254,16 +254,7 @@ class RedisLookup(BaseLookup[_Runtime]):
         self._require_runtime()
         keys = self.key.of_batch(batch)
         known = await self._matches_of(keys, self._fetch, self.batch_size)
-        index: list[int] = []
-        found: list[Row] = []
-        for i, key in enumerate(keys):
-            rows = known[key]
-            index.extend([i] * len(rows))
-            found.extend(rows)
-        names = self.output_columns
-        if names is None:
-            names = tuple(dict.fromkeys(name for row in found for name in row))
-        return index, {name: [row.get(name) for row in found] for name in names}
+        return self._columns_of(keys, known, self.output_columns)
 
     def bind_output_columns(self, columns: Sequence[str]) -> None:
         """Answer only the declared output columns (a hash is then read with ``HMGET``
