@@ -295,7 +295,7 @@ def _process(
     groups = batch.column(at).to_pylist()
     rows = batch.remove_column(at).to_pylist()
     if column is None and watermarks is None:  # no event time: the shortest loop
-        keys = _keys(spec.key_columns, batch)
+        keys = _keys(spec.key, batch)
         if keys is not None and backend.assign_key_groups(keys, groups):
             op.process_values(rows, keys, _note)  # the batch's keys filed at once
             return
