@@ -14,6 +14,20 @@ from __future__ import annotations
 
 from ._clock import Clock, Scheduler, SystemClock
 from ._elements import Record, StreamElement, Watermark
+from ._engine._keyed_operator import KeyedProcessOperator
+from ._engine._limit import AdaptiveLimit, CallsService, SignalsOverload
+from ._engine._operator_snapshot import OperatorSnapshot, SnapshotEntry
+from ._engine._queues import (
+    ElementQueue,
+    OrderedElementQueue,
+    ResultHandle,
+    UnorderedElementQueue,
+    WatermarkBoundedElementQueue,
+)
+from ._engine._retry import AsyncRetryStrategy
+from ._engine._runner import run_async_wait
+from ._engine._statistics import OperatorStatistics
+from ._engine._wait_operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
 from ._exceptions import (
     AsyncOperatorError,
     AsyncOpsError,
@@ -50,22 +64,8 @@ from ._functions import (
     SupportsServiceRetries,
     SupportsTokenUsage,
 )
-from ._keyed_operator import KeyedProcessOperator
 from ._keygroups import canonical_bytes
-from ._limit import AdaptiveLimit, CallsService, SignalsOverload
-from ._operator import AsyncWaitOperator, OperatorHooks, OutputMode, RuntimeHooks
-from ._queues import (
-    ElementQueue,
-    OrderedElementQueue,
-    ResultHandle,
-    UnorderedElementQueue,
-    WatermarkBoundedElementQueue,
-)
-from ._retry import AsyncRetryStrategy
-from ._runner import run_async_wait
-from ._signing import SIGNING_KEY_ENV, mac, signing_key, verifies
-from ._snapshot import OperatorSnapshot, SnapshotEntry
-from ._statistics import OperatorStatistics
+from ._storage._signing import SIGNING_KEY_ENV, mac, signing_key, verifies
 from ._timers import InternalTimerService, Timer, TimerHeap
 from .state import decode_canonical
 

@@ -131,7 +131,7 @@ def seconds_or_zero(value: object, name: str) -> float:
 
 
 def capacity_or_auto(value: object, name: str = "capacity") -> int | str:
-    """An int > 0, or ``"auto"`` (an adaptive limit: asyncio_ops._limit)."""
+    """An int > 0, or ``"auto"`` (an adaptive limit: asyncio_ops._engine._limit)."""
     if value == "auto":
         return "auto"
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

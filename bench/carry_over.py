@@ -37,18 +37,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import Kind
 from asyncio_ops._elements import Record
+from asyncio_ops._engine._operator_snapshot import SnapshotEntry
+from asyncio_ops._engine._wait_operator import OutputMode
 from asyncio_ops._functions import as_async_function
-from asyncio_ops._operator import OutputMode
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, WaitOptions
 from asyncio_ops._runtime._adapters import RowValue
-from asyncio_ops._runtime._checkpointing import PartitionCheckpoint
 from asyncio_ops._runtime._inflight import WatermarkState
+from asyncio_ops._runtime._partition_checkpoint import PartitionCheckpoint
 from asyncio_ops._runtime._stored import to_stored
 from asyncio_ops._runtime._worker import _tune_gc
-from asyncio_ops._snapshot import SnapshotEntry
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import Kind
 
 IN = pa.schema([("id", pa.int64()), ("name", pa.string()), (KEY_GROUP_COLUMN, pa.int32())])
 OUT = pa.schema([("score", pa.float64())])

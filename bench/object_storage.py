@@ -60,8 +60,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._local_copies import LOCAL_COPIES_ENV
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._local_copies import LOCAL_COPIES_ENV
 from asyncio_ops.spark import keyed_process, session, unordered_wait
 from asyncio_ops.state import (
     Collector,

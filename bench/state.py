@@ -328,7 +328,7 @@ def _sections_write_read(
     """What a streaming checkpoint does with the whole state (a full snapshot of every
     key group, a cold restore): the key groups as sections of one container file,
     written and read back into an empty backend."""
-    from asyncio_ops._container import Kind, decode, encode
+    from asyncio_ops._storage._container import Kind, decode, encode
     from asyncio_ops.state._keyed_snapshot import apply_change, key_group_sections
 
     def timers_of(b: KeyedStateBackend) -> InternalTimerService:

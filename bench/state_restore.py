@@ -51,7 +51,7 @@ from typing import Any
 import mmh3
 
 from asyncio_ops._elements import Record
-from asyncio_ops._keyed_operator import KeyedProcessOperator
+from asyncio_ops._engine._keyed_operator import KeyedProcessOperator
 from asyncio_ops._keygroups import KeyGroupRange
 from asyncio_ops._runtime._inflight import make_backend
 from asyncio_ops.state import KeyedProcessFunction, ValueStateDescriptor
@@ -128,7 +128,6 @@ def handover(keys: int, repeat: int) -> dict[str, float]:
 
     import pyarrow as pa
 
-    from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._runtime import (
         KEY_GROUP_COLUMN,
         KeyedOptions,
@@ -137,6 +136,7 @@ def handover(keys: int, repeat: int) -> dict[str, float]:
         _warm,
     )
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])
     out = pa.schema([("k", pa.int64())])
@@ -192,9 +192,9 @@ def memory(kind: str, keys: int, root: str, step: str) -> dict[str, float]:
 
     import pyarrow as pa
 
-    from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedOptions, KeyedProcessSpec, TaskInfo
     from asyncio_ops._runtime import _keyed_partition as partition
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     os.environ["ASYNCIO_OPS_PARKED"] = "0"
     schema = pa.schema([("k", pa.int64()), (KEY_GROUP_COLUMN, pa.int32())])

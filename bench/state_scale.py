@@ -661,9 +661,8 @@ def cold(args: argparse.Namespace, plan: list[tuple[int, str]]) -> None:
 def breakdown(keys: int, repeat: int = 3) -> None:
     """``--breakdown``: one partition's bulk task in this process, per backend (see the
     module docstring); best of ``repeat`` runs per phase."""
-    import asyncio_ops._checkpoint as checkpoint
+    import asyncio_ops._storage._checkpoint_storage as checkpoint
     import asyncio_ops.state._keyed_snapshot as keyed_snapshot
-    from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
     from asyncio_ops._runtime import (
         KEY_GROUP_COLUMN,
@@ -675,6 +674,7 @@ def breakdown(keys: int, repeat: int = 3) -> None:
     )
     from asyncio_ops._runtime import _keyed_partition as partition
     from asyncio_ops._runtime._sink import ArrowSink
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
     from asyncio_ops.state import RocksDBKeyedStateBackend
 
     spent: dict[str, float] = {}

@@ -17,6 +17,7 @@ connector"): :class:`BaseLookup` (lifecycle, pickling, cache, statistics),
 :class:`SharedResources` (one client per worker process and event loop).
 """
 
+from ._base import BaseLookup, LookupStatistics, Row
 from ._batching import BatchStatistics, KeyBatcher
 from ._cache import MISS, CacheStatistics, LookupCache
 from ._exceptions import (
@@ -34,7 +35,6 @@ from ._exceptions import (
     is_retryable,
 )
 from ._keys import KeyFields
-from ._lookup import BaseLookup, LookupStatistics, Row
 from ._rate_limit import Permit, RateLimit, RateLimitStatistics
 from ._resources import SharedResources
 

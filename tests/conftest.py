@@ -18,7 +18,7 @@ import uvloop
 
 T = TypeVar("T")
 
-# Local copies of checkpoint files (asyncio_ops._local_copies) go to this session's own
+# Local copies of checkpoint files (asyncio_ops._storage._local_copies) go to this session's own
 # directory, removed at exit, not the machine's temporary directory. Set before any
 # SparkSession starts, so Spark's Python workers inherit it.
 _LOCAL_COPIES = tempfile.mkdtemp(prefix="aops-test-local-copies-")

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from asyncio_ops._limit import AdaptiveLimit
+from asyncio_ops._engine._limit import AdaptiveLimit
 
 
 @dataclass

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from asyncio_ops import _construct
 from asyncio_ops._elements import Record, Watermark
+from asyncio_ops._engine._operator_snapshot import SnapshotEntry
 from asyncio_ops._native import in_use
 from asyncio_ops._runtime._adapters import RowValue
-from asyncio_ops._snapshot import SnapshotEntry
 
 from .helpers import unavailable
 

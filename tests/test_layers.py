@@ -1,8 +1,9 @@
 """Layer boundaries, read from the imports of every module (``ast``, nothing imported):
 the core never imports pyspark, the runtime never the Spark layer, the state layer never
-the operator (the operator and its runtime build on the state layer, not the reverse);
-and every module stands on a floor (shared definitions, state storage, operators,
-runtime, the Spark API, the package's face) and imports only its own floor or below."""
+the engine (the operators and their runtime build on the state layer, not the reverse),
+storage none of them; and every module stands on a floor (shared definitions, storage,
+state, the engine, the runtime, the Spark API, the package's face: each a folder but the
+first and the last) and imports only its own floor or below."""
 
 from __future__ import annotations
 
@@ -45,19 +46,22 @@ RULES = [
     ("asyncio_ops._runtime", ("asyncio_ops.spark",), "the runtime knows pyarrow, not Spark"),
     (
         "asyncio_ops.spark",
-        ("asyncio_ops._operator", "asyncio_ops._keyed_operator", "asyncio_ops._queues"),
+        (
+            "asyncio_ops._engine._wait_operator",
+            "asyncio_ops._engine._keyed_operator",
+            "asyncio_ops._engine._queues",
+        ),
         "the Spark layer asks the runtime; it builds no operator and no queue",
     ),
     (
         "asyncio_ops.state",
-        (
-            "asyncio_ops._operator",
-            "asyncio_ops._queues",
-            "asyncio_ops._timeout_slots",
-            "asyncio_ops._runtime",
-            "asyncio_ops.spark",
-        ),
-        "the state layer is below the operator",
+        ("asyncio_ops._engine", "asyncio_ops._runtime", "asyncio_ops.spark"),
+        "the state layer is below the engine",
+    ),
+    (
+        "asyncio_ops._storage",
+        ("asyncio_ops.state", "asyncio_ops._engine", "asyncio_ops._runtime", "asyncio_ops.spark"),
+        "storage writes bytes; it knows no state, operator or runtime",
     ),
 ]
 
@@ -80,7 +84,7 @@ def test_layer_boundaries(under: str, forbidden: tuple[str, ...], why: str) -> N
 def test_the_resolver_sees_relative_imports() -> None:
     """The check itself: a relative import of the operator from the state layer is seen."""
     found = dict((m, line) for line, m in imported(PACKAGE / "state" / "_keyed_snapshot.py"))
-    assert "asyncio_ops._timers" in found and "asyncio_ops._container.Section" in found
+    assert "asyncio_ops._timers" in found and "asyncio_ops._storage._container.Section" in found
 
 
 # -- the floors, bottom up: a module imports modules of its own floor or below, never above ----
@@ -89,22 +93,15 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "shared definitions",
         (
             "asyncio_ops._exceptions", "asyncio_ops._elements", "asyncio_ops._clock",
-            "asyncio_ops._signing", "asyncio_ops._statistics", "asyncio_ops.async_retry_predicates",
-            "asyncio_ops.options", "asyncio_ops._results", "asyncio_ops._retry",
-            "asyncio_ops._functions", "asyncio_ops._keygroups", "asyncio_ops._container",
-            "asyncio_ops._checkpoint", "asyncio_ops._local_copies", "asyncio_ops._queues",
-            "asyncio_ops._snapshot", "asyncio_ops._construct", "asyncio_ops._slotsfast",
-            "asyncio_ops._limit", "asyncio_ops.testing",
+            "asyncio_ops._timers", "asyncio_ops.async_retry_predicates", "asyncio_ops.options",
+            "asyncio_ops._functions", "asyncio_ops._keygroups", "asyncio_ops._construct",
+            "asyncio_ops._native", "asyncio_ops._slotsfast", "asyncio_ops.testing",
         ),
     ),
-    (
-        "state storage",
-        ("asyncio_ops._timers", "asyncio_ops._timeout_slots", "asyncio_ops.state",
-         "asyncio_ops.state.*"),
-    ),
-    ("operators", ("asyncio_ops._operator", "asyncio_ops._operator.*",
-                   "asyncio_ops._keyed_operator")),
-    ("runtime", ("asyncio_ops._runtime", "asyncio_ops._runtime.*", "asyncio_ops._runner")),
+    ("storage", ("asyncio_ops._storage", "asyncio_ops._storage.*")),
+    ("state", ("asyncio_ops.state", "asyncio_ops.state.*")),
+    ("the engine", ("asyncio_ops._engine", "asyncio_ops._engine.*")),
+    ("runtime", ("asyncio_ops._runtime", "asyncio_ops._runtime.*")),
     ("the Spark API", ("asyncio_ops.spark", "asyncio_ops.spark.*")),
     ("the package's face", ("asyncio_ops",)),
 ]  # fmt: skip
@@ -135,8 +132,9 @@ def _module_of(name: str) -> str | None:
 
 
 def test_every_import_goes_to_the_same_floor_or_below() -> None:
-    """Shared definitions, then state storage, then the operators (both side by side),
-    then the runtime, then the Spark API; the package's ``__init__`` on top. An
+    """Shared definitions, then storage, then the state layer, then the engine (both
+    operators side by side, and their parts), then the runtime, then the Spark API; the
+    package's ``__init__`` on top (docs/internals/layout.md). An
     ``from . import x`` counts as an import of ``x``, not of the package."""
     offences = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import AsyncFunction, AsyncWaitOperator, ConfigurationError, OutputMode
-from asyncio_ops._limit import AdaptiveLimit
+from asyncio_ops._engine._limit import AdaptiveLimit
 from asyncio_ops.testing import ManualClock
 from tests.conftest import Runner
 from tests.helpers import settle

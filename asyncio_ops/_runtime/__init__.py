@@ -35,7 +35,6 @@ manifest records and their check) comes through here too.
 from __future__ import annotations
 
 from ..state._schema import StateTypes, check_restore, types_of_json
-from ._checkpointing import CarriedFormat, carried_elements, carried_format, version_watermarks
 from ._declared import declared_states
 from ._keyed_partition import (
     KEY_SCHEMA,
@@ -58,6 +57,12 @@ from ._options import (
     WaitOptions,
 )
 from ._partition import run_partition
+from ._partition_checkpoint import (
+    CarriedFormat,
+    carried_elements,
+    carried_format,
+    version_watermarks,
+)
 from ._replay_log import read_segment, segment_of
 from ._seed import InitialStateFn, clear_seed, write_seed
 from ._spec import (

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._engine._results import one_result
 from .._exceptions import AsyncOperatorError, InvalidResultError, OutputSchemaError
 from .._functions import (
     ArrowResult,
@@ -43,7 +44,6 @@ from .._functions import (
     SupportsOutputColumns,
     SupportsOutputSchema,
 )
-from .._results import one_result
 from ._coerce import coerced_array, decimals_as_floats, has_fraction, spark_type
 from ._spec import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec
 

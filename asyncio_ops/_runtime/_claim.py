@@ -9,9 +9,9 @@ unclaimed under another uid (Flink's ``allowNonRestoredState``).
 
 from __future__ import annotations
 
-from .._checkpoint import CheckpointStorage
-from .._container import Kind
 from .._exceptions import CheckpointError
+from .._storage._checkpoint_storage import CheckpointStorage
+from .._storage._container import Kind
 from ._versions import VersionFiles, query_of
 
 __all__ = ["claim"]

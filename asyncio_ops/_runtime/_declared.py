@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._engine._keyed_operator import KeyedProcessOperator
 from .._functions import RuntimeContext
-from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange
 from ..state import HeapKeyedStateBackend, KeyedProcessFunction
 from ..state._schema import StateTypes

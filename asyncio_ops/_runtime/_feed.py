@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from .._elements import Record, Watermark
+from .._engine._wait_operator import AsyncWaitOperator
 from .._exceptions import ConfigurationError
-from .._operator import AsyncWaitOperator
 from ._adapters import RowFunction, RowValue, describe_row
 from ._metrics import RunMetrics
 from ._spec import KEY_GROUP_COLUMN, PartitionSpec

@@ -32,7 +32,7 @@ elements follow their key group; unkeyed, operator list state):
 
 During a micro-batch the operator's timeouts are slot timers of its own
 ``"async-timeouts"`` service (one per 10 ms of deadlines, see
-``asyncio_ops._timeout_slots``); a restored element gets its exact stored
+``asyncio_ops._engine._timeout_slots``); a restored element gets its exact stored
 deadline back (``SnapshotEntry.deadline``), so it times out at its original
 deadline with its attempt count, never with a fresh budget.
 
@@ -81,9 +81,9 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._container import FULL, KEY_GROUP_FIELD, SHARED, Section
 from .._exceptions import CheckpointError, StateError
 from .._keygroups import KeyGroupRange
+from .._storage._container import FULL, KEY_GROUP_FIELD, SHARED, Section
 from .._timers import InternalTimerService, Timer
 from ..state import (
     HeapKeyedStateBackend,

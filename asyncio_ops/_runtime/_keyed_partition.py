@@ -65,12 +65,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from .._container import Kind
 from .._elements import Record, Watermark
+from .._engine._keyed_operator import KeyedProcessOperator
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
-from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
+from .._storage._container import Kind
 from ..state import KeyedStateBackend
 from ..state._rocksdb import RocksDBKeyedStateBackend
 from ..state._schema import types_json

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Final, TypeVar
 
-from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError
+from .._storage._checkpoint_storage import CheckpointStorage
 
 log = logging.getLogger("asyncio_ops.runtime")
 

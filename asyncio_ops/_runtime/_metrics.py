@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._statistics import LatencyHistogram
+from .._engine._statistics import LatencyHistogram
 
 
 @dataclass

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
+from .._engine._retry import AsyncRetryStrategy
 from .._exceptions import ConfigurationError, KeyGroupError
 from .._keygroups import check_parallelism
-from .._retry import AsyncRetryStrategy
 from ..options import (
     DEFAULT_MAX_CAPACITY,
     at_least,

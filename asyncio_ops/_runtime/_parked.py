@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .._container import Kind, Section, decode, encode
-from .._local_copies import private_directory
+from .._storage._container import Kind, Section, decode, encode
+from .._storage._local_copies import private_directory
 from ..state import KeyedStateBackend
 from ..state._payloads import read, table
 from ..state._rocksdb import RocksDBKeyedStateBackend

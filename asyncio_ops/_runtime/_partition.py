@@ -30,6 +30,9 @@ from typing import Any
 import pyarrow as pa
 
 from .._elements import Record
+from .._engine._limit import AdaptiveLimit
+from .._engine._operator_snapshot import OperatorSnapshot
+from .._engine._wait_operator import AsyncWaitOperator, OperatorHooks
 from .._exceptions import CheckpointError, OutputSchemaError
 from .._functions import (
     SupportsCacheStatistics,
@@ -38,9 +41,6 @@ from .._functions import (
     SupportsServiceRetries,
     SupportsTokenUsage,
 )
-from .._limit import AdaptiveLimit
-from .._operator import AsyncWaitOperator, OperatorHooks
-from .._snapshot import OperatorSnapshot
 from ._adapters import (
     ArrowChunkFunction,
     ChunkFunction,
@@ -49,10 +49,10 @@ from ._adapters import (
     chunk_rows,
     is_columnar,
 )
-from ._checkpointing import PartitionCheckpoint
 from ._feed import BoundedOutOfOrderness, Feeder
 from ._inflight import WatermarkState
 from ._metrics import RunMetrics
+from ._partition_checkpoint import PartitionCheckpoint
 from ._sink import ArrowSink
 from ._spec import PartitionSpec, TaskInfo
 from ._worker import WorkerRuntime

@@ -20,9 +20,9 @@ from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
 
-from .._checkpoint import CheckpointStorage, Version
-from .._container import Kind
 from .._exceptions import CheckpointError, OutputSchemaError
+from .._storage._checkpoint_storage import CheckpointStorage, Version
+from .._storage._container import Kind
 from ._coerce import coerced_array
 
 COLUMNS: Final = ("position", "fingerprint", "results")

@@ -50,8 +50,8 @@ import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
-from .._checkpoint import CheckpointStorage
-from .._container import Kind
+from .._storage._checkpoint_storage import CheckpointStorage
+from .._storage._container import Kind
 from ._leases import held_from
 from ._versions import concurrently, manifest_name
 

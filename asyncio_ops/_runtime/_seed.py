@@ -31,12 +31,12 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from .._checkpoint import CheckpointStorage
-from .._container import Kind
+from .._engine._keyed_operator import KeyedProcessOperator
 from .._exceptions import CheckpointError
 from .._functions import RuntimeContext
-from .._keyed_operator import KeyedProcessOperator
 from .._keygroups import compute_key_group_range_for_operator_index
+from .._storage._checkpoint_storage import CheckpointStorage
+from .._storage._container import Kind
 from ..state import KeyedProcessContext
 from ..state._keyed_snapshot import key_group_sections
 from ._inflight import make_backend

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from .._checkpoint import CheckpointStorage
 from .._functions import AsyncFunction
+from .._storage._checkpoint_storage import CheckpointStorage
 from ..options import OutputMode
 from ..state import KeyedProcessFunction
 from ._options import KeyedOptions, WaitOptions

@@ -29,10 +29,10 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from .._checkpoint import CheckpointStorage, Version
-from .._container import DELTA, Kind
 from .._exceptions import CheckpointError
 from .._keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange, canonical_bytes
+from .._storage._checkpoint_storage import CheckpointStorage, Version
+from .._storage._container import DELTA, Kind
 from ..state._keycodec import decode_canonical
 from ..state._keyed_snapshot import delta_keys
 from ..state._payloads import read

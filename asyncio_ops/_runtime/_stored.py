@@ -40,8 +40,8 @@ import pyarrow.compute as pc
 
 from .._construct import constructor
 from .._elements import Record, Watermark
+from .._engine._operator_snapshot import SnapshotEntry
 from .._exceptions import CheckpointError, OutputSchemaError
-from .._snapshot import SnapshotEntry
 from ._adapters import RowValue
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The files of one streaming version of an operator's state: one job, their names,
 layout, writing and reading (which versions are deleted: ``_retention``).
 
-Per version directory (every file one container, ``asyncio_ops._container``):
+Per version directory (every file one container, ``asyncio_ops._storage._container``):
 
 - ``kg-p<i>-<token>-from<v>`` (keyed): partition i's key groups that changed
   in this version, one section each (tag: the key group); ``<v>``: the oldest
@@ -66,7 +66,7 @@ sections once past its first turn and at most ``interval + interval // 2``,
 and reading one costs at most about twice its full section. Retention (which
 versions partition 0 deletes): ``asyncio_ops._runtime._retention``. Key-group
 files a worker writes to a remote location are also kept on its local disk
-(``asyncio_ops._local_copies``), and a restore's reads of chains prefer those
+(``asyncio_ops._storage._local_copies``), and a restore's reads of chains prefer those
 copies.
 
 Reads: a restore's reads are independent (the manifests of a version after
@@ -96,11 +96,20 @@ from typing import Any, Final, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._checkpoint import CheckpointStorage, Version
-from .._container import DELTA, FULL, KEY_GROUP_FIELD, SHARED, Frame, Kind, Section, frame_sections
-from .._container import split_shared as _split_shared
 from .._exceptions import CheckpointError, CorruptCheckpointError, CorruptStateError
 from .._keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
+from .._storage._checkpoint_storage import CheckpointStorage, Version
+from .._storage._container import (
+    DELTA,
+    FULL,
+    KEY_GROUP_FIELD,
+    SHARED,
+    Frame,
+    Kind,
+    Section,
+    frame_sections,
+)
+from .._storage._container import split_shared as _split_shared
 from ..state._payloads import read, table
 
 READ_CONCURRENCY: Final = 8

@@ -35,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._keyed_operator import KeyedProcessOperator
+from .._engine._keyed_operator import KeyedProcessOperator
 from ._versions import Chain
 
 WARM_PARTITIONS_ENV: Final = "ASYNCIO_OPS_WARM_PARTITIONS"

@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, Final
 
+from .._engine._limit import AdaptiveLimit, CallsService
 from .._functions import AsyncFunction, RuntimeContext, maybe_await
-from .._limit import AdaptiveLimit, CallsService
 from ._spec import PartitionSpec, TaskInfo
 
 log = logging.getLogger("asyncio_ops.runtime")

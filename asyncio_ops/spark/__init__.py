@@ -20,7 +20,7 @@ from __future__ import annotations
 from .._runtime import KEY_GROUP_COLUMN
 from ._api import ordered_wait, unordered_wait
 from ._datastream import AsyncDataStream
-from ._errors import library_error, library_errors
+from ._job_errors import library_error, library_errors
 from ._keyed import route_values
 from ._keyed_process import keyed_process
 from ._lookup_join import lookup_join

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .._checkpoint import CheckpointStorage
+from .._engine._retry import AsyncRetryStrategy
 from .._exceptions import ConfigurationError
 from .._functions import (
     AsyncFunction,
@@ -38,7 +38,6 @@ from .._functions import (
     SupportsInvokeChunk,
     as_async_function,
 )
-from .._retry import AsyncRetryStrategy
 from .._runtime import (
     CHUNK_AUTO,
     ERROR_COLUMN,
@@ -48,8 +47,9 @@ from .._runtime import (
     PartitionSpec,
     run_partition,
 )
+from .._storage._checkpoint_storage import CheckpointStorage
 from ..options import DEFAULT_CAPACITY, OutputMode
-from . import _errors
+from . import _job_errors
 from ._checkpoint_location import (
     DESCRIBED,
     checkpoint_storage,
@@ -100,7 +100,7 @@ def _wait(
     themselves when they were built), then the runtime's spec built from them."""
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
-    _errors.install()
+    _job_errors.install()
     if options.metrics is not None and not isinstance(options.metrics, AsyncMetrics):
         raise ConfigurationError(
             f"metrics must be an asyncio_ops.spark.AsyncMetrics, got {options.metrics!r}"

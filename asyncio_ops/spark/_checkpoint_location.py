@@ -26,9 +26,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
-from .._checkpoint import CheckpointStorage, shown_location
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, CoroutineFunction
+from .._storage._checkpoint_storage import CheckpointStorage, shown_location
 from ..options import OutputMode
 
 

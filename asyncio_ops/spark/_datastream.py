@@ -29,9 +29,9 @@ from typing import Any, Protocol, runtime_checkable
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from .._engine._retry import AsyncRetryStrategy
 from .._exceptions import ConfigurationError
 from .._functions import AsyncFunction, as_async_function
-from .._retry import AsyncRetryStrategy
 from ..options import DEFAULT_CAPACITY
 
 # aliased: inside the class body the names ordered_wait / unordered_wait are its methods

@@ -30,7 +30,6 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .._checkpoint import CheckpointStorage
 from .._exceptions import ConfigurationError
 from .._runtime import (
     InitialStateFn,
@@ -39,8 +38,9 @@ from .._runtime import (
     run_keyed_process,
     write_seed,
 )
+from .._storage._checkpoint_storage import CheckpointStorage
 from ..state import KeyedProcessFunction
-from . import _errors
+from . import _job_errors
 from ._checkpoint_location import DESCRIBED, checkpoint_storage, plan_tag
 from ._frame import as_struct, batch_size_of, event_time_column, key_columns, task_info
 from ._keyed import partition_by_key_group
@@ -114,7 +114,7 @@ def keyed_process(
     """
     if not isinstance(df, DataFrame):
         raise ConfigurationError(f"df must be a pyspark DataFrame, got {type(df)!r}")
-    _errors.install()
+    _job_errors.install()
     if not isinstance(fn, KeyedProcessFunction):
         raise ConfigurationError(
             f"fn must be an asyncio_ops.state.KeyedProcessFunction, got {type(fn).__name__}"

@@ -16,7 +16,7 @@ from dataclasses import MISSING, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 
-from .._retry import AsyncRetryStrategy
+from .._engine._retry import AsyncRetryStrategy
 from .._runtime import KeyedOptions, PartitionOptions, WaitOptions
 
 if TYPE_CHECKING:

@@ -71,7 +71,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .._checkpoint import CheckpointStorage, Version
 from .._exceptions import CheckpointError
 from .._keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
 from .._runtime import (
@@ -90,6 +89,7 @@ from .._runtime import (
     segment_of,
     version_watermarks,
 )
+from .._storage._checkpoint_storage import CheckpointStorage, Version
 
 __all__ = ["parallelism", "read_carried", "read_replay_log", "read_watermarks"]
 

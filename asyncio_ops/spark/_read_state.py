@@ -82,7 +82,6 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from .._checkpoint import CheckpointStorage, check_run_id
 from .._exceptions import CheckpointError, ConfigurationError
 from .._runtime import (
     ASYNC_WAIT,
@@ -99,8 +98,9 @@ from .._runtime import (
     recorded_key_schema,
     state_rows,
 )
+from .._storage._checkpoint_storage import CheckpointStorage, check_run_id
 from ..options import path_segment
-from . import _errors
+from . import _job_errors
 from ._read_async_state import parallelism, read_carried, read_replay_log, read_watermarks
 from ._state_check import recorded_types
 
@@ -167,7 +167,7 @@ def read_state(
     """
     if not isinstance(spark, SparkSession):
         raise ConfigurationError(f"spark must be a SparkSession, got {type(spark).__name__}")
-    _errors.install()
+    _job_errors.install()
     if not isinstance(checkpoint_location, str) or not checkpoint_location:
         raise ConfigurationError(
             f"checkpoint_location must be a path or URI string, got {checkpoint_location!r}"

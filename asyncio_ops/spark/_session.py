@@ -8,7 +8,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from . import _errors
+from . import _job_errors
 
 # every core, and up to 4 attempts per task, as a cluster gives (spark.task.maxFailures):
 # plain local[*] tries a task once, so one killed Python worker would fail the job
@@ -72,5 +72,5 @@ def session(
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    _errors.install()  # after the session's own converter (its __init__ installs one)
+    _job_errors.install()  # after the session's own converter (its __init__ installs one)
     return spark

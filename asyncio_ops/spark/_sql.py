@@ -65,7 +65,7 @@ from .._exceptions import AsyncOperatorError, ConfigurationError, OutputSchemaEr
 from .._functions import AsyncFunction, as_async_function
 from .._runtime import ERROR_COLUMN, KEY_GROUP_COLUMN, LATE_COLUMN, PartitionSpec, run_partition
 from ..options import OutputMode
-from . import _errors
+from . import _job_errors
 from ._api import ERROR_STRUCT, chunk_rows_of, default_capacity, row_of
 from ._checkpoint_location import run_epoch
 from ._frame import as_struct, batch_size_of, task_info
@@ -236,7 +236,7 @@ def prepare(
         )
     inputs = _input_struct(input_schema, function)
     added = _output_struct(output_schema, inputs)
-    _errors.install()
+    _job_errors.install()
 
     # a DataFrame of the arguments' shape (no job): the preflight and Spark's settings
     shape = spark.createDataFrame([], inputs)

@@ -46,7 +46,6 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from .._checkpoint import CheckpointStorage
 from .._exceptions import CheckpointError, IncompatibleStateError
 from .._runtime import (
     KEY_SCHEMA,
@@ -61,6 +60,7 @@ from .._runtime import (
     read_version,
     types_of_json,
 )
+from .._storage._checkpoint_storage import CheckpointStorage
 from ..state import KeyedProcessFunction
 
 __all__ = [

@@ -17,7 +17,7 @@ Call order, per operator instance::
 
 ``dump()`` / ``load(groups)`` are ``snapshot()`` / ``restore(blobs)`` without
 the sealing: the logical entries per key group, which checkpoint files write
-as sections of one container (``asyncio_ops._container``).
+as sections of one container (``asyncio_ops._storage._container``).
 
 Incremental snapshots (a streaming runtime that keeps the backend between
 checkpoints)::

@@ -1,6 +1,6 @@
 """The sealed blob: how one key group's (or one subtask's) snapshot travels in memory.
 
-A blob is a container (``asyncio_ops._container``) of one section: its kind
+A blob is a container (``asyncio_ops._storage._container``) of one section: its kind
 (``KEYED_STATE``, ``KEY_GROUPS`` for an operator's state and timers,
 ``OPERATOR_STATE``), its key group (or subtask index) as the section's tag,
 and the kind's typed Arrow table (``_payloads``). :func:`unseal` checks all
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .._container import FORMAT_VERSION, Kind, Section, decode, encode
 from .._exceptions import CorruptStateError
-from .._signing import SIGNING_KEY_ENV
+from .._storage._container import FORMAT_VERSION, Kind, Section, decode, encode
+from .._storage._signing import SIGNING_KEY_ENV
 from . import _payloads
 
 __all__ = [

@@ -7,7 +7,7 @@ The user's side of ``keyed_process`` (Flink's ``KeyedProcessFunction`` and its
 the record's (or firing timer's) timestamp and time domain, the current key and
 the :class:`TimerService` (timers of the current key, in seconds); ``out`` is a
 :class:`Collector`. The operator that drives them is
-``asyncio_ops._keyed_operator.KeyedProcessOperator``, one floor up.
+``asyncio_ops._engine._keyed_operator.KeyedProcessOperator``, one floor up.
 """
 
 from __future__ import annotations

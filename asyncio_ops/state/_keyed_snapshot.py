@@ -9,7 +9,7 @@ backend's range (so state and timers move together on rescale), verifying
 every blob before applying any; a key keeps the key group it was filed under.
 
 Incremental (what checkpoint files hold, sections of one container,
-``asyncio_ops._container``): :func:`snapshot_changes` returns, per key
+``asyncio_ops._storage._container``): :func:`snapshot_changes` returns, per key
 group, a section of the same table: the key group's full state (part
 ``FULL``, a section of its own), or a delta (part ``DELTA``): the canonical
 bytes of the keys made current since the last snapshot
@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from .._container import DELTA, SHARED, Kind, Section, split_shared
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
+from .._storage._container import DELTA, SHARED, Kind, Section, split_shared
 from .._timers import InternalTimerService
 from ._backend import KeyedStateBackend
 from ._blob import KEYED_OPERATOR, seal, unseal

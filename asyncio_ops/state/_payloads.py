@@ -1,7 +1,7 @@
 """The typed Arrow tables of state snapshots (never a pickle), one per container kind.
 
 :func:`table` turns a kind's payload into its Arrow table (one section of a
-container, ``asyncio_ops._container``); :func:`read` turns a verified
+container, ``asyncio_ops._storage._container``); :func:`read` turns a verified
 section's table back into the payload, checking the schema and every value,
 and raises :class:`CorruptStateError` (naming ``where``) for anything else.
 Reading runs no code: values come back as str, bytes, float and bool. User
@@ -52,9 +52,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._container import KEY_GROUP_FIELD, Kind
 from .._exceptions import CorruptStateError
 from .._keygroups import canonical_bytes
+from .._storage._container import KEY_GROUP_FIELD, Kind
 from ._keycodec import decode_canonical
 from ._types import StateType
 

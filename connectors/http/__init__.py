@@ -3,6 +3,6 @@
 See ``docs/connectors.md`` for usage and semantics.
 """
 
-from ._lookup import HttpBatch, HttpLookup, active_sessions, parse_retry_after
+from ._http_lookup import HttpBatch, HttpLookup, active_sessions, parse_retry_after
 
 __all__ = ["HttpBatch", "HttpLookup", "active_sessions", "parse_retry_after"]

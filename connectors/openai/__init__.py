@@ -4,6 +4,6 @@ any OpenAI-compatible server (aiohttp; with a shared RateLimit and LookupCache).
 See ``docs/enrich-models.md``.
 """
 
-from ._lookup import ChatLookup, EmbeddingLookup, Usage
+from ._model_lookup import ChatLookup, EmbeddingLookup, Usage
 
 __all__ = ["ChatLookup", "EmbeddingLookup", "Usage"]

@@ -3,6 +3,6 @@
 See ``docs/connectors.md`` for usage and semantics.
 """
 
-from ._lookup import PostgresLookup, active_pools
+from ._postgres_lookup import PostgresLookup, active_pools
 
 __all__ = ["PostgresLookup", "active_pools"]

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from .._base import TableStatistics
 from .._exceptions import LookupQueryError
-from .._lookup import TableStatistics
 from ._columnar import _quote_ident as quote_ident
 
 if TYPE_CHECKING:

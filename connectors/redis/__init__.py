@@ -3,6 +3,6 @@
 See ``docs/connectors.md`` (its options) and ``docs/writing-a-connector.md`` (a walk-through).
 """
 
-from ._lookup import RedisLookup
+from ._redis_lookup import RedisLookup
 
 __all__ = ["RedisLookup"]

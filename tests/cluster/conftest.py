@@ -85,7 +85,7 @@ class _Cluster:
                 "--cores", "1", "--memory", "1g", "--webui-port", "0",
                 "--work-dir", str(self.work / f"w{i}")]  # fmt: skip
         # and a local disk each: the local copies of checkpoint files its executors write
-        # (asyncio_ops._local_copies) and the databases they park (_runtime._parked) are
+        # (asyncio_ops._storage._local_copies) and the databases they park (_runtime._parked) are
         # not the other host's
         copies = {"ASYNCIO_OPS_LOCAL_COPIES": str(self.tmp / f"local-copies-w{i}"),
                   "ASYNCIO_OPS_PARKED": str(self.tmp / f"parked-w{i}")}  # fmt: skip

@@ -500,8 +500,8 @@ _WRITE_CHECKPOINT = textwrap.dedent(
     import os, sys
     os.umask(int(sys.argv[2], 8))
     import pyarrow as pa
-    from asyncio_ops._checkpoint import CheckpointStorage
-    from asyncio_ops._container import Kind
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+    from asyncio_ops._storage._container import Kind
     storage = CheckpointStorage(sys.argv[1], "op")
     storage.check_writable()
     storage.write(1, "subtask-0.ckpt", Kind.REPLAY_LOG, pa.table({"card": ["4111-1111"]}))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from asyncio_ops._container import Section
 from asyncio_ops._runtime._inflight import CarryOver, make_backend
 from asyncio_ops._runtime._stored import StoredElement
 from asyncio_ops._runtime._versions import _manifest_chains
+from asyncio_ops._storage._container import Section
 from asyncio_ops.state._keyed_snapshot import key_group_sections
 
 

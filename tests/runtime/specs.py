@@ -11,9 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._functions import AsyncFunction
 from asyncio_ops._runtime import KeyedOptions, KeyedProcessSpec, PartitionSpec, WaitOptions
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 from asyncio_ops.options import DEFAULT_CAPACITY, OutputMode
 from asyncio_ops.state import KeyedProcessFunction
 

@@ -406,7 +406,7 @@ def _fails_once_columnar(at: int) -> Columnar:
 
 @pytest.mark.parametrize("kind", ["rows", "arrow"])
 def test_a_retried_attempt_replays_completed_chunks(tmp_path: Any, kind: str) -> None:
-    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     fn: Any = Rows(fail_at=150) if kind == "rows" else _fails_once_columnar(150)
     s = spec(fn, checkpoint=CheckpointStorage(str(tmp_path), "op"), checkpoint_version=3,
@@ -437,7 +437,7 @@ def test_a_replay_log_of_another_element_kind_is_not_served(
 ) -> None:
     """An attempt retried with another element kind (rows, then columnar chunks) requests
     every lookup again instead of reading the rows' log as chunks."""
-    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     fn = HangsOnceAnyPath()
     fn.seen.update(range(300))  # nothing hangs
@@ -458,7 +458,7 @@ def test_a_replay_log_of_another_element_kind_is_not_served(
 
 
 def test_a_chunk_whose_input_changed_is_requested_again(tmp_path: Any) -> None:
-    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     fn = _fails_once_columnar(10_000)  # never fails
     s = spec(fn, checkpoint=CheckpointStorage(str(tmp_path), "op"), checkpoint_version=1)
@@ -506,7 +506,7 @@ class HangsOnceArrow(HangsOnceChunks):
 def test_chunks_in_flight_are_carried_to_the_next_micro_batch(
     tmp_path: Any, cls: type[HangsOnceChunks]
 ) -> None:
-    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     fn = cls()
     s = spec(
@@ -542,7 +542,7 @@ def test_elements_carried_over_change_kind_with_the_operator(
     """A streaming query restarted with another element kind (it became columnar, or
     chunk_size changed) restores what the last micro-batch carried over: every row
     once, the completed ones with their results, the pending ones requested again."""
-    from asyncio_ops._checkpoint import CheckpointStorage
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     storage = CheckpointStorage(str(tmp_path), "op")
     kw = {"checkpoint": storage, "drain_timeout": 2.0, "mode": mode, "capacity": 20}

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import (
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import (
     DELTA,
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -277,7 +277,7 @@ def test_full_sections_given_one_at_a_time_start_chains_where_the_file_holds_the
     file (first, in their order, a frame each here): each starts its key group's chain
     at its own frame, beside the deltas and the chains kept; a full section of a key
     group also given in ``sections``, given twice, or not of part FULL is refused."""
-    import asyncio_ops._container as container
+    import asyncio_ops._storage._container as container
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._versions import read_chains, read_version, write_version
 
@@ -321,8 +321,8 @@ def test_a_restore_parses_one_frame_at_a_time_and_applies_it_before_the_next(
     (files in version order) and applies each link as its frame is parsed: never
     every section decoded at once. Each key group's links still come in chain order,
     and a link its file lacks is named once the files are read."""
-    import asyncio_ops._container as container
     import asyncio_ops._runtime._versions as versions
+    import asyncio_ops._storage._container as container
     from asyncio_ops._runtime._versions import apply_chains, write_version
 
     monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
@@ -394,7 +394,7 @@ def test_a_partition_reads_only_the_frames_of_its_key_groups(
     """Sections share a frame up to about 4 MiB; a partition owning some key groups
     reads only their frames' byte ranges: damage in another frame is not read, damage
     in its own is named."""
-    import asyncio_ops._container as container
+    import asyncio_ops._storage._container as container
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._versions import read_version, write_version
 
@@ -650,7 +650,7 @@ def test_a_signed_file_copied_to_another_identity_does_not_verify(
 def test_a_signed_frame_read_by_its_range_verifies_alone(
     tmp_path: Path, signing: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncio_ops._container as container
+    import asyncio_ops._storage._container as container
 
     monkeypatch.setattr(container, "_FRAME_BYTES", 1)  # a frame per section
     s = CheckpointStorage(str(tmp_path), "op")
@@ -683,8 +683,8 @@ def test_the_deltas_of_several_key_groups_are_one_section_each_chain_reads_its_o
     not sorted by key group is an error naming the file."""
     import pyarrow as pa
 
-    from asyncio_ops._container import KEY_GROUP_FIELD, SHARED
     from asyncio_ops._runtime._versions import read_chains, write_version
+    from asyncio_ops._storage._container import KEY_GROUP_FIELD, SHARED
 
     s = CheckpointStorage(str(tmp_path), "op")
     chains = write_version(s, 0, 0, 1, True, {1: _kg(1, "f1"), 2: _kg(2, "f2")}, [], {},
@@ -766,7 +766,7 @@ def test_packed_columns_are_smaller_and_a_column_marked_packed_wrongly_is_named(
     table = pa.table({
         "state": ["count"] * len(keys), "key": keys, "value": [b"\x80\x05K\x02."] * len(keys)
     })  # fmt: skip
-    import asyncio_ops._container as container
+    import asyncio_ops._storage._container as container
 
     packed = container._ipc(table)
     assert packed.size < 0.7 * table.nbytes

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import AsyncFunction, OutputMode
-from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 from tests.runtime.specs import partition_spec
 
 MAXP = 16

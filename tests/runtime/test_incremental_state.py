@@ -21,18 +21,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import DELTA, SHARED, Kind, split_shared
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import (
     assign_to_key_group,
     canonical_bytes,
     compute_key_group_range_for_operator_index,
 )
-from asyncio_ops._local_copies import LocalCopies
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, KeyedProcessSpec, TaskInfo, _parked, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
 from asyncio_ops._runtime._versions import Chain, concurrently, full_due, read_previous
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import DELTA, SHARED, Kind, split_shared
+from asyncio_ops._storage._local_copies import LocalCopies
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,

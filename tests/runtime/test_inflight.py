@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import CheckpointError, CorruptCheckpointError, OutputSchemaError
-from asyncio_ops._container import DELTA, FULL, SHARED, Section
 from asyncio_ops._runtime._inflight import CarryOver, WatermarkState, snapshot_operator_state
 from asyncio_ops._runtime._stored import (
     ARROW,
@@ -25,6 +24,7 @@ from asyncio_ops._runtime._stored import (
     StoredElement,
 )
 from asyncio_ops._runtime._versions import split_shared
+from asyncio_ops._storage._container import DELTA, FULL, SHARED, Section
 from asyncio_ops.state import KeyGroupRange, assign_to_key_group
 
 from .earlier_releases import keyed_carry_over_as_earlier_releases_wrote
@@ -296,7 +296,7 @@ def _named(states: list[Any]) -> list[tuple[str, Any]]:
 def test_a_keyed_carry_over_takes_each_elements_key_group_from_its_row(kind: str) -> None:
     """Keyed, an element's key group is its row's (a chunk's first row's) key-group
     column; a row without one is refused, naming the column."""
-    from asyncio_ops._runtime._checkpointing import _key_groups
+    from asyncio_ops._runtime._partition_checkpoint import _key_groups
     from asyncio_ops._runtime._spec import KEY_GROUP_COLUMN
 
     def of(seq: int, kg: int | None) -> StoredElement:

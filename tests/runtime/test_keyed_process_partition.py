@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from asyncio_ops._checkpoint import CheckpointStorage
 from asyncio_ops._keygroups import assign_to_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,

@@ -18,10 +18,10 @@ from asyncio_ops import (
     OutputMode,
     OutputSchemaError,
 )
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import Kind
 from asyncio_ops._keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, PartitionSpec, TaskInfo, run_partition
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import Kind
 from tests.helpers import retention_threads
 from tests.runtime.specs import partition_spec
 
@@ -269,11 +269,11 @@ def test_a_shared_section_is_read_once_whole_and_each_partition_keeps_its_key_gr
     half, and the two halves are all 40 once; a file that lacks a key group its
     manifest names there, or holds one the manifest does not name there, is an error
     naming the file and the key group."""
-    from asyncio_ops._container import SHARED, Section
     from asyncio_ops._keygroups import KeyGroupRange
     from asyncio_ops._runtime._inflight import CarryOver
     from asyncio_ops._runtime._stored import ROW, ElementSerializer
     from asyncio_ops._runtime._versions import _INPUT_SCHEMA, read_previous, write_version
+    from asyncio_ops._storage._container import SHARED, Section
 
     spec = _carried_keyed(Lookup(), tmp_path)
     storage = spec.checkpoint

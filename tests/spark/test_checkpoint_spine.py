@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction, CheckpointError, ConfigurationError
-from asyncio_ops._container import MAGIC
+from asyncio_ops._storage._container import MAGIC
 from asyncio_ops.spark import ordered_wait, unordered_wait
 from tests.cross_process import log_request, requests
 from tests.spark.test_checkpoints import RequestLog

@@ -21,12 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from asyncio_ops.connectors import BatchStatistics, LookupCache
-from asyncio_ops.connectors._lookup import BaseLookup
+from asyncio_ops.connectors._base import BaseLookup
 from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import Kind
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import Kind
 from asyncio_ops.spark import ordered_wait
 from tests.conftest import S3Server
 
@@ -108,7 +108,7 @@ def test_a_write_into_a_missing_bucket_is_an_error_naming_the_file(s3_server: S3
 
 def test_credentials_in_a_location_never_reach_a_message(s3_server: S3Server) -> None:
     from asyncio_ops import CheckpointError
-    from asyncio_ops._checkpoint import shown_location
+    from asyncio_ops._storage._checkpoint_storage import shown_location
 
     secret = "wJalr-THE-SECRET"
     location = s3_server("x").replace("testing:testing@aops-tests", f"AKID:{secret}@no-bucket")

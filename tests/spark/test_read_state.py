@@ -216,10 +216,10 @@ def test_a_checkpoint_without_key_columns_gives_the_key_as_json(
     them; here by the partition runner with no key schema) gives one ``key`` column."""
     import pyarrow as pa
 
-    from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
     from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     storage = CheckpointStorage(str(tmp_path), "old")
     spec = keyed_process_spec(
@@ -249,10 +249,10 @@ def test_a_read_of_a_running_query_keeps_its_versions_from_retention(
     version, partition 0's retention keeping 2 (full snapshots every 2)."""
     import pyarrow as pa
 
-    from asyncio_ops._checkpoint import CheckpointStorage
     from asyncio_ops._keygroups import assign_to_key_group
     from asyncio_ops._runtime import KEY_GROUP_COLUMN, TaskInfo
     from asyncio_ops._runtime._keyed_partition import run_keyed_process
+    from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 
     storage = CheckpointStorage(str(tmp_path), "running")
     spec = keyed_process_spec(

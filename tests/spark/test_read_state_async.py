@@ -19,8 +19,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from asyncio_ops import AsyncFunction, CheckpointError, ConfigurationError
-from asyncio_ops._checkpoint import CheckpointStorage
-from asyncio_ops._container import Kind
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
+from asyncio_ops._storage._container import Kind
 from asyncio_ops.spark import ordered_wait, read_state, unordered_wait
 from tests.cross_process import log_request, requests
 

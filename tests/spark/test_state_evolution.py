@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from asyncio_ops import IncompatibleStateError
-from asyncio_ops._checkpoint import CheckpointStorage
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage
 from asyncio_ops.spark import keyed_process, read_state
 from asyncio_ops.state import (
     Collector,

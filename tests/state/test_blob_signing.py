@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncio_ops._container import FRAME_HEADER_SIZE, HEADER_SIZE, Kind, Section, encode
+from asyncio_ops._storage._container import FRAME_HEADER_SIZE, HEADER_SIZE, Kind, Section, encode
 from asyncio_ops.state import CorruptStateError, ValueStateDescriptor
 from asyncio_ops.state._blob import KEYED_STATE, SIGNING_KEY_ENV, seal, unseal
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from asyncio_ops._container import Kind, _ipc
 from asyncio_ops._keygroups import canonical_bytes
+from asyncio_ops._storage._container import Kind, _ipc
 from asyncio_ops.state import (
     HeapKeyedStateBackend,
     KeyedStateBackend,

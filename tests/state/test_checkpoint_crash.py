@@ -61,12 +61,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncio_ops._checkpoint import CheckpointStorage, Version
-from asyncio_ops._container import Kind, Section, encode
 from asyncio_ops._exceptions import CheckpointError
 from asyncio_ops._keygroups import assign_to_key_group, compute_key_group_range_for_operator_index
 from asyncio_ops._runtime import KEY_GROUP_COLUMN, STATE_BACKENDS, KeyedProcessSpec, TaskInfo, _warm
 from asyncio_ops._runtime._keyed_partition import run_keyed_process
+from asyncio_ops._storage._checkpoint_storage import CheckpointStorage, Version
+from asyncio_ops._storage._container import Kind, Section, encode
 from asyncio_ops.state import (
     Collector,
     KeyedProcessContext,

@@ -19,8 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncio_ops._container import DELTA, SHARED, Kind, Section, decode, encode, split_shared
 from asyncio_ops._keygroups import assign_to_key_group
+from asyncio_ops._storage._container import (
+    DELTA,
+    SHARED,
+    Kind,
+    Section,
+    decode,
+    encode,
+    split_shared,
+)
 from asyncio_ops._timers import InternalTimerService, Timer
 from asyncio_ops.state import (
     KeyedStateBackend,

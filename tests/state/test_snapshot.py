@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncio_ops._container import FORMAT_VERSION, HEADER_SIZE
+from asyncio_ops._storage._container import FORMAT_VERSION, HEADER_SIZE
 from asyncio_ops._timers import InternalTimerService, Timer
 from asyncio_ops.state import (
     AggregatingStateDescriptor,

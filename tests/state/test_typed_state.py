@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import IncompatibleStateError, StateTypeError
-from asyncio_ops._container import Kind, Section, decode, encode
+from asyncio_ops._storage._container import Kind, Section, decode, encode
 from asyncio_ops.state import (
     ConfigurationError,
     KeyedStateBackend,
@@ -140,7 +140,7 @@ def test_one_delta_section_of_many_key_groups_carries_typed_columns(
 ) -> None:
     """The deltas of every key group touched are one packed section through a container:
     typed states' columns travel in it, and each key group applies as written."""
-    from asyncio_ops._container import SHARED
+    from asyncio_ops._storage._container import SHARED
     from asyncio_ops.state._keyed_snapshot import snapshot_changes
 
     backend = make_backend()

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from ._elements import StreamElement
+from .._elements import StreamElement
 
 if TYPE_CHECKING:
-    from .options import OutputMode
+    from ..options import OutputMode
 
 SNAPSHOT_VERSION: Final = 1
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._elements import Record, Watermark
+from ..._elements import Record, Watermark
 from .._limit import SignalsOverload
 from .._results import bad_results, describe_record, element_failure
 from ._core import _Entry, _OperatorCore

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._elements import Record
-from ._exceptions import (
+from .._elements import Record
+from .._exceptions import (
     AsyncOperatorError,
     AsyncOpsError,
     AsyncTimeoutError,

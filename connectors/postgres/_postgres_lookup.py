@@ -39,17 +39,17 @@ import asyncpg  # type: ignore[import-untyped,unused-ignore]
 from asyncio_ops import ArrowResult, ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, int_between, seconds
 
+from .._base import BaseLookup, Row, TableStatistics
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache
 from .._exceptions import LookupAmbiguousError, LookupKeyError, LookupQueryError
 from .._keys import KeyFields
-from .._lookup import BaseLookup, Row, TableStatistics
 from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, redact_dsn, url_secrets
 from .._resources import SharedResources
 from . import _bulk
+from ._asyncpg_errors import is_query_error, map_asyncpg_errors
 from ._columnar import ARRAY_OIDS, TEXT_OIDS, Columnar, decode
-from ._errors import is_query_error, map_asyncpg_errors
 from ._matching import (
     arrow_kind,
     foreign_column,

@@ -9,7 +9,7 @@ The rest is inherited from the parts, one module each: admission and capacity
 (``_admission``), completion and emission (``_completion``), timeouts and retries
 (``_timeouts``), snapshot and restore (``_snapshots``).
 
-Call order: see the package (``asyncio_ops._operator``).
+Call order: see the package (``asyncio_ops._engine._wait_operator``).
 """
 
 from __future__ import annotations
@@ -23,24 +23,18 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Final
 
-from .._clock import Scheduler, SystemClock
-from .._elements import Record
-from .._exceptions import ConfigurationError
-from .._functions import (
+from ..._clock import Scheduler, SystemClock
+from ..._elements import Record
+from ..._exceptions import ConfigurationError
+from ..._functions import (
     AsyncFunction,
     CoroutineFunction,
     RuntimeContext,
     as_async_function,
     maybe_await,
 )
-from .._limit import AdaptiveLimit
-from .._queues import make_queue
-from .._retry import AsyncRetryStrategy
-from .._snapshot import OperatorSnapshot
-from .._statistics import LatencyHistogram, OperatorStatistics
-from .._timeout_slots import TimeoutSlots
-from .._timers import InternalTimerService
-from ..options import (
+from ..._timers import InternalTimerService
+from ...options import (
     DEFAULT_CAPACITY,
     DEFAULT_MAX_CAPACITY,
     OutputMode,
@@ -49,10 +43,16 @@ from ..options import (
     positive_int,
     positive_seconds,
 )
+from .._limit import AdaptiveLimit
+from .._operator_snapshot import OperatorSnapshot
+from .._queues import make_queue
+from .._retry import AsyncRetryStrategy
+from .._statistics import LatencyHistogram, OperatorStatistics
+from .._timeout_slots import TimeoutSlots
 from ._admission import _Admission
 from ._completion import _Completion
 from ._core import _NO_HOOKS, FailureHandler, OutputFn, RuntimeHooks, _Entry
-from ._snapshots import _Snapshots
+from ._snapshot_restore import _Snapshots
 from ._timeouts import _RetryTrigger, _Timeouts
 
 CLOSE_GRACE: Final = 5.0
@@ -69,12 +69,12 @@ class AsyncWaitOperator(_Admission, _Completion, _Timeouts, _Snapshots):
         output: called with each emitted :class:`Record` / :class:`Watermark`.
         timeout: seconds (or ``timedelta``) per element, retries included.
         capacity: maximum elements in flight (queue size, watermarks included), or
-            ``"auto"``: an :class:`~asyncio_ops._limit.AdaptiveLimit` finds the
+            ``"auto"``: an :class:`~asyncio_ops._engine._limit.AdaptiveLimit` finds the
             number of elements in flight from the observed throughput and latency
             (errors are not throughput; cut on timeouts, on errors whose
             ``overload`` is true and on an error rate that rises with it), between 1
             and ``max_capacity``, which then sizes the queue; or an
-            :class:`~asyncio_ops._limit.AdaptiveLimit` of the caller's (a runtime
+            :class:`~asyncio_ops._engine._limit.AdaptiveLimit` of the caller's (a runtime
             that carries a limit from one operator instance to the next).
         mode: :class:`OutputMode`.
         retry: an :class:`AsyncRetryStrategy`; ``None`` never retries.

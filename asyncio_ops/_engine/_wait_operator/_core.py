@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .._clock import Scheduler
-from .._elements import Record, StreamElement, Watermark
-from .._functions import AsyncFunction, RuntimeContext
+from ..._clock import Scheduler
+from ..._elements import Record, StreamElement, Watermark
+from ..._functions import AsyncFunction, RuntimeContext
+from ..._timers import InternalTimerService
+from ...options import OutputMode
 from .._limit import AdaptiveLimit
+from .._operator_snapshot import OperatorSnapshot
 from .._queues import ElementQueue, ResultHandle
 from .._retry import AsyncRetryStrategy
-from .._snapshot import OperatorSnapshot
 from .._statistics import LatencyHistogram
 from .._timeout_slots import Slot, TimeoutSlots
-from .._timers import InternalTimerService
-from ..options import OutputMode
 
 OutputFn = Callable[[StreamElement], object]
 FailureHandler = Callable[[Record[Any], BaseException, int], Sequence[Any]]

@@ -12,7 +12,7 @@ execution id, so that names sort in the order the runs ran (retention and the
 function state's source pick by that order, on object stores too).
 ``checkpoint_version=N`` pins an int version instead.
 
-What is written (every file one Arrow IPC table, see ``asyncio_ops._checkpoint``):
+What is written (every file one Arrow IPC table, see ``asyncio_ops._storage._checkpoint_storage``):
 
 - ``results-p<i>-<token>-<seq>``: the replay log (``_replay_log``).
 - streaming: the carried-over elements, per key group (keyed) or in the
@@ -39,9 +39,8 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._checkpoint import Version
-from .._container import KEY_GROUP_FIELD, SHARED, Kind, Section
 from .._elements import Watermark
+from .._engine._operator_snapshot import SnapshotEntry
 from .._exceptions import CheckpointError
 from .._functions import CheckpointedFunction
 from .._keygroups import (
@@ -49,7 +48,8 @@ from .._keygroups import (
     KeyGroupRange,
     compute_key_group_range_for_operator_index,
 )
-from .._snapshot import SnapshotEntry
+from .._storage._checkpoint_storage import Version
+from .._storage._container import KEY_GROUP_FIELD, SHARED, Kind, Section
 from ._claim import claim
 from ._inflight import (
     WATERMARK_META,

@@ -72,14 +72,14 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from ._clock import Scheduler
-from ._container import Section
-from ._elements import Record, StreamElement, Watermark
-from ._exceptions import ConfigurationError, StateError
-from ._functions import RuntimeContext
-from ._timers import InternalTimerService, Timer
-from .state._backend import KeyedStateBackend
-from .state._function import (
+from .._clock import Scheduler
+from .._elements import Record, StreamElement, Watermark
+from .._exceptions import ConfigurationError, StateError
+from .._functions import RuntimeContext
+from .._storage._container import Section
+from .._timers import InternalTimerService, Timer
+from ..state._backend import KeyedStateBackend
+from ..state._function import (
     Collector,
     KeyedProcessContext,
     KeyedProcessFunction,
@@ -88,7 +88,7 @@ from .state._function import (
     TimerService,
     ValueCollector,
 )
-from .state._keyed_snapshot import (
+from ..state._keyed_snapshot import (
     Changes,
     apply_change,
     restore_key_groups,

@@ -26,9 +26,9 @@ import types
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
-from .._elements import Record, Watermark
+from ..._elements import Record, Watermark
+from ...options import OutputMode
 from .._limit import AdaptiveLimit
-from ..options import OutputMode
 from ._core import _Entry, _OperatorCore, _Restored
 
 

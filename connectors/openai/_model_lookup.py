@@ -100,8 +100,8 @@ from .. import (
 )
 from .._redact import Scrubber, redact_url
 from .._slow_down import SLOW_DOWN, pace_of
-from ..http._errors import aiohttp_error
-from ..http._lookup import parse_retry_after
+from ..http._aiohttp_errors import aiohttp_error
+from ..http._http_lookup import parse_retry_after
 from ._wire import Template, api_root, reported_usage
 
 if TYPE_CHECKING:

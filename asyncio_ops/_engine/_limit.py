@@ -90,8 +90,8 @@ import math
 from collections import deque
 from typing import Final, Protocol, runtime_checkable
 
-from ._exceptions import ConfigurationError
-from .options import DEFAULT_MAX_CAPACITY, positive_int
+from .._exceptions import ConfigurationError
+from ..options import DEFAULT_MAX_CAPACITY, positive_int
 
 log = logging.getLogger("asyncio_ops.limit")
 

@@ -23,13 +23,13 @@ Layout under ``location`` (a local path or a URI: file://, hdfs://, s3://, gs://
 Streaming queries use their micro-batch ids as versions; a batch job writes
 one ``run-<id>`` directory per action (see ``docs/spark.md``).
 
-Every file is one container (``asyncio_ops._container``): a header naming
+Every file is one container (``asyncio_ops._storage._container``): a header naming
 its kind, then typed Arrow tables as sections (a key-group file: one section
 per key group, which the manifest locates by offset and length, so a
 rescaled partition reads only the byte ranges of its key groups), each with
 its CRC and, with a signing key in ``ASYNCIO_OPS_STATE_SIGNING_KEY``, an
 HMAC-SHA256 over its bytes, the file's kind and its identity,
-``<uid>/<version>/<name>`` (see ``asyncio_ops._signing``): never pickle, so
+``<uid>/<version>/<name>`` (see ``asyncio_ops._storage._signing``): never pickle, so
 loading a checkpoint never runs code. A file is written to a temporary name
 and then moved into place, so a reader sees a whole file or none (on S3 and
 GCS, where an object appears only once its upload completes, it is written
@@ -41,7 +41,7 @@ refused by name.
 
 On a remote filesystem, the key-group files a worker writes are also kept on
 its local disk, and reads of them prefer those copies when they verify
-(``asyncio_ops._local_copies``).
+(``asyncio_ops._storage._local_copies``).
 
 Files hold the payloads of in-flight rows (whatever columns the input had):
 protect the location as you would the input data. They are written with the
@@ -61,8 +61,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from .._exceptions import CheckpointError, CorruptCheckpointError
 from ._container import Frame, Kind, Section, encode, frame_sections, frames
-from ._exceptions import CheckpointError, CorruptCheckpointError
 from ._local_copies import LocalCopies, directory
 
 _VERSION_DIR = re.compile(r"^v(\d{10})$")
@@ -195,7 +195,7 @@ class CheckpointStorage:
         self.object_store = fs.type_name in _OBJECT_STORES
         # every request waits on a network: independent reads are worth making at once
         self.remote = fs.type_name != "local"
-        # the key-group files this machine wrote, kept on its disk (asyncio_ops._local_copies)
+        # the key-group files this machine wrote, kept on its disk (_local_copies)
         found = directory() if self.remote else None
         self.local = (
             LocalCopies(found[0], f"{shown_location(location)}|{uid}", private=found[1])
@@ -258,9 +258,9 @@ class CheckpointStorage:
     ) -> list[tuple[int, int, int]]:
         """Atomically write ``sections`` as ``<version dir>/<name>``, a container of
         ``kind``; returns each section's ``(offset, length)`` in the file (of its frame)
-        and its own size (``asyncio_ops._container.encode``, which takes the sections
+        and its own size (``asyncio_ops._storage._container.encode``, which takes the sections
         one at a time: a generator's are never all in memory). ``local``: keep a local
-        copy too (an attempt-unique name; ``asyncio_ops._local_copies``). ``thorough``:
+        copy too (an attempt-unique name; ``asyncio_ops._storage._local_copies``). ``thorough``:
         small frames compressed harder (a file many versions keep; ``encode``).
 
         On an object store (S3, GCS) the object is uploaded under its final name: it
@@ -331,7 +331,7 @@ class CheckpointStorage:
         """The sections of ``<version dir>/<name>`` (a container of ``kind``), verified:
         all of them, or those in the byte ``ranges`` (``(offset, length)``, each covering
         whole sections: one ranged read each). ``local``: from its local copy if there
-        is one that verifies (an attempt-unique name; ``asyncio_ops._local_copies``);
+        is one that verifies (an attempt-unique name; ``asyncio_ops._storage._local_copies``);
         ``keep``: else read the file whole (unless it is much larger than the ranges)
         and keep it as the local copy."""
         where = f"checkpoint file {self.path(version, name)}"
@@ -351,7 +351,7 @@ class CheckpointStorage:
         keep: bool = False,
     ) -> list[Frame]:
         """:meth:`read_sections`, its frames checked (lengths, checksums, signatures) but
-        not yet parsed (``asyncio_ops._container.frame_sections`` parses one): what a
+        not yet parsed (``asyncio_ops._storage._container.frame_sections`` parses one): what a
         reader that applies a frame at a time holds is the file's stored bytes."""
         path = self.path(version, name)
         where = f"checkpoint file {path}"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError
 
 ResultPredicate = Callable[[Sequence[Any]], bool]
 ExceptionPredicate = Callable[[BaseException], bool]

@@ -2,7 +2,7 @@
 timers.
 
 Owns the element's timeout and its retries. The timeout is a slot of the
-operator's :class:`~asyncio_ops._timeout_slots.TimeoutSlots` (timers of the
+operator's :class:`~asyncio_ops._engine._timeout_slots.TimeoutSlots` (timers of the
 ``"async-timeouts"`` service), armed by the worker that first runs the element and
 released when it completes; when it fires for an element not yet complete,
 :meth:`_Timeouts._on_timeout` cancels the attempt in flight (the worker lets it go)
@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..._timers import Timer
 from .._results import bad_timeout_results
-from .._timers import Timer
 from ._core import _Entry, _OperatorCore
 
 

@@ -91,8 +91,8 @@ Semantics:
 
 from __future__ import annotations
 
+from ...options import OutputMode
 from .._queues import make_queue
-from ..options import OutputMode
 from ._async_wait import CLOSE_GRACE, AsyncWaitOperator
 from ._core import FailureHandler, OperatorHooks, OutputFn, RuntimeHooks
 

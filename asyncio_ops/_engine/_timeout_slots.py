@@ -26,8 +26,8 @@ import math
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from ._clock import Scheduler
-from ._timers import InternalTimerService, Timer
+from .._clock import Scheduler
+from .._timers import InternalTimerService, Timer
 
 __all__ = ["TIMEOUT_GRANULARITY", "Slot", "TimedElement", "TimeoutSlots"]
 

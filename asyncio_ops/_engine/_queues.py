@@ -47,9 +47,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._elements import Record, StreamElement, Watermark
-from ._exceptions import ConfigurationError, WatermarkNotSupportedError
-from .options import OutputMode, positive_int
+from .._elements import Record, StreamElement, Watermark
+from .._exceptions import ConfigurationError, WatermarkNotSupportedError
+from ..options import OutputMode, positive_int
 
 _EMPTY: tuple[()] = ()
 

@@ -43,7 +43,7 @@ signature also the container's identity), so a reader can fetch just the
 frames holding the key groups it needs (Flink's key-group offsets):
 :func:`encode` returns each section's frame as ``(offset, length)``, which the
 manifest keeps, and ``decode(..., whole=False)`` reads such a range. With a
-signing key in ``ASYNCIO_OPS_STATE_SIGNING_KEY`` (``asyncio_ops._signing``)
+signing key in ``ASYNCIO_OPS_STATE_SIGNING_KEY`` (``asyncio_ops._storage._signing``)
 every frame is signed over the container's identity (for a checkpoint file:
 ``<uid>/<version or run>/<name>``, the name telling its partition), its kind
 and its bytes (the sections' tags and parts inside): only frames that verify
@@ -75,7 +75,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._exceptions import AsyncOpsError
+from .._exceptions import AsyncOpsError
 from ._signing import MAC_SIZE, SIGNING_KEY_ENV, mac, signing_key, verifies
 
 __all__ = [

@@ -6,13 +6,13 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from ._clock import Scheduler
-from ._elements import StreamElement, Watermark
-from ._functions import AsyncFunction
-from ._operator import AsyncWaitOperator, OutputMode
+from .._clock import Scheduler
+from .._elements import StreamElement, Watermark
+from .._functions import AsyncFunction
+from ..options import DEFAULT_CAPACITY, DEFAULT_MAX_CAPACITY
+from ._operator_snapshot import OperatorSnapshot
 from ._retry import AsyncRetryStrategy
-from ._snapshot import OperatorSnapshot
-from .options import DEFAULT_CAPACITY, DEFAULT_MAX_CAPACITY
+from ._wait_operator import AsyncWaitOperator, OutputMode
 
 
 async def run_async_wait(

@@ -32,6 +32,7 @@ from yarl import URL
 from asyncio_ops import ConfigurationError, PreflightContext
 from asyncio_ops.options import at_least, seconds
 
+from .._base import BaseLookup, Row
 from .._batching import BatchStatistics, KeyBatcher
 from .._cache import LookupCache
 from .._exceptions import (
@@ -41,12 +42,11 @@ from .._exceptions import (
     LookupResponseError,
     LookupTimeout,
 )
-from .._lookup import BaseLookup, Row
 from .._rate_limit import RateLimit, rate_limit_option
 from .._redact import Scrubber, is_sensitive_name, redact_headers, redact_url, url_secrets
 from .._resources import SharedResources
 from .._slow_down import SLOW_DOWN, pace_of
-from ._errors import aiohttp_error
+from ._aiohttp_errors import aiohttp_error
 from ._template import JsonTemplate, ParamsTemplate, Template, text_of
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Signing what asyncio_ops writes: one key from the environment, HMAC-SHA256.
 
 With a key in :data:`SIGNING_KEY_ENV`, every checkpoint file
-(``asyncio_ops._checkpoint``) and every state blob (``asyncio_ops.state._blob``)
+(``asyncio_ops._storage._checkpoint_storage``) and every state blob (``asyncio_ops.state._blob``)
 is signed when written, and only what verifies is read at all: an unsigned file,
 one signed with another key, an altered one, or (for checkpoint files) one that
 was written for another operator, version, partition, key group or file kind is

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._elements import Record, Watermark
-from .._exceptions import ConfigurationError
-from .._snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
-from ..options import OutputMode
+from ..._elements import Record, Watermark
+from ..._exceptions import ConfigurationError
+from ...options import OutputMode
+from .._operator_snapshot import SNAPSHOT_VERSION, OperatorSnapshot, SnapshotEntry
 from ._core import _Entry, _OperatorCore, _Restored
 
 
