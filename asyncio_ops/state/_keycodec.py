@@ -61,16 +61,24 @@ def encoded_key_group(enc: bytes, max_parallelism: int) -> int:
     return int(h) % max_parallelism
 
 
+def _int64_values(keys: Sequence[Any]) -> np.ndarray | None:
+    """The keys as an int64 array; None unless every key is an ``int`` (not a bool or a
+    subclass) in the int64 range (beyond it a key is encoded with ``b"I"``, row by row)."""
+    if not keys or set(map(type, keys)) != {int}:
+        return None
+    try:
+        return np.fromiter(keys, np.int64, len(keys))
+    except OverflowError:
+        return None
+
+
 def int_key_column(keys: list[Any]) -> tuple[list[int], pa.FixedSizeBinaryArray] | None:
     """Integer keys' canonical bytes in their order (``sorted(canonical_bytes(k) for k in
     keys)``), computed as arrays: the positions in ``keys`` in that order, and the bytes
     (``b"i"`` and 8 little-endian bytes each). None unless every key is an ``int`` (not
     a bool or a subclass) in the int64 range, and distinct."""
-    if not keys or set(map(type, keys)) != {int}:
-        return None
-    try:
-        values = np.fromiter(keys, np.int64, len(keys))
-    except OverflowError:  # beyond int64: encoded with b"I", row by row
+    values = _int64_values(keys)
+    if values is None:
         return None
     # little-endian bytes compared as bytes: the byte-swapped value compared as unsigned
     order = np.argsort(values.byteswap().view(np.uint64), kind="stable")
@@ -91,11 +99,8 @@ def int_key_rows(keys: Sequence[Any], key_groups: Sequence[int]) -> np.ndarray |
     of a uint8 matrix computed as arrays (15 bytes each: the group, the length 9, ``b"i"``
     and 8 little-endian bytes); None unless every key is an ``int`` (not a bool or a
     subclass) in the int64 range."""
-    if not keys or set(map(type, keys)) != {int}:
-        return None
-    try:
-        values = np.fromiter(keys, np.int64, len(keys))
-    except OverflowError:  # beyond int64: encoded with b"I", row by row
+    values = _int64_values(keys)
+    if values is None:
         return None
     rows = np.empty((len(keys), 15), np.uint8)
     rows[:, 0:2] = np.asarray(key_groups, ">u2").view(np.uint8).reshape(-1, 2)
