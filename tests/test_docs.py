@@ -24,8 +24,7 @@ Blocks without a language are output samples and diagrams, not code.
   dropped, spaces as ``-``, ``-1``, ``-2`` for repeated headings).
 - docs/reference.md is what ``scripts.reference`` generates from the public names'
   docstrings; every public class and function has a docstring with an example (``>>>``,
-  run here as a doctest, or an ``Example::`` block, compiled here), but the names listed
-  in :data:`WITHOUT_EXAMPLE`.
+  run here as a doctest, or an ``Example::`` block, compiled here).
 """
 
 from __future__ import annotations
@@ -353,36 +352,6 @@ def test_the_reference_is_the_docstrings() -> None:
     )
 
 
-# Public names whose docstring has no example yet: the ones whose modules other work was
-# changing when the examples were written. Adding an example fails the test until the name
-# leaves this list; a new public name needs an example from the start.
-WITHOUT_EXAMPLE: set[str] = {
-    # asyncio_ops/_engine/_wait_operator/
-    "asyncio_ops.AsyncWaitOperator", "asyncio_ops.OperatorHooks", "asyncio_ops.RuntimeHooks",
-    # asyncio_ops/state/
-    "asyncio_ops.decode_canonical",
-    *(f"asyncio_ops.state.{name}" for name in (
-        "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Collector",
-        "HeapKeyedStateBackend", "KeyedProcessContext", "KeyedProcessFunction",
-        "KeyedRuntimeContext", "KeyedStateBackend", "ListState", "ListStateDescriptor",
-        "MapState", "MapStateDescriptor", "OperatorStateBackend", "PickleSerializer",
-        "ReducingState", "ReducingStateDescriptor", "RocksDBKeyedStateBackend",
-        "RocksDBSnapshot", "Serializer", "State", "StateDescriptor", "StateTtlConfig",
-        "StateVisibility", "TimeDomain", "TimerService", "TtlTimeCharacteristic", "UpdateType",
-        "ValueState", "ValueStateDescriptor", "cleanup_full_snapshot",
-        "cleanup_in_rocksdb_compaction", "cleanup_incrementally", "restore_key_groups",
-        "snapshot_key_groups",
-    )),
-    # asyncio_ops/spark/: all but _api.py, _keyed_process.py and _read_state.py
-    *(f"asyncio_ops.spark.{name}" for name in (
-        "AsyncDataStream", "AsyncMetrics", "Time", "library_error", "library_errors",
-        "lookup_join", "register", "register_table", "route_values", "session",
-    )),
-    # connectors/postgres/
-    "asyncio_ops.connectors.postgres.PostgresLookup",
-    "asyncio_ops.connectors.postgres.active_pools",
-}  # fmt: skip
-
 EXAMPLE_BLOCK = re.compile(r"^Examples?\b[^\n]*::[ \t]*\n((?:[ \t]*\n|[ \t]+\S.*(?:\n|$))+)", re.M)
 
 
@@ -405,8 +374,7 @@ def test_every_public_name_has_a_docstring_with_an_example() -> None:
         f"{e.module}.{e.name}" for e in _public()
         if not (">>>" in (doc := reference.own_doc(e.obj)) or EXAMPLE_BLOCK.search(doc))
     }  # fmt: skip
-    assert sorted(missing - WITHOUT_EXAMPLE) == [], "no example in the docstring"
-    assert sorted(WITHOUT_EXAMPLE - missing) == [], "has an example now: take it off the list"
+    assert sorted(missing) == [], "no example in the docstring"
 
 
 def test_docstring_examples_run() -> None:

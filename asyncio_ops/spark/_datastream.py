@@ -58,7 +58,21 @@ def _seconds(timeout: Timeout) -> float | timedelta | str:
 
 
 class AsyncDataStream:
-    """PyFlink's ``AsyncDataStream`` over DataFrames (see the module docstring)."""
+    """PyFlink's ``AsyncDataStream`` over DataFrames (see the module docstring).
+
+    Example::
+
+        from asyncio_ops import AsyncFunction
+        from asyncio_ops.spark import AsyncDataStream, Time, session
+
+        class Names(AsyncFunction):  # a PyFlink function: a Row in, results out
+            async def async_invoke(self, value):
+                return [(value.id, f"customer-{value.id}")]
+
+        spark = session()
+        names = AsyncDataStream.unordered_wait(spark.range(100), Names(), Time.seconds(5), 100,
+                                               "id long, name string")
+    """
 
     @staticmethod
     def _apply(

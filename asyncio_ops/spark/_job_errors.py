@@ -72,7 +72,19 @@ def _spark_errors() -> tuple[type[BaseException], ...]:
 def library_error(exc: BaseException) -> AsyncOpsError | None:
     """The asyncio_ops exception that failed the Spark task behind ``exc`` (Spark's
     exception of an action), its ``__cause__`` set to ``exc``; None when ``exc`` is
-    not Spark's, or the task's last exception is not one of asyncio_ops'."""
+    not Spark's, or the task's last exception is not one of asyncio_ops'.
+
+    Example::
+
+        from pyspark.errors import PySparkException
+        from asyncio_ops.spark import library_error
+
+        try:
+            enriched.write.parquet("out/")  # a Spark action on a plan of ordered_wait
+        except PySparkException as exc:
+            error = library_error(exc)  # e.g. the LookupTimeout a task raised
+            raise (error or exc) from exc
+    """
     if not isinstance(exc, _spark_errors()):
         return None
     try:
@@ -116,7 +128,19 @@ def library_error(exc: BaseException) -> AsyncOpsError | None:
 def library_errors() -> Iterator[None]:
     """Around Spark actions: a task failed by an asyncio_ops exception raises that
     exception (:func:`library_error`) instead of Spark's, which becomes its cause.
-    Also a decorator (``@library_errors()``)."""
+    Also a decorator (``@library_errors()``).
+
+    Example::
+
+        from asyncio_ops import AsyncOpsError
+        from asyncio_ops.spark import library_errors
+
+        try:
+            with library_errors():
+                enriched.write.parquet("out/")  # a Spark action on a plan of ordered_wait
+        except AsyncOpsError as error:  # a task's own exception, Spark's as __cause__
+            print(type(error).__name__, error)
+    """
     try:
         yield
     except Exception as exc:

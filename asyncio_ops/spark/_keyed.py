@@ -32,7 +32,14 @@ _pack_i = struct.Struct("<i").pack
 
 @cache
 def route_values(parallelism: int) -> tuple[int, ...]:
-    """For each partition ``i``, the smallest int whose Spark ``hash()`` mod ``P`` is ``i``."""
+    """For each partition ``i``, the smallest int whose Spark ``hash()`` mod ``P`` is ``i``.
+
+    Example:
+
+    >>> from asyncio_ops.spark import route_values
+    >>> route_values(4)  # Spark's hash(12) % 4 == 0, hash(6) % 4 == 1, ...
+    (12, 6, 2, 0)
+    """
     routes: list[int | None] = [None] * parallelism
     missing = parallelism
     candidate = 0

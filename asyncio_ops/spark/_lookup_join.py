@@ -312,6 +312,15 @@ def lookup_join(
     takes from the whole job (skips the probe); ``probe_keys``: the keys the
     probe looks up; ``broadcast_threshold``: the bytes of the lookup side up to
     which it is broadcast. Every other keyword is an ``ordered_wait`` option.
+
+    Example::
+
+        from asyncio_ops.connectors.http import HttpLookup
+        from asyncio_ops.spark import lookup_join
+
+        customers = HttpLookup("http://api:8080/customers/{customer_id}")
+        enriched = lookup_join(orders, customers, timeout=10,
+                               output_schema="name string, tier string", explain=True)
     """
     choice(strategy, "strategy", STRATEGIES)
     choice(how, "how", HOWS)

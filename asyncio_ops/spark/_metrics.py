@@ -30,6 +30,19 @@ class AsyncMetrics:
     Read :attr:`value` (or :meth:`summary`) after an action has run. Backed by
     a Spark accumulator, so a task that Spark re-runs counts twice: these are
     monitoring figures, not results.
+
+    Example::
+
+        from asyncio_ops.spark import AsyncMetrics, ordered_wait, session
+
+        async def lookup(row):
+            return [{"name": f"customer-{row['id']}"}]
+
+        spark = session()
+        metrics = AsyncMetrics(spark)
+        ordered_wait(spark.range(1000), lookup, timeout=5.0, output_schema="name string",
+                     metrics=metrics).count()
+        print(metrics.summary())  # after the action: its tasks' figures, summed
     """
 
     def __init__(self, spark: Any) -> None:

@@ -57,6 +57,14 @@ def session(
     UI included (progress, stages and task times at port 4040 and on). A job
     failed by an asyncio_ops exception raises that exception, Spark's as its
     cause (docs/spark.md, "When a job fails").
+
+    Example::
+
+        from asyncio_ops.spark import session
+
+        spark = session()  # local[*, 4] unless spark-submit or the environment says
+        cluster = session("spark://master:7077", app_name="enrich",
+                          conf={"spark.executor.memory": "4g"})
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

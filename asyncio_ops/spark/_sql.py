@@ -108,7 +108,20 @@ def register(
 ) -> Any:
     """Register ``fn`` as the SQL function ``name`` of ``spark`` and return it (a
     ``UserDefinedFunction``, callable from the DataFrame API too). See the module
-    docstring; every option as ``ordered_wait``'s (docs/sql.md)."""
+    docstring; every option as ``ordered_wait``'s (docs/sql.md).
+
+    Example::
+
+        from asyncio_ops.spark import register, session
+
+        async def customer(row):  # the arguments, by input_schema's names
+            return [{"name": f"customer-{row['customer_id']}", "tier": "gold"}]
+
+        spark = session()
+        register(spark, "lookup_customer", customer, timeout=5.0,
+                 input_schema="customer_id long", output_schema="name string, tier string")
+        spark.sql("SELECT id, lookup_customer(id).name FROM range(10)").show()
+    """
     sql = prepare("register", spark, name, fn, timeout, output_schema, input_schema, options,
                   SQL_OPTIONS)  # fmt: skip
     opts = sql.options

@@ -79,7 +79,20 @@ def register_table(
 ) -> Any:
     """Register ``fn`` as the SQL table function ``name`` of ``spark`` and return it (a
     ``UserDefinedTableFunction``: ``f(df.asTable())`` from the DataFrame API). See the
-    module docstring; every option as ``unordered_wait``'s (docs/sql.md)."""
+    module docstring; every option as ``unordered_wait``'s (docs/sql.md).
+
+    Example::
+
+        from asyncio_ops.spark import register_table, session
+
+        async def order_lines(row):  # one row of the table in, any number of rows out
+            return [{"line": i, "sku": f"sku-{row['order_id']}-{i}"} for i in range(2)]
+
+        spark = session()
+        register_table(spark, "order_lines", order_lines, timeout=5.0,
+                       input_schema="order_id long", output_schema="line int, sku string")
+        spark.sql("SELECT * FROM order_lines(TABLE(SELECT id AS order_id FROM range(10)))")
+    """
     sql = prepare("register_table", spark, name, fn, timeout, output_schema, input_schema,
                   options, TABLE_OPTIONS)  # fmt: skip
     opts = sql.options

@@ -28,7 +28,16 @@ _MS_PER: Final = {
 
 
 class Time:
-    """A duration in whole milliseconds, as PyFlink's ``Time``."""
+    """A duration in whole milliseconds, as PyFlink's ``Time``.
+
+    Example:
+
+    >>> from asyncio_ops.spark import Time
+    >>> Time.seconds(5).to_milliseconds(), Time.minutes(2)
+    (5000, Time.milliseconds(120000))
+    >>> Time.seconds(1) == Time.milliseconds(1000), Time.hours(1).to_timedelta()
+    (True, datetime.timedelta(seconds=3600))
+    """
 
     __slots__ = ("_ms",)
 

@@ -36,7 +36,20 @@ OUT = TypeVar("OUT")
 
 
 class State(ABC):
-    """Any state: it can be cleared for the current key."""
+    """Any state: it can be cleared for the current key.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, State, ValueStateDescriptor)
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> seen = backend.get_state(ValueStateDescriptor("seen"))
+    >>> backend.set_current_key("user-1")
+    >>> seen.update(True)
+    >>> seen.clear()
+    >>> isinstance(seen, State), seen.value()
+    (True, None)
+    """
 
     __slots__ = ()
 
@@ -46,7 +59,23 @@ class State(ABC):
 
 
 class ValueState(State, Generic[T]):
-    """One value per key."""
+    """One value per key.
+
+    Example:
+
+    >>> from asyncio_ops.state import HeapKeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> count = backend.get_state(ValueStateDescriptor("count", "long"))
+    >>> backend.set_current_key("user-1")
+    >>> count.value() is None  # absent
+    True
+    >>> count.update((count.value() or 0) + 1)
+    >>> count.value()
+    1
+    >>> backend.set_current_key("user-2")  # another key, another value
+    >>> count.value() is None
+    True
+    """
 
     __slots__ = ()
 
@@ -60,7 +89,22 @@ class ValueState(State, Generic[T]):
 
 
 class ListState(State, Generic[T]):
-    """A list of elements per key (also the shape of operator list state)."""
+    """A list of elements per key (also the shape of operator list state).
+
+    Example:
+
+    >>> from asyncio_ops.state import HeapKeyedStateBackend, KeyGroupRange, ListStateDescriptor
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> events = backend.get_state(ListStateDescriptor("events"))
+    >>> backend.set_current_key("user-1")
+    >>> events.add("login")
+    >>> events.add_all(["view", "buy"])
+    >>> events.get()
+    ['login', 'view', 'buy']
+    >>> events.update(["logout"])
+    >>> events.get()
+    ['logout']
+    """
 
     __slots__ = ()
 
@@ -86,6 +130,18 @@ class MapState(State, Generic[K, V]):
 
     Iteration order is unspecified (insertion order on the heap, encoded-key
     order in RocksDB).
+
+    Example:
+
+    >>> from asyncio_ops.state import HeapKeyedStateBackend, KeyGroupRange, MapStateDescriptor
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> carts = backend.get_state(MapStateDescriptor("cart"))
+    >>> backend.set_current_key("user-1")
+    >>> carts.put("sku-1", 2)
+    >>> carts.put_all({"sku-2": 1})
+    >>> carts.remove("sku-1")
+    >>> carts.get("sku-2"), carts.contains("sku-1"), sorted(carts.items())
+    (1, False, [('sku-2', 1)])
     """
 
     __slots__ = ()
@@ -121,7 +177,23 @@ class MapState(State, Generic[K, V]):
 
 
 class ReducingState(State, Generic[T]):
-    """Values folded with a reduce function as they are added."""
+    """Values folded with a reduce function as they are added.
+
+    Example:
+
+    >>> import operator
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, ReducingStateDescriptor)
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> total = backend.get_state(ReducingStateDescriptor("total", operator.add))
+    >>> backend.set_current_key("user-1")
+    >>> total.get() is None  # before the first add
+    True
+    >>> total.add(5)
+    >>> total.add(7)
+    >>> total.get()
+    12
+    """
 
     __slots__ = ()
 
@@ -133,7 +205,27 @@ class ReducingState(State, Generic[T]):
 
 
 class AggregatingState(State, Generic[IN, OUT]):
-    """Values folded into an accumulator by an :class:`AggregateFunction`."""
+    """Values folded into an accumulator by an :class:`AggregateFunction`.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     AggregateFunction, AggregatingStateDescriptor, HeapKeyedStateBackend, KeyGroupRange)
+    >>> class Longest(AggregateFunction):  # the longest string added
+    ...     def create_accumulator(self):
+    ...         return ""
+    ...     def add(self, value, accumulator):
+    ...         return max(accumulator, value, key=len)
+    ...     def get_result(self, accumulator):
+    ...         return accumulator
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> longest = backend.get_state(AggregatingStateDescriptor("longest", Longest()))
+    >>> backend.set_current_key("user-1")
+    >>> for word in ["a", "abc", "ab"]:
+    ...     longest.add(word)
+    >>> longest.get()
+    'abc'
+    """
 
     __slots__ = ()
 
@@ -148,6 +240,25 @@ class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
     """PyFlink's AggregateFunction: how an :class:`AggregatingState` folds values.
 
     ``add`` and ``merge`` may mutate and return the accumulator they are given.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     AggregateFunction, AggregatingStateDescriptor, HeapKeyedStateBackend, KeyGroupRange)
+    >>> class Average(AggregateFunction):
+    ...     def create_accumulator(self):
+    ...         return (0.0, 0)  # (sum, count)
+    ...     def add(self, value, accumulator):
+    ...         return (accumulator[0] + value, accumulator[1] + 1)
+    ...     def get_result(self, accumulator):
+    ...         return accumulator[0] / accumulator[1]
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> average = backend.get_state(AggregatingStateDescriptor("avg", Average()))
+    >>> backend.set_current_key("sensor-1")
+    >>> for reading in [1.0, 2.0, 6.0]:
+    ...     average.add(reading)
+    >>> average.get()
+    3.0
     """
 
     @abstractmethod

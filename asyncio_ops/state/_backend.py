@@ -270,7 +270,23 @@ class TableBase:
 
 
 class KeyedStateBackend(ABC):
-    """Keyed state of one operator instance over a key-group range (see module docstring)."""
+    """Keyed state of one operator instance over a key-group range (see module docstring).
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedStateBackend, ValueStateDescriptor)
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128,
+    ...                                 key_group_range=KeyGroupRange(64, 127))
+    >>> isinstance(backend, KeyedStateBackend), backend.key_group_of("user-1")
+    (True, 70)
+    >>> seen = backend.get_state(ValueStateDescriptor("seen"))
+    >>> backend.set_current_key("user-1")  # a key of this backend's range
+    >>> seen.update(True)
+    >>> backend.get_current_key(), backend.state_names(), list(backend.keys("seen"))
+    ('user-1', ['seen'], ['user-1'])
+    >>> backend.close()
+    """
 
     is_rocksdb: bool = False
 

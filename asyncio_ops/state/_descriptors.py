@@ -53,7 +53,17 @@ KINDS: Final = (VALUE, LIST, MAP, REDUCING, AGGREGATING)
 
 @dataclass(frozen=True, kw_only=True)
 class StateDescriptor:
-    """Base of the descriptors; ``kind`` names the state kind."""
+    """Base of the descriptors; ``kind`` names the state kind.
+
+    Example:
+
+    >>> from asyncio_ops.state import StateDescriptor, ValueStateDescriptor
+    >>> d = ValueStateDescriptor("count", "long")
+    >>> isinstance(d, StateDescriptor), d.name, d.kind, d.typed
+    (True, 'count', 'value', True)
+    >>> d == ValueStateDescriptor("count", "long")  # compared by value
+    True
+    """
 
     kind: ClassVar[str] = ""
     name: str
@@ -94,7 +104,16 @@ class StateDescriptor:
 @dataclass(frozen=True, init=False)
 class ValueStateDescriptor(StateDescriptor, Generic[T]):
     """``ValueStateDescriptor("seen", ttl=StateTtlConfig(60))``; typed:
-    ``ValueStateDescriptor("count", "long")``."""
+    ``ValueStateDescriptor("count", "long")``.
+
+    Example:
+
+    >>> from asyncio_ops.state import StateTtlConfig, ValueStateDescriptor
+    >>> ValueStateDescriptor("seen", ttl=StateTtlConfig("1 hour")).ttl.ttl
+    3600.0
+    >>> ValueStateDescriptor("count", "long").value_type.ddl
+    'bigint'
+    """
 
     kind: ClassVar[str] = VALUE
 
@@ -112,7 +131,16 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
 @dataclass(frozen=True, init=False)
 class ListStateDescriptor(StateDescriptor, Generic[T]):
     """``ListStateDescriptor("events")``; the serializer is per element; typed:
-    ``ListStateDescriptor("events", "struct<t timestamp, v double>")`` (the element type)."""
+    ``ListStateDescriptor("events", "struct<t timestamp, v double>")`` (the element type).
+
+    Example:
+
+    >>> from asyncio_ops.state import ListStateDescriptor
+    >>> ListStateDescriptor("events", "struct<t timestamp, v double>").value_type.ddl
+    'struct<t:timestamp,v:double>'
+    >>> ListStateDescriptor("events").typed  # untyped: elements are pickled
+    False
+    """
 
     kind: ClassVar[str] = LIST
 
@@ -135,6 +163,17 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
     to None, bool, int, float, str, bytes, date, datetime, Decimal and tuples.
     Typed: ``MapStateDescriptor("seen", "string", "struct<n long, last timestamp>")``
     (key type, value type; the key type one of the atomic types above).
+
+    Example:
+
+    >>> from asyncio_ops.state import MapStateDescriptor
+    >>> d = MapStateDescriptor("seen", "string", "struct<n long, last timestamp>")
+    >>> d.key_type.ddl, d.value_type.ddl
+    ('string', 'struct<n:bigint,last:timestamp>')
+    >>> MapStateDescriptor("seen", "string")  # both types, or neither
+    Traceback (most recent call last):
+    ...
+    asyncio_ops.ConfigurationError: state 'seen': a typed map state declares both ...
     """
 
     kind: ClassVar[str] = MAP
@@ -159,7 +198,16 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
     """``ReducingStateDescriptor("sum", lambda a, b: a + b)``; typed:
     ``ReducingStateDescriptor("sum", operator.add, "long")`` (the type of the values
-    added and of what ``reduce_fn`` returns: each result is checked before it is kept)."""
+    added and of what ``reduce_fn`` returns: each result is checked before it is kept).
+
+    Example:
+
+    >>> import operator
+    >>> from asyncio_ops.state import ReducingStateDescriptor
+    >>> d = ReducingStateDescriptor("sum", operator.add, "long")
+    >>> d.reduce_fn(2, 3), d.value_type.ddl
+    (5, 'bigint')
+    """
 
     kind: ClassVar[str] = REDUCING
     reduce_fn: Callable[[T, T], T]
@@ -186,7 +234,22 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN, OUT]):
     """``AggregatingStateDescriptor("avg", MyAverage())``; the serializer is for
     accumulators; typed: ``AggregatingStateDescriptor("avg", MyAverage(), "struct<sum
     double, n long>")`` (the accumulator's type: each accumulator ``add`` returns is
-    checked before it is kept)."""
+    checked before it is kept).
+
+    Example:
+
+    >>> from asyncio_ops.state import AggregateFunction, AggregatingStateDescriptor
+    >>> class Average(AggregateFunction):
+    ...     def create_accumulator(self):
+    ...         return {"sum": 0.0, "n": 0}
+    ...     def add(self, value, accumulator):
+    ...         return {"sum": accumulator["sum"] + value, "n": accumulator["n"] + 1}
+    ...     def get_result(self, accumulator):
+    ...         return accumulator["sum"] / accumulator["n"]
+    >>> d = AggregatingStateDescriptor("avg", Average(), "struct<sum double, n long>")
+    >>> d.kind, d.value_type.ddl
+    ('aggregating', 'struct<sum:double,n:bigint>')
+    """
 
     kind: ClassVar[str] = AGGREGATING
     aggregate_fn: AggregateFunction[IN, Any, OUT]

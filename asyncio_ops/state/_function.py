@@ -40,14 +40,62 @@ _VOID_NAMESPACE: Final = None
 
 
 class TimeDomain(enum.Enum):
-    """Which clock a firing timer belongs to."""
+    """Which clock a firing timer belongs to.
+
+    Example:
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction, TimeDomain)
+    >>> from asyncio_ops.testing import ManualClock
+    >>> class Remind(KeyedProcessFunction):
+    ...     def process_element(self, value, ctx, out):
+    ...         ctx.timer_service().register_processing_time_timer(10.0)
+    ...     def on_timer(self, timestamp, ctx, out):
+    ...         out.collect(ctx.time_domain() is TimeDomain.PROCESSING_TIME)
+    >>> clock, out = ManualClock(), []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(Remind(), lambda v: v, backend=backend, output=out.append,
+    ...                           clock=clock)
+    >>> op.open()
+    >>> op.process(Record("user-1"))
+    >>> clock.advance(10)
+    >>> [r.value for r in out]
+    [True]
+    """
 
     EVENT_TIME = "event_time"
     PROCESSING_TIME = "processing_time"
 
 
 class TimerService:
-    """What a function sees of the timer service: timers of the current key."""
+    """What a function sees of the timer service: timers of the current key.
+
+    Example: a session ends 30 seconds (event time) after a user's last event.
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record, Watermark
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction, ValueStateDescriptor)
+    >>> class SessionEnd(KeyedProcessFunction):
+    ...     def open(self, runtime_context):
+    ...         self.last = runtime_context.get_state(ValueStateDescriptor("last"))
+    ...     def process_element(self, value, ctx, out):
+    ...         self.last.update(ctx.timestamp())
+    ...         ctx.timer_service().register_event_time_timer(ctx.timestamp() + 30)
+    ...     def on_timer(self, timestamp, ctx, out):
+    ...         if self.last.value() + 30 == timestamp:  # no event since
+    ...             out.collect((ctx.get_current_key(), timestamp))
+    >>> out = []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(SessionEnd(), lambda v: v["user"], backend=backend,
+    ...                           output=out.append)
+    >>> op.open()
+    >>> op.process(Record({"user": "a"}, 0.0))
+    >>> op.process(Record({"user": "a"}, 10.0))
+    >>> op.process(Watermark(100.0))
+    >>> [r.value for r in out if isinstance(r, Record)]
+    [('a', 40.0)]
+    """
 
     __slots__ = ("_internal",)
 
@@ -76,7 +124,17 @@ class TimerService:
 
 
 class Collector(Generic[OUT]):
-    """``out`` of a function: ``collect(value)`` emits a record downstream."""
+    """``out`` of a function: ``collect(value)`` emits a record downstream.
+
+    Example:
+
+    >>> from asyncio_ops.state import Collector
+    >>> sent = []
+    >>> out = Collector(sent.append)
+    >>> out.collect("hello")
+    >>> sent
+    [Record(value='hello', timestamp=None)]
+    """
 
     __slots__ = ("_output", "timestamp")
 
@@ -105,7 +163,31 @@ def _unused(element: StreamElement) -> None:
 
 
 class KeyedRuntimeContext(RuntimeContext):
-    """The runtime context of a keyed function: also where state comes from."""
+    """The runtime context of a keyed function: also where state comes from.
+
+    Example:
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction, KeyedRuntimeContext,
+    ...     ListStateDescriptor)
+    >>> class Remember(KeyedProcessFunction):
+    ...     def open(self, runtime_context):
+    ...         assert isinstance(runtime_context, KeyedRuntimeContext)
+    ...         self.seen = runtime_context.get_list_state(ListStateDescriptor("seen"))
+    ...     def process_element(self, value, ctx, out):
+    ...         self.seen.add(value["page"])
+    ...         out.collect(self.seen.get())
+    >>> out = []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(Remember(), lambda v: v["user"], backend=backend,
+    ...                           output=out.append)
+    >>> op.open()
+    >>> for page in ["home", "cart"]:
+    ...     op.process(Record({"user": "a", "page": page}))
+    >>> out[-1].value
+    ['home', 'cart']
+    """
 
     _backend: KeyedStateBackend
 
@@ -120,7 +202,24 @@ class KeyedRuntimeContext(RuntimeContext):
 
 
 class KeyedProcessContext:
-    """``ctx`` of ``process_element`` and ``on_timer``."""
+    """``ctx`` of ``process_element`` and ``on_timer``.
+
+    Example:
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record
+    >>> from asyncio_ops.state import HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction
+    >>> class Describe(KeyedProcessFunction):
+    ...     def process_element(self, value, ctx, out):
+    ...         out.collect((ctx.current_key, ctx.timestamp(), ctx.time_domain()))
+    >>> out = []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(Describe(), lambda v: v["user"], backend=backend,
+    ...                           output=out.append)
+    >>> op.open()
+    >>> op.process(Record({"user": "a"}, 5.0))
+    >>> out[0].value
+    ('a', 5.0, None)
+    """
 
     __slots__ = ("_backend", "_domain", "_timer_service", "_timestamp")
 
@@ -154,6 +253,28 @@ class KeyedProcessFunction(ABC, Generic[K, IN, OUT]):
 
     ``open(runtime_context)`` once (get state from ``runtime_context.get_state``),
     ``process_element`` per record, ``on_timer`` per firing timer, ``close``.
+
+    Example: a running total per key, returned instead of collected.
+
+    >>> from asyncio_ops import KeyedProcessOperator, Record
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, KeyedProcessFunction, ValueStateDescriptor)
+    >>> class Total(KeyedProcessFunction):
+    ...     def open(self, runtime_context):
+    ...         self.total = runtime_context.get_state(ValueStateDescriptor("total", "double"))
+    ...     def process_element(self, value, ctx, out):
+    ...         self.total.update((self.total.value() or 0.0) + value["amount"])
+    ...         return [(ctx.get_current_key(), self.total.value())]
+    >>> out = []
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> op = KeyedProcessOperator(Total(), lambda v: v["user"], backend=backend,
+    ...                           output=out.append)
+    >>> op.open()
+    >>> for user, amount in [("a", 2.5), ("b", 1.0), ("a", 4.0)]:
+    ...     op.process(Record({"user": user, "amount": amount}))
+    >>> op.close()
+    >>> [r.value for r in out]
+    [('a', 2.5), ('b', 1.0), ('a', 6.5)]
     """
 
     def open(self, runtime_context: KeyedRuntimeContext) -> None:

@@ -641,6 +641,23 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     ``HeapKeyedStateBackend(max_parallelism=128, key_group_range=r, clock=None)``;
     the clock (anything with ``now()`` in seconds) is the processing time of TTL.
+
+    Example: state written, snapshotted and restored into a new backend.
+
+    >>> from asyncio_ops.state import HeapKeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> count = backend.get_state(ValueStateDescriptor("count"))
+    >>> backend.set_current_key("user-1")
+    >>> count.update(3)
+    >>> blobs = backend.snapshot()  # {key_group: blob}
+    >>> restored = HeapKeyedStateBackend(max_parallelism=128,
+    ...                                  key_group_range=KeyGroupRange(0, 127))
+    >>> restored.restore(blobs)
+    1
+    >>> again = restored.get_state(ValueStateDescriptor("count"))
+    >>> restored.set_current_key("user-1")
+    >>> again.value()
+    3
     """
 
     def __init__(

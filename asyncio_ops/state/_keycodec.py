@@ -131,7 +131,18 @@ def namespace_suffix(namespace: object) -> bytes:
 
 
 def decode_canonical(data: bytes | memoryview) -> Any:
-    """The value whose :func:`canonical_bytes` is ``data``; CorruptStateError if none."""
+    """The value whose :func:`canonical_bytes` is ``data``; CorruptStateError if none.
+
+    Example:
+
+    >>> from asyncio_ops import canonical_bytes, decode_canonical
+    >>> decode_canonical(canonical_bytes(("user", 7)))
+    ('user', 7)
+    >>> decode_canonical(b"?")
+    Traceback (most recent call last):
+    ...
+    asyncio_ops.CorruptStateError: undecodable canonical key bytes b'?'
+    """
     buf = bytes(data)
     try:
         value, end = _decode(buf, 0, len(buf))

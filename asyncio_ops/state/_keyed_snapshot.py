@@ -57,7 +57,26 @@ __all__ = [
 def snapshot_key_groups(
     backend: KeyedStateBackend, timers: InternalTimerService
 ) -> dict[int, bytes]:
-    """``{key_group: blob}``: each blob holds the group's keyed state and its timers."""
+    """``{key_group: blob}``: each blob holds the group's keyed state and its timers.
+
+    Example:
+
+    >>> from asyncio_ops import InternalTimerService
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, ValueStateDescriptor, restore_key_groups,
+    ...     snapshot_key_groups)
+    >>> class Fired:
+    ...     def on_event_time(self, timer): print("fired", timer.key, timer.timestamp)
+    ...     def on_processing_time(self, timer): pass
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> timers = InternalTimerService("user-timers", Fired(), key_context=backend)
+    >>> backend.set_current_key("user-1")
+    >>> backend.get_state(ValueStateDescriptor("count")).update(3)
+    >>> timers.register_event_time_timer(None, 60.0)
+    >>> blobs = snapshot_key_groups(backend, timers)
+    >>> sorted(blobs)  # the key group of "user-1"
+    [70]
+    """
     state = backend.dump()
     groups = timers.snapshot()
     return {
@@ -73,6 +92,34 @@ def restore_key_groups(
 
     May be called once per old operator instance on rescale. Every blob taken
     is verified (CorruptStateError naming its key group) before any is applied.
+
+    Example: a snapshot restored into a new backend and timer service.
+
+    >>> from asyncio_ops import InternalTimerService
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, ValueStateDescriptor, restore_key_groups,
+    ...     snapshot_key_groups)
+    >>> class Fired:
+    ...     def on_event_time(self, timer): print("fired", timer.key, timer.timestamp)
+    ...     def on_processing_time(self, timer): pass
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> timers = InternalTimerService("user-timers", Fired(), key_context=backend)
+    >>> backend.set_current_key("user-1")
+    >>> backend.get_state(ValueStateDescriptor("count")).update(3)
+    >>> timers.register_event_time_timer(None, 60.0)
+    >>> blobs = snapshot_key_groups(backend, timers)
+    >>> sorted(blobs)  # the key group of "user-1"
+    [70]
+    >>> new = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(64, 127))
+    >>> new_timers = InternalTimerService("user-timers", Fired(), key_context=new)
+    >>> restore_key_groups(new, new_timers, blobs)
+    1
+    >>> new.set_current_key("user-1")
+    >>> new.get_state(ValueStateDescriptor("count")).value()
+    3
+    >>> new_timers.advance_watermark(60.0)
+    fired user-1 60.0
+    1
     """
     kgr = backend.key_group_range
     states: dict[int, list[Any]] = {}

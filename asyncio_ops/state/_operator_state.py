@@ -77,6 +77,20 @@ class OperatorStateBackend:
     Call order: ``restore(snapshots)`` (optional, with the blobs of *every* old
     instance in subtask order), ``get_list_state``/``get_union_list_state``,
     then ``snapshot()`` as often as needed.
+
+    Example: one instance's state restored at parallelism 2.
+
+    >>> from asyncio_ops.state import OperatorStateBackend
+    >>> old = OperatorStateBackend(index=0, parallelism=1)
+    >>> old.get_list_state("buffered").add_all(["a", "b", "c", "d"])
+    >>> old.get_union_list_state("offsets").add_all([10, 20])
+    >>> blobs = [old.snapshot()]  # one blob per old instance, in subtask order
+    >>> second = OperatorStateBackend(index=1, parallelism=2)
+    >>> second.restore(blobs)
+    >>> second.get_list_state("buffered").get()  # even split: its part
+    ['c', 'd']
+    >>> second.get_union_list_state("offsets").get()  # union: everything
+    [10, 20]
     """
 
     def __init__(self, *, index: int = 0, parallelism: int = 1) -> None:

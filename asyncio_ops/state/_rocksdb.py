@@ -500,6 +500,23 @@ class RocksDBSnapshot:
     :meth:`materialize` reads it (safe to call from another thread while the
     backend keeps working) and deletes the checkpoint; :meth:`discard` drops
     it unread.
+
+    Example:
+
+    >>> import tempfile
+    >>> from asyncio_ops.state import KeyGroupRange, RocksDBKeyedStateBackend, ValueStateDescriptor
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     backend = RocksDBKeyedStateBackend(path=f"{tmp}/state", max_parallelism=128,
+    ...                                        key_group_range=KeyGroupRange(0, 127))
+    ...     count = backend.get_state(ValueStateDescriptor("count"))
+    ...     backend.set_current_key("user-1")
+    ...     count.update(1)
+    ...     snapshot = backend.begin_snapshot()  # phase 1: on the operator's thread
+    ...     count.update(2)  # not in the snapshot
+    ...     blobs = snapshot.materialize()  # phase 2: may run on another thread
+    ...     backend.close()
+    >>> sorted(blobs)
+    [70]
     """
 
     def __init__(
@@ -661,6 +678,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     clock=None)``. ``path`` is the backend's working directory. With ``adopt=seq``,
     ``path`` is a directory :meth:`park` left and the backend opens its database as
     it is (its states' column families included; list sequence numbers from ``seq``).
+
+    Example:
+
+    >>> import tempfile
+    >>> from asyncio_ops.state import KeyGroupRange, ListStateDescriptor, RocksDBKeyedStateBackend
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     backend = RocksDBKeyedStateBackend(path=f"{tmp}/state", max_parallelism=128,
+    ...                                        key_group_range=KeyGroupRange(0, 127))
+    ...     events = backend.get_state(ListStateDescriptor("events"))
+    ...     backend.set_current_key("user-1")
+    ...     events.add_all(["login", "buy"])
+    ...     print(events.get())
+    ...     backend.close()  # deletes its working copy
+    ['login', 'buy']
     """
 
     is_rocksdb = True

@@ -53,21 +53,79 @@ __all__ = [
 
 
 class UpdateType(enum.Enum):
-    """When the last-access timestamp is refreshed."""
+    """When the last-access timestamp is refreshed.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, StateTtlConfig, UpdateType,
+    ...     ValueStateDescriptor)
+    >>> from asyncio_ops.testing import ManualClock
+    >>> clock = ManualClock()
+    >>> backend = HeapKeyedStateBackend(
+    ...     max_parallelism=128, key_group_range=KeyGroupRange(0, 127), clock=clock)
+    >>> ttl = StateTtlConfig(60, update_type=UpdateType.ON_READ_AND_WRITE)
+    >>> seen = backend.get_state(ValueStateDescriptor("seen", ttl=ttl))
+    >>> backend.set_current_key("user-1")
+    >>> seen.update(True)
+    >>> clock.advance(50)
+    >>> seen.value()  # a read refreshes the entry: 60 more seconds from now
+    True
+    >>> clock.advance(50)
+    >>> seen.value()
+    True
+    """
 
     ON_CREATE_AND_WRITE = "on_create_and_write"
     ON_READ_AND_WRITE = "on_read_and_write"
 
 
 class StateVisibility(enum.Enum):
-    """Whether an expired entry that is still stored may be returned."""
+    """Whether an expired entry that is still stored may be returned.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, StateTtlConfig, StateVisibility,
+    ...     ValueStateDescriptor)
+    >>> from asyncio_ops.testing import ManualClock
+    >>> clock = ManualClock()
+    >>> backend = HeapKeyedStateBackend(
+    ...     max_parallelism=128, key_group_range=KeyGroupRange(0, 127), clock=clock)
+    >>> ttl = StateTtlConfig(60, visibility=StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP,
+    ...                      cleanup=())
+    >>> seen = backend.get_state(ValueStateDescriptor("seen", ttl=ttl))
+    >>> backend.set_current_key("user-1")
+    >>> seen.update(True)
+    >>> clock.advance(60)
+    >>> seen.value(), seen.value()  # expired, still stored: returned once, then removed
+    (True, None)
+    """
 
     NEVER_RETURN_EXPIRED = "never_return_expired"
     RETURN_EXPIRED_IF_NOT_CLEANED_UP = "return_expired_if_not_cleaned_up"
 
 
 class TtlTimeCharacteristic(enum.Enum):
-    """Which time TTL is measured in."""
+    """Which time TTL is measured in.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, StateTtlConfig, TtlTimeCharacteristic,
+    ...     ValueStateDescriptor)
+    >>> backend = HeapKeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 127))
+    >>> ttl = StateTtlConfig(60, time_characteristic=TtlTimeCharacteristic.EVENT_TIME)
+    >>> seen = backend.get_state(ValueStateDescriptor("seen", ttl=ttl))
+    >>> backend.advance_watermark(0.0)
+    >>> backend.set_current_key("user-1")
+    >>> seen.update(True)
+    >>> seen.value()  # the clock is not the time: the watermark is
+    True
+    >>> backend.advance_watermark(60.0)
+    >>> seen.value() is None
+    True
+    """
 
     PROCESSING_TIME = "processing_time"
     EVENT_TIME = "event_time"
@@ -114,21 +172,44 @@ CleanupStrategy = FullSnapshotCleanup | IncrementalCleanup | RocksDBCompactionCl
 
 
 def cleanup_full_snapshot() -> FullSnapshotCleanup:
-    """Leave expired entries out of full snapshots."""
+    """Leave expired entries out of full snapshots.
+
+    Example:
+
+    >>> from asyncio_ops.state import StateTtlConfig, cleanup_full_snapshot
+    >>> StateTtlConfig("1 day", cleanup=(cleanup_full_snapshot(),)).full_snapshot_cleanup()
+    True
+    """
     return FullSnapshotCleanup()
 
 
 def cleanup_incrementally(
     cleanup_size: int, run_for_every_record: bool = False
 ) -> IncrementalCleanup:
-    """Check ``cleanup_size`` entries on each state access (and each record if asked)."""
+    """Check ``cleanup_size`` entries on each state access (and each record if asked).
+
+    Example:
+
+    >>> from asyncio_ops.state import StateTtlConfig, cleanup_incrementally
+    >>> ttl = StateTtlConfig(60, cleanup=(cleanup_incrementally(10, run_for_every_record=True),))
+    >>> ttl.incremental(rocksdb=False)
+    IncrementalCleanup(cleanup_size=10, run_for_every_record=True)
+    """
     return IncrementalCleanup(cleanup_size, run_for_every_record)
 
 
 def cleanup_in_rocksdb_compaction(
     query_time_after_num_entries: int = 1000,
 ) -> RocksDBCompactionCleanup:
-    """Sweep expired entries in the RocksDB backend every N writes to the state."""
+    """Sweep expired entries in the RocksDB backend every N writes to the state.
+
+    Example:
+
+    >>> from asyncio_ops.state import StateTtlConfig, cleanup_in_rocksdb_compaction
+    >>> ttl = StateTtlConfig(60, cleanup=(cleanup_in_rocksdb_compaction(500),))
+    >>> ttl.compaction(rocksdb=True)
+    RocksDBCompactionCleanup(query_time_after_num_entries=500)
+    """
     return RocksDBCompactionCleanup(query_time_after_num_entries)
 
 
@@ -142,6 +223,26 @@ class StateTtlConfig:
 
     ``ttl`` is in seconds, a :class:`datetime.timedelta` or an interval string
     as Spark's (``"10 minutes"``, ``"500 milliseconds"``), finite and > 0.
+
+    Example:
+
+    >>> from asyncio_ops.state import (
+    ...     HeapKeyedStateBackend, KeyGroupRange, StateTtlConfig, ValueStateDescriptor)
+    >>> from asyncio_ops.testing import ManualClock
+    >>> StateTtlConfig("10 minutes").ttl
+    600.0
+    >>> clock = ManualClock()  # the processing time of TTL
+    >>> backend = HeapKeyedStateBackend(
+    ...     max_parallelism=128, key_group_range=KeyGroupRange(0, 127), clock=clock)
+    >>> seen = backend.get_state(ValueStateDescriptor("seen", ttl=StateTtlConfig(60)))
+    >>> backend.set_current_key("user-1")
+    >>> seen.update(True)
+    >>> clock.advance(59)
+    >>> seen.value()
+    True
+    >>> clock.advance(1)  # 60 seconds after the write
+    >>> seen.value() is None
+    True
     """
 
     ttl: float

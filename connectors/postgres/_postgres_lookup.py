@@ -138,7 +138,16 @@ _POOLS: Final[SharedResources[asyncpg.Pool]] = SharedResources(
 
 
 def active_pools() -> int:
-    """How many asyncpg pools this process holds open (for tests and metrics)."""
+    """How many asyncpg pools this process holds open (for tests and metrics).
+
+    Example::
+
+        from asyncio_ops.connectors.postgres import PostgresLookup, active_pools
+
+        async with PostgresLookup(dsn, "SELECT id, name FROM customers WHERE id = ANY($1)",
+                                  key="customer_id", on="id") as customers:
+            assert active_pools() >= 1  # the pool its open() created, or shared
+    """
     return _POOLS.active()
 
 
@@ -208,6 +217,20 @@ class PostgresLookup(BaseLookup[_Runtime]):
     by the first ``open`` and closed by the last ``close`` (or at exit). After a
     broken connection the pool replaces it on the next acquire, so a retried
     lookup succeeds once the server is back.
+
+    Example::
+
+        from asyncio_ops.connectors.postgres import PostgresLookup
+        from asyncio_ops.spark import ordered_wait
+
+        customers = PostgresLookup(
+            "postgresql://app@db:5432/shop",
+            "SELECT id, name, tier FROM customers WHERE id = ANY($1::bigint[])",
+            key="customer_id", on="id", columns=["name", "tier"])
+        async with customers:  # outside Spark: open() ... close()
+            print(await customers.async_invoke({"customer_id": 42}))  # [{'name': ...}]
+        enriched = ordered_wait(orders, customers, timeout=10.0,
+                                output_schema="name string, tier string")
     """
 
     def __init__(

@@ -103,6 +103,24 @@ class AsyncWaitOperator(_Admission, _Completion, _Timeouts, _Snapshots):
             queue holds up to ``capacity + N`` elements of which at most
             ``capacity`` are in flight: in ordered mode a slow element no
             longer stops new requests while finished ones wait behind it.
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncWaitOperator, Record
+    >>> async def lookup(value):
+    ...     await asyncio.sleep(0.01)  # a call to a slow system
+    ...     return [value * 10]
+    >>> async def main():
+    ...     out = []
+    ...     async with AsyncWaitOperator(lookup, output=out.append, timeout=5.0,
+    ...                                  capacity=2) as op:  # open() ... close()
+    ...         for value in [1, 2, 3]:
+    ...             await op.process_element(Record(value))
+    ...         await op.end_input()  # every element emitted
+    ...     return [r.value for r in out]
+    >>> asyncio.run(main())
+    [10, 20, 30]
     """
 
     def __init__(

@@ -60,6 +60,29 @@ class RuntimeHooks(Protocol):
       cut to 300 characters);
     - ``weight(value)``: how many input rows an element stands for (chunks): the
       counters of :meth:`AsyncWaitOperator.statistics` then count rows (default: 1).
+
+    Example: a runtime's hooks as a class of its own (:class:`OperatorHooks` is the
+    ready-made one).
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncWaitOperator, Record, RuntimeHooks
+    >>> class Chunks:  # an element is a list of rows: counted, and named, as rows
+    ...     invoke = map_results = emit_results = None
+    ...     def describe(self, chunk):
+    ...         return f"a chunk of {len(chunk)} rows"
+    ...     def weight(self, chunk):
+    ...         return len(chunk)
+    >>> async def lookup(chunk):
+    ...     return [[row * 2 for row in chunk]]
+    >>> async def main(hooks: RuntimeHooks):
+    ...     out = []
+    ...     async with AsyncWaitOperator(lookup, output=out.append, timeout=5.0,
+    ...                                  hooks=hooks) as op:
+    ...         await op.process_elements([Record([1, 2, 3]), Record([4])])
+    ...         await op.end_input()
+    ...         return [r.value for r in out], op.statistics().completed
+    >>> asyncio.run(main(Chunks()))
+    ([[2, 4, 6], [8]], 4)
     """
 
     @property
@@ -76,7 +99,25 @@ class RuntimeHooks(Protocol):
 
 @dataclass(frozen=True)
 class OperatorHooks:
-    """A :class:`RuntimeHooks` of plain callables (any may be left out)."""
+    """A :class:`RuntimeHooks` of plain callables (any may be left out).
+
+    Example:
+
+    >>> import asyncio
+    >>> from asyncio_ops import AsyncWaitOperator, OperatorHooks
+    >>> async def lookup(value):
+    ...     return [value * 10]
+    >>> async def main():
+    ...     batches = []  # emit_results: each element's results at once, no Record
+    ...     hooks = OperatorHooks(map_results=lambda value, results: [r + 1 for r in results],
+    ...                           emit_results=batches.append)
+    ...     async with AsyncWaitOperator(lookup, output=print, timeout=5.0, hooks=hooks) as op:
+    ...         await op.process_elements([1, 2])
+    ...         await op.end_input()
+    ...     return batches
+    >>> asyncio.run(main())
+    [[11], [21]]
+    """
 
     invoke: Callable[[Any], Any] | None = None
     map_results: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None
