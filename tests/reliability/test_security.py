@@ -535,7 +535,8 @@ def test_docs_say_what_checkpoint_files_contain() -> None:
     spark_doc = " ".join((ROOT / "docs" / "spark.md").read_text().split())
     assert "Checkpoint files hold the payloads of in-flight rows" in spark_doc
     assert "umask" in spark_doc
-    module_doc = " ".join((ROOT / "asyncio_ops" / "_checkpoint.py").read_text().split())
+    storage = ROOT / "asyncio_ops" / "_storage" / "_checkpoint_storage.py"
+    module_doc = " ".join(storage.read_text().split())
     assert "Files hold the payloads of in-flight rows" in module_doc
     guarantees = " ".join((ROOT / "docs" / "guarantees.md").read_text().split())
     assert "hold the payloads of in-flight rows" in guarantees and "umask" in guarantees

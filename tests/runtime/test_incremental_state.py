@@ -723,7 +723,7 @@ def test_a_partition_keeps_only_the_local_copies_its_chains_name(
 def test_local_copies_go_where_the_environment_says_and_only_for_a_remote_location(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: Any
 ) -> None:
-    from asyncio_ops import _local_copies
+    from asyncio_ops._storage import _local_copies
 
     monkeypatch.delenv(_local_copies.LOCAL_COPIES_ENV, raising=False)
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/a,{tmp_path}/b")
