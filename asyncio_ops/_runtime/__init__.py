@@ -16,7 +16,7 @@ This layer knows pyarrow but not pyspark: the Spark layer gives
 - ``_leases``: what keeps the versions a reader reads from retention;
 - ``_claim``: whose state a version is (the query that wrote it, the uid that claims it);
 - ``_replay_log``: the lookups a task attempt completed, for its retry;
-- ``_checkpointing``: what a partition of the async operator writes and restores;
+- ``_partition_checkpoint``: what a partition of the async operator writes and restores;
 - ``_inflight``: what a micro-batch carries over, where, and how it moves on rescale;
 - ``_stored``: a carried-over element as stored (Arrow schema, queue entries <-> elements);
 - ``_warm``: the keyed state a worker keeps between micro-batches;

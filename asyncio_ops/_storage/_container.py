@@ -144,7 +144,7 @@ class Kind(IntEnum):
     KEY_GROUPS = 2  # key groups' state and timers: a section each, or SHARED (deltas)
     OPERATOR_STATE = 3  # one subtask's operator state (``state._payloads``)
     REPLAY_LOG = 4  # completed lookups of a task attempt (``_runtime._replay_log``)
-    FUNCTION_STATE = 5  # a function's own state (``_runtime._checkpointing``)
+    FUNCTION_STATE = 5  # a function's own state (``_runtime._partition_checkpoint``)
     KEYED_STATE = 6  # one key group's keyed state, without timers (``state._payloads``)
     IN_FLIGHT = 7  # a partition's carried-over elements, a SHARED section (``_runtime._inflight``)
 

@@ -11,7 +11,7 @@ Contract:
   manifests only (the element kind, the input and output schemas, the
   chains); the old partitions are spread over Spark tasks (``mapInArrow``)
   and each task reads its partitions' elements with the readers a restore
-  uses (``_checkpointing.carried_elements``: ``CarryOver`` on the
+  uses (``_partition_checkpoint.carried_elements``: ``CarryOver`` on the
   partition's shared key-group section, or on its operator state's batch).
 - Columns: ``partition`` (the partition that wrote it), ``seq`` (its place
   in that partition's queue, watermarks counted), ``key_group`` (keyed; null
