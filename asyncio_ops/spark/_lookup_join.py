@@ -57,10 +57,10 @@ import asyncio
 import inspect
 import logging
 import math
-import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from copy import deepcopy
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 from typing import Any, Final, Protocol, runtime_checkable
@@ -564,7 +564,7 @@ def _replace(estimates: JoinEstimates, **changes: Any) -> JoinEstimates:
 def _on_driver(function: Any, call: Callable[[Any], Any]) -> Any:
     """``await call(copy)`` on a copy of ``function`` (as a worker receives it), opened on a
     loop and thread of their own, then closed: the caller's copy keeps its counters."""
-    copy = pickle.loads(pickle.dumps(function))
+    copy = deepcopy(function)  # the configuration only, as pickling to a worker gives
 
     async def run() -> Any:
         await maybe_await(copy.open(RuntimeContext()))
