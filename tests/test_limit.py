@@ -438,3 +438,65 @@ def test_a_slot_refused_at_once_waits_before_its_next_request(run: Runner[Any]) 
         await op.close()
 
     run(main())
+
+
+def _round(limit: AdaptiveLimit, n: int, seconds: float, start: float,
+           errors: int = 0, latency: float = 0.005) -> float:  # fmt: skip
+    """``n`` completions at ``limit.limit`` in flight, evenly over ``seconds`` from
+    ``start``, the first ``errors`` of them errors answered in 1 ms; returns the end."""
+    in_flight = limit.limit
+    for i in range(n):
+        now = start + seconds * (i + 1) / n
+        failed = i < errors
+        limit.on_complete(0.001 if failed else latency, in_flight, now, failed=failed)
+    return start + seconds
+
+
+def test_errors_past_the_prior_are_judged_at_once_whatever_the_round_s_size() -> None:
+    # one completion in four an error: against the prior (no errors in 20), cut within
+    # the round, not passed for chance because the prior is only 20 completions
+    limit = AdaptiveLimit(initial=64)
+    for i in range(60):
+        limit.on_complete(0.001 if i % 4 == 0 else 0.02, 64, now=0.001 * (i + 1),
+                          failed=i % 4 == 0)  # fmt: skip
+    assert limit.limit == 32 and limit.cuts == 1
+
+
+def test_errors_of_requests_in_flight_above_a_cut_do_not_cut_it_again() -> None:
+    limit = AdaptiveLimit(initial=16)
+    t = 0.0
+    for in_flight in range(16, 8, -1):  # everything refused at once: cut at the first ones
+        t += 0.001
+        limit.on_complete(0.001, in_flight, now=t, failed=True)
+    assert limit.limit == 8 and limit.cuts == 1  # the old limit's requests: no second cut
+    for _ in range(12):  # refused again at the new limit: cut again
+        t += 0.001
+        limit.on_complete(0.001, 8, now=t, failed=True)
+    assert limit.limit == 4 and limit.cuts == 2
+
+
+def test_a_startup_step_that_missed_is_judged_on_one_more_round() -> None:
+    # 16 -> 32 grew the goodput; 32 -> 64 shows no gain in its first round (a transient:
+    # new connections, a burst) and the gain in the next: the step is kept, startup goes on
+    limit = AdaptiveLimit(initial=16)
+    t = _round(limit, 16, 0.02, 0.0)  # 800/s at 16
+    assert limit.limit == 32
+    t = _round(limit, 32, 0.02, t)  # the transition round
+    t = _round(limit, 32, 0.02, t)  # 1,600/s at 32
+    assert limit.limit == 64
+    t = _round(limit, 64, 0.04, t)  # the transition round
+    t = _round(limit, 64, 0.04, t)  # 1,600/s: no gain yet
+    assert limit.limit == 64
+    t = _round(limit, 64, 0.02, t)  # 3,200/s
+    assert limit.limit == 128
+
+
+def test_a_limit_starts_below_where_the_service_refused_the_last_partition() -> None:
+    limit = AdaptiveLimit(initial=14, refused_at=9)
+    assert limit.limit == 8 and limit.refused_at == 9
+    t = 0.0
+    for _ in range(6):  # goodput doubling each round: startup stays below the refusal
+        t = _round(limit, limit.limit, 0.02, t)
+    assert limit.limit <= 8
+    fresh = AdaptiveLimit(initial=14)
+    assert fresh.limit == 14 and fresh.refused_at == 0

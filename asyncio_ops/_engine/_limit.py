@@ -95,6 +95,7 @@ from ..options import DEFAULT_MAX_CAPACITY, positive_int
 
 log = logging.getLogger("asyncio_ops.limit")
 
+
 STARTUP_GROWTH: Final = 2.0
 STARTUP_GAIN: Final = 1.25  # the goodput must grow this much per startup step
 STARTUP_KEEP: Final = 1.15  # the last step is kept if it grew the goodput this much
@@ -116,6 +117,7 @@ ERROR_PRIOR: Final = 20  # before any round: as if 0 errors in this many complet
 ERROR_CUT: Final = 0.5  # a rising error share cuts this much (errors answered at once)
 ERROR_CONFIRM: Final = 3.0  # the share after that cut must fall this many sigmas
 ERROR_ALARMS: Final = 2  # cuts whose errors did not fall, in a row, before a share is kept
+ERROR_CHECK: Final = 2  # a check that cannot tell ends after this many priors' completions
 ERROR_MOST: Final = 0.75  # a share this high after the cut is overload whatever it did
 PAUSE_UNKNOWN: Final = 0.01  # seconds: the pause after an error before any latency is known
 MAX_PAUSE: Final = 1.0  # seconds: the longest pause of a slot after an error
@@ -184,16 +186,20 @@ class AdaptiveLimit:
 
     __slots__ = (
         "_alarms", "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
-        "_completions", "_cut_in_round", "_down_next", "_error_check", "_error_limit", "_errors",
-        "_failing", "_fast", "_floor_rate", "_floors", "_held", "_held_completions",
-        "_held_errors", "_held_fast", "_held_n", "_held_spread", "_latencies", "_max_in_flight",
-        "_min_latency", "_probe", "_probe_wait", "_rounds_held", "_started", "_startup",
-        "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum", "name",
-        "rounds",
+        "_completions", "_cut_in_round", "_down_next", "_draining", "_error_check", "_error_limit",
+        "_errors", "_failing", "_fast", "_first_look", "_floor_rate", "_floors", "_held",
+        "_held_completions", "_held_errors", "_held_fast", "_held_n", "_held_spread", "_latencies",
+        "_max_in_flight", "_min_latency", "_probe", "_probe_wait", "_rounds_held", "_started",
+        "_startup", "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum",
+        "name", "refused_at", "rounds",
     )  # fmt: skip
 
     def __init__(
-        self, initial: int = 16, minimum: int = 1, maximum: int = DEFAULT_MAX_CAPACITY
+        self,
+        initial: int = 16,
+        minimum: int = 1,
+        maximum: int = DEFAULT_MAX_CAPACITY,
+        refused_at: int = 0,
     ) -> None:
         self.minimum = positive_int(minimum, "minimum limit")
         self.maximum = positive_int(maximum, "maximum limit")
@@ -223,10 +229,19 @@ class AdaptiveLimit:
         self._base_errors = 0
         self._base_completions = ERROR_PRIOR
         # after a cut for rising errors: (the limit before it, the errors and
-        # completions of its round), until a round at the lower limit confirms that
-        # the share falls with the limit (else the limit is restored)
-        self._error_check: tuple[int, int, int] | None = None
+        # completions of its round, and those of the rounds judged since), until the
+        # rounds at the lower limit tell whether the share fell with it
+        self._error_check: tuple[int, int, int, int, int] | None = None
         self._error_limit = 0  # the lowest limit at which errors rose, confirmed (0: none)
+        # the last error limit there was (kept when a probe clears it): what the next
+        # partition on the service starts below
+        self.refused_at = 0
+        if refused_at:
+            # learned before, by another partition on the same service: start below it,
+            # and probe up to it only after the back-off
+            self._errors_rose_at(max(positive_int(refused_at, "refused_at"), self.minimum + 1))
+            self.limit = min(self.limit, self._error_limit - 1)
+            self.low = self.high = self.limit
         self._probe_wait = PROBE_EVERY  # held rounds before a probe up to the error limit
         self._failing = 0  # rounds in a row in which most completions were errors
         self._alarms = 0  # cuts in a row whose errors did not fall
@@ -243,6 +258,8 @@ class AdaptiveLimit:
         self._probe = 0.0  # the factor being probed (0: none)
         self._down_next = True  # probes alternate: up first
         self._transition = False  # the round after a change: requests of the old limit
+        self._draining = False  # after a cut, until what was in flight above it completes
+        self._first_look = 0.0  # a step up that missed: its first judged round's goodput
         self._ceiling = 0  # the limit held before a series of cuts (0: none)
 
     def __repr__(self) -> str:
@@ -261,10 +278,13 @@ class AdaptiveLimit:
             self._errors += 1
             if latency < self._min_latency / 2:
                 self._fast += 1
-            # judged at once during a probe up or when most requests fail (errors
-            # answered at once flood the job meanwhile), else at the round's end
-            if self._errors >= ERROR_MOST * self._completions or (
-                self._probe > 1 and self._error_limit
+            # judged at once (errors answered at once flood the job while a round
+            # runs on): when most requests fail, during a probe up to where errors
+            # rose before, or once they are past the base's share
+            if not self._cut_in_round and (
+                self._errors >= ERROR_MOST * self._completions
+                or (self._probe > 1 and self._error_limit)
+                or self._errors_rose(self._errors, self._completions)
             ):
                 self._judge_errors()
         else:
@@ -275,9 +295,14 @@ class AdaptiveLimit:
         n = self._completions
         floor = self._min_latency if self._min_latency < math.inf else 0.0
         shortest = 2 * floor if self._startup else max(2 * floor, MIN_ROUND)
-        if (n >= self.limit and elapsed >= shortest) or elapsed >= MAX_ROUND:
+        drained = self._draining and in_flight - 1 <= self.limit
+        if drained or (n >= self.limit and elapsed >= shortest) or elapsed >= MAX_ROUND:
             good = len(self._latencies)
             self._end_round(good / elapsed if elapsed > 0 else math.inf, now)
+            if drained:
+                # what was in flight above the cut has completed: that was the round
+                # after the change; the next one, from here, judges the new limit
+                self._draining = self._transition = False
 
     def on_overload(self, now: float) -> None:
         """A timeout or an overload answer: cut the limit (once per round; when
@@ -288,16 +313,19 @@ class AdaptiveLimit:
             self._next_round(now)
         self._cut("a timeout or an overload answer (429, 503)")
 
-    def _errors_rose(self) -> bool:
-        """The round's error share is past the one before it (with enough evidence)."""
+    def _errors_rose(self, errors: int, n: int) -> bool:
+        """A round's ``errors`` in ``n`` completions are past the base's share (with
+        enough evidence)."""
         m = self._base_completions
-        n = self._completions
-        excess = self._errors - self._base_errors / m * n
+        excess = errors - self._base_errors / m * n
         # past chance: at a constant share p the excess has a standard deviation of
         # sqrt(p (1 - p) (n + n^2 / m)) (this round's count and the base's own estimate;
-        # p estimated with one error and one success more, so that 0 of m is not certain)
+        # p estimated with one error and one success more, so that 0 of m is not certain).
+        # The prior is no estimate: its share p is taken as known (n alone), else a round
+        # of 60 with 15 errors would pass for chance against "0 in 20"
         p = (self._base_errors + 1) / (m + 2)
-        chance = ERROR_SIGMAS * math.sqrt(p * (1 - p) * (n + n * n / m))
+        spread = n if self._base_errors == 0 and m == ERROR_PRIOR else n + n * n / m
+        chance = ERROR_SIGMAS * math.sqrt(p * (1 - p) * spread)
         return excess >= max(ERROR_EVIDENCE, ERROR_RISE * n, chance)
 
     def pause_after_error(self, latency: float) -> float:
@@ -321,7 +349,7 @@ class AdaptiveLimit:
             return
         if self._error_check is not None and self._errors < ERROR_MOST * self._completions:
             return  # a cut being checked: only a round in which most fail cuts again
-        if not self._errors_rose():
+        if not self._errors_rose(self._errors, self._completions):
             return
         if probing_up:
             self._failed_probe()  # the probe up did it: back to the held limit
@@ -331,7 +359,7 @@ class AdaptiveLimit:
             if self.limit < before:
                 if self._error_check is not None:  # checked from the first cut
                     before = self._error_check[0]
-                self._error_check = (before, self._errors, self._completions)
+                self._error_check = (before, self._errors, self._completions, 0, 0)
 
     def _errors_known(self) -> bool:
         """During a probe up at a service whose errors rose with the limit before: as
@@ -341,10 +369,15 @@ class AdaptiveLimit:
         excess = self._errors - expected
         return excess >= ERROR_KNOWN and excess >= ERROR_RISE * self._completions
 
+    def _errors_rose_at(self, limit: int) -> None:
+        """Errors rose with the limit at ``limit``: the error limit is at most that."""
+        self._error_limit = min(self._error_limit or limit, limit)
+        self.refused_at = self._error_limit
+
     def _failed_probe(self) -> None:
         """A probe up raised the error share: back to the held limit, and the next
         probe that high waits twice as long."""
-        self._error_limit = min(self._error_limit or self.limit, self.limit)
+        self._errors_rose_at(self.limit)
         self._probe_wait = min(2 * self._probe_wait, PROBE_BACKOFF)
         self._cut_in_round = True  # the round says nothing; no second cut in it
         self._probe = 0.0
@@ -366,6 +399,9 @@ class AdaptiveLimit:
         self._rounds_held = 0
         before = self.limit
         self._set(cut)
+        # a cut for errors answered at once: the next round starts when what was in
+        # flight above the new limit has completed (their errors are the old limit's)
+        self._draining = factor == ERROR_CUT
         self.cuts += 1
         log.log(logging.INFO if first else logging.DEBUG,
                 "%s: cut from %d to %d in flight after %s", self.name, before, self.limit,
@@ -429,7 +465,7 @@ class AdaptiveLimit:
             # previous limit says nothing about this one
             return
         if self._error_check is not None and not self._errors_fell(errors, completions):
-            return  # the errors' own share: startup resumes from here
+            return  # still checked, cut again, or the errors' own share (startup resumes)
         if self._ceiling:
             # the first round after cuts that passed without one
             if self.limit < RECOVER_BELOW * self._ceiling:
@@ -442,38 +478,65 @@ class AdaptiveLimit:
             self._steady_round(rate, median, errors, completions, fast)
 
     def _errors_fell(self, errors: int, completions: int) -> bool:
-        """The first full round after a cut for rising errors: did their share fall with
-        the limit (by :data:`ERROR_CONFIRM` standard deviations of the pooled share's),
-        or do most requests still fail? Then the limit before the cut is the error
-        limit. If not, the cut stands the first time (the partitions of a job share the
-        service: the others may not have cut yet); the second time in a row the share
-        is the errors' own (rows the service refuses whatever the load), the base later
-        rounds are judged against, and startup resumes (False)."""
+        """The full rounds after a cut for rising errors, until they hold
+        :data:`ERROR_PRIOR` completions: did the share fall with the limit (by
+        :data:`ERROR_CONFIRM` standard deviations of the pooled share's, or to where the
+        base predicts), or do most requests still fail? Then the limit before the cut
+        is the error limit, and the round is judged as any other (True). If not, the
+        limit is cut again, checked from the first cut (the partitions of a job share
+        the service: the others may not have cut yet); after :data:`ERROR_ALARMS` such
+        cuts in a row the share is the errors' own (rows the service refuses whatever
+        the load), the base later rounds are judged against, and startup resumes."""
         assert self._error_check is not None
-        before, had, of = self._error_check
-        self._error_check = None
-        # two shares, each with its own chance (the one before the cut is often of a
-        # few completions): fell when the difference passes ERROR_CONFIRM standard
-        # deviations of the pooled share's
-        pooled = (had + errors) / (of + completions) if completions else 1.0
-        spread = math.sqrt(pooled * (1 - pooled) * (1 / of + 1 / max(completions, 1)))
-        if completions and had / of - errors / completions > ERROR_CONFIRM * spread:
-            self._error_limit = min(self._error_limit or before, before)
-            self._alarms = 0
-            return True
-        if errors >= ERROR_MOST * completions:
+        before, had, of, errors_after, after = self._error_check
+        errors_after += errors
+        after += completions
+        if errors_after >= ERROR_MOST * after:
             # most requests still fail: a service refusing nearly all it is sent
             # (other clients, our own other partitions, holding it) is not a share of
             # bad rows; the cut stands, and the next rise may cut again
-            self._error_limit = min(self._error_limit or before, before)
+            self._error_check = None
+            self._errors_rose_at(before)
+            return True
+        # two shares, each with its own chance (the one before the cut is often of a
+        # few completions): fell when the difference passes ERROR_CONFIRM standard
+        # deviations of the pooled share's
+        pooled = (had + errors_after) / (of + after)
+        spread = math.sqrt(pooled * (1 - pooled) * (1 / of + 1 / after))
+        drop = had / of - errors_after / after
+        if drop <= ERROR_CONFIRM * spread and (
+            after < ERROR_PRIOR or (drop > spread and after < ERROR_CHECK * ERROR_PRIOR)
+        ):
+            # too few completions yet to tell, or a share that fell by more than
+            # chance but not yet past doubt: held, and the next rounds add theirs
+            self._error_check = (before, had, of, errors_after, after)
+            return False
+        if drop > ERROR_CONFIRM * spread:
+            self._error_check = None
+            self._errors_rose_at(before)
+            self._alarms = 0
+            # the cuts were for errors, not a storm of overload: the error limit bounds
+            # the probes back up, and no startup recovers the level before them (what
+            # the service refused, a neighbour may hold now)
+            self._ceiling = 0
+            if self._errors_rose(errors, completions):
+                # fell, and still past the base's share: cut again, checked from here
+                held = self.limit
+                self._cut("the share of error answers still rose with it", ERROR_CUT)
+                self._error_check = (held, errors, completions, 0, 0)
+                return False
             return True
         self._alarms += 1
         if self._alarms < ERROR_ALARMS:
-            return True  # the cut stands: the others may not have cut yet
-        self._base_errors, self._base_completions = had + errors, of + completions
+            self._cut("the share of error answers did not fall with it", ERROR_CUT)
+            self._error_check = (before, errors_after, after, 0, 0)
+            return False
+        self._error_check = None
+        self._base_errors, self._base_completions = had + errors_after, of + after
         self._alarms = 0
         self._ceiling = 0
-        self._restart()  # a false alarm: the climb goes on from here, as fast as startup
+        self._set(max(self.limit, before))  # a false alarm: the cuts are undone
+        self._restart()  # and the climb goes on from there, as fast as startup
         log.info("%s: the share of error answers did not fall with the limit: %.0f%% "
                  "is taken as the errors' own", self.name, 100 * had / of)  # fmt: skip
         return False
@@ -490,10 +553,19 @@ class AdaptiveLimit:
         top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
         if self._error_limit:
             top = min(top, self._error_limit - 1)
+        rate, second = max(rate, self._first_look), self._first_look == 0.0
         if rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
+            self._first_look = 0.0
             self._best_rate, self._best_limit = rate, self.limit
             self._set(min(math.ceil(self.limit * STARTUP_GROWTH), top))
             return
+        if second and self._best_rate:
+            # a step that missed is judged on one more round, the better one kept: a
+            # step's first rounds carry its own transient (new connections, a burst
+            # of requests at once), and the rounds of a loaded machine swing
+            self._first_look = rate
+            return
+        self._first_look = 0.0
         if rate >= STARTUP_KEEP * self._best_rate:
             # at the top, or past the knee of the curve but still gaining: keep it
             self._best_rate, self._best_limit = rate, self.limit
@@ -506,10 +578,17 @@ class AdaptiveLimit:
             up = self._probe > 1
             if up:
                 # a gain past the held rounds' own noise too (else the limit drifts up
-                # on lucky rounds, past the knee, adding latency for nothing)
+                # on lucky rounds, past the knee, adding latency for nothing); one that
+                # missed is judged on one more round, the better one kept (as a step
+                # of startup)
+                rate, second = max(rate, self._first_look), self._first_look == 0.0
                 n = self._held_n
                 noise = math.sqrt(self._held_spread / (n - 1) * (1 + 1 / n)) if n > 1 else 0.0
                 keep = rate >= max(UP_GAIN * self._held, self._held + UP_SIGMAS * noise)
+                if not keep and second:
+                    self._first_look = rate
+                    return
+                self._first_look = 0.0
             else:
                 keep = rate >= DOWN_KEEP * self._held
             base = self._best_limit
@@ -545,7 +624,7 @@ class AdaptiveLimit:
             # errors answered at once, round after round: that share of the slots is
             # refused (the service, shared with others, takes fewer than we send)
             share = self._held_fast / self._held_completions
-            self._error_limit = min(self._error_limit or self.limit, self.limit)
+            self._errors_rose_at(self.limit)
             self._probe_wait = min(2 * self._probe_wait, PROBE_BACKOFF)
             self._rounds_held = 0
             self._set(math.floor(self.limit * (1 - share)))
@@ -578,6 +657,7 @@ class AdaptiveLimit:
 
     def _set(self, limit: int) -> None:
         limit = min(max(limit, self.minimum), self.maximum)
+        self._first_look = 0.0
         if limit != self.limit:
             self.limit = limit
             self.changes += 1

@@ -76,8 +76,9 @@ class WorkerRuntime:
         self.loop = _new_loop()
         self.functions: OrderedDict[str, AsyncFunction[Any, Any]] = OrderedDict()
         # capacity="auto": the limit the last partition calling each service ended
-        # with (by the function's service_endpoint(), else by the function)
-        self.limits: OrderedDict[str, int] = OrderedDict()
+        # with, and the last limit at which that service's errors rose with it (0:
+        # none), by the function's service_endpoint(), else by the function
+        self.limits: OrderedDict[str, tuple[int, int]] = OrderedDict()
         atexit.register(self.shutdown)
         _tune_gc()
 
@@ -115,13 +116,19 @@ class WorkerRuntime:
         operator ended its previous micro-batch, from the checkpoint) or else where
         this worker's last partition calling the same service ended, whichever
         operator or job it belonged to (a partition's first rounds then need not climb
-        from the bottom again); None for a fixed capacity."""
+        from the bottom again), below where that service's errors last rose with the
+        limit (a service that refuses what it cannot take is not flooded again at
+        the next job's start); None for a fixed capacity."""
         if spec.capacity != "auto":
             return None
-        last = start if start is not None else self.limits.get(self._limit_key(spec))
-        if last is None:
-            return AdaptiveLimit(maximum=spec.options.max_capacity)
-        return AdaptiveLimit(initial=last, maximum=spec.options.max_capacity)
+        maximum = spec.options.max_capacity
+        if start is not None:
+            return AdaptiveLimit(initial=start, maximum=maximum)
+        learned = self.limits.get(self._limit_key(spec))
+        if learned is None:
+            return AdaptiveLimit(maximum=maximum)
+        last, refused_at = learned
+        return AdaptiveLimit(initial=last, maximum=maximum, refused_at=refused_at)
 
     def remember(self, spec: PartitionSpec, limiter: AdaptiveLimit | None) -> None:
         """Keep where a partition's limit ended, for the next one calling its service
@@ -129,7 +136,7 @@ class WorkerRuntime:
         if limiter is None or spec.function_token not in self.functions:
             return
         key = self._limit_key(spec)
-        self.limits[key] = limiter.limit
+        self.limits[key] = (limiter.limit, limiter.refused_at)
         self.limits.move_to_end(key)
         while len(self.limits) > MAX_LEARNED_LIMITS:
             self.limits.popitem(last=False)

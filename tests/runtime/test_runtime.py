@@ -479,7 +479,7 @@ def test_an_adaptive_limit_starts_where_the_workers_last_partition_ended() -> No
         list(run_partition(spec, batches(list(range(3000)), size=500), TaskInfo(),
                            on_done=ended.append))  # fmt: skip
         runtime = WorkerRuntime.get()
-        assert runtime.limits[f"function {spec.function_token}"] == ended[-1].capacity_limits[0]
+        assert runtime.limits[f"function {spec.function_token}"][0] == ended[-1].capacity_limits[0]
     first, second = (m.capacity_limits[0] for m in ended)
     assert 1 <= first <= 300 and 1 <= second <= 300  # within the bound (growth depends on load)
     assert runtime.limiter(spec) is not None and runtime.limiter(spec).limit == second  # type: ignore[union-attr]
@@ -507,7 +507,7 @@ def test_an_adaptive_limit_starts_where_the_last_partition_calling_its_service_e
                        on_done=ended.append))  # fmt: skip
     runtime = WorkerRuntime.get()
     learned = ended[-1].capacity_limits[0]
-    assert runtime.limits["service http http://svc.test:80"] == learned
+    assert runtime.limits["service http http://svc.test:80"] == (learned, 0)
     same = spec_for(Calls("http http://svc.test:80"), None, capacity="auto", max_capacity=300)
     other = spec_for(Calls("http http://other.test:80"), None, capacity="auto", max_capacity=300)
     for spec in (same, other):  # opened as a partition would open them
