@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncio_ops import AsyncFunction, AsyncWaitOperator, ConfigurationError, OutputMode
-from asyncio_ops._engine._limit import AdaptiveLimit
+from asyncio_ops._engine._limit import PROBE_DOWN, AdaptiveLimit
 from asyncio_ops.testing import ManualClock
 from tests.conftest import Runner
 from tests.helpers import settle
@@ -127,7 +127,9 @@ def test_the_limit_recovers_from_an_overload_storm_as_fast_as_it_started(service
     startup = next(t for t, n in zip(fresh.limit_times, fresh.limits, strict=True) if n >= level)
     # a round or two more: the one the storm ends in, then the first without a cut
     assert recovery <= 1.5 * startup, (recovery, startup, level)
-    assert min(out.limits[len(out.limits) * 7 // 8 :]) >= level
+    # and holds it (a probe x0.8 below it now and then, as before the storm)
+    late = sorted(out.limits[len(out.limits) * 7 // 8 :])
+    assert late[len(late) // 2] >= level and late[0] >= math.floor(PROBE_DOWN * level)
 
 
 @pytest.mark.parametrize("service", ["scaling", "saturating at 64", "saturating at 300"])

@@ -29,12 +29,15 @@ requests of the previous limit); the next one judges the new limit.
 
 - **Startup**: the limit doubles while the goodput grows by at least 25% per step
   (latency does not stop it: where the client's own CPU is the bound, latency rises
-  with concurrency while the goodput still grows). When a step fails, startup ends
-  there if it still grew the goodput by 15% (past the knee of the curve), else at
-  the step before.
+  with concurrency while the goodput still grows). A step that misses is judged
+  on the next round alone (a step's first rounds carry its
+  own transient: new connections, a burst of requests at once). When a step
+  fails, startup ends there if it still grew the goodput by 15% (past the knee of
+  the curve), else at the step before.
 - **Steady**: the limit is held; every fourth round a probe runs, alternately
   x1.25 (kept if the probe round's goodput beats the held goodput, the mean of the
-  rounds held since the last probe, by 3%: a service that scales) and x0.8 (kept
+  rounds held since the last probe, by 3% and past the held rounds' own noise) and
+  x0.8 (kept
   if the goodput stays within 3%: fewer in flight, same throughput, shorter queues
   at a saturated service; only when the last held round's median latency is 10%
   above the floor or 1% of its completions were errors, a sign of a queue or of a
@@ -42,23 +45,26 @@ requests of the previous limit); the next one judges the new limit.
 - **Overload**: a timeout or an overload error cuts the limit to 0.7x at once (at
   most once per round; in startup to the last step that was good, if lower) and
   restarts steady probing from there.
-- **Errors that rise with the limit**: a round's errors are judged at its end, or
-  at once while most of its completions are errors (errors answered at once flood a
-  job) or during a probe up. Once they exceed what the base share predicts (before
-  any round, and until errors are shown to come at a share of their own, a prior of
-  no errors in 20 completions) by at least 4, by 2% of the round's completions and
-  by 5 standard deviations of chance, the limit is cut to 0.5x at once (during a
-  probe up the probe ends instead, back at the held limit). The first full round at
-  the lower limit checks the cause: if the share fell (the two shares 3 standard
-  deviations apart), or most requests still fail, the limit before the cut is the
-  *error limit*, and probes up to it wait 4, then 8, ... up to 256 held rounds
-  (doubled after each probe that raised the share again, reset by one that did
-  not; two errors at 2% of a probe's completions end it). If it did not fall the
-  cut stands too, the first time: the partitions of a job share the service, and
-  the round after one partition's cut may still meet the others' excess. The
-  second time in a row, the share is taken as the errors' own (rows the service
-  refuses whatever the load): it is the base from then on, and startup resumes
-  from the current limit.
+- **Errors that rise with the limit**: a round's errors are judged at once, as they
+  come (errors answered at once flood a job while a round runs on). Once they
+  exceed what the base share predicts (before any round, and until errors are
+  shown to come at a share of their own, a prior of a known share of 1 in 22) by
+  at least 4, by 2% of the round's completions and by 5 standard deviations of
+  chance, the limit is cut to 0.5x (during a probe up the probe ends instead, back
+  at the held limit). The next round starts when what was in flight above the new
+  limit has completed (their errors are the old limit's). The rounds after the cut
+  check its cause, until they hold 20 completions, or 40 while the share fell by
+  more than chance but not yet past doubt: if the share fell (the two shares 3
+  standard deviations apart), or most requests still fail, the limit before the
+  cut is the *error limit* (cut again at once if the share is still past the
+  base's), and probes up to it wait 4, then 8, ... up to 256 held rounds (doubled
+  after each probe that raised the share again, reset by one that did not; two
+  errors at 2% of a probe's completions end it). If the share did not fall, the
+  limit is cut again, checked from the first cut: the partitions of a job share
+  the service, and one partition's rounds after its cut may still meet the others'
+  excess. The third time in a row, the share is taken as the errors' own (rows
+  the service refuses whatever the load): it is the base from then on, the cuts
+  are undone and startup resumes.
 - **Errors answered at once** (in under half the latency floor) also keep their
   slot taken for a latency floor, as an answer would, doubled for each round in a
   row in which most requests failed (at most 1 s; the operator asks
@@ -69,7 +75,11 @@ requests of the previous limit); the next one judges the new limit.
 - **Recovery**: once a round after cuts passes without one, if the cuts took the
   limit below half of where it was held before them (a storm of overload, not a
   touch of the knee), startup is entered again, at most up to that former level
-  (and below the error limit): recovery is as fast as the first climb.
+  (and below the error limit): recovery is as fast as the first climb. Cuts for
+  errors recover by probes only: what the service refused, a neighbour may hold.
+- **Carried**: ``refused_at`` (the last error limit there was, kept when a probe
+  clears it) is what a worker's next partition on the same service starts below,
+  with its probes up to it backed off.
 
 The limit stays within ``[minimum, maximum]``. Nothing here reads a clock: the
 caller passes ``now`` (the operator's clock, so a ``ManualClock`` drives it in
@@ -553,16 +563,17 @@ class AdaptiveLimit:
         top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
         if self._error_limit:
             top = min(top, self._error_limit - 1)
-        rate, second = max(rate, self._first_look), self._first_look == 0.0
+        second = self._first_look == 0.0
         if rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
             self._first_look = 0.0
             self._best_rate, self._best_limit = rate, self.limit
             self._set(min(math.ceil(self.limit * STARTUP_GROWTH), top))
             return
         if second and self._best_rate:
-            # a step that missed is judged on one more round, the better one kept: a
-            # step's first rounds carry its own transient (new connections, a burst
-            # of requests at once), and the rounds of a loaded machine swing
+            # a step that missed is judged again on the next round alone: a step's
+            # first rounds carry its own transient (new connections, a burst of
+            # requests at once). The next round alone, not the better of the two:
+            # that one would favour every step by the luck of the draw
             self._first_look = rate
             return
         self._first_look = 0.0
@@ -578,17 +589,10 @@ class AdaptiveLimit:
             up = self._probe > 1
             if up:
                 # a gain past the held rounds' own noise too (else the limit drifts up
-                # on lucky rounds, past the knee, adding latency for nothing); one that
-                # missed is judged on one more round, the better one kept (as a step
-                # of startup)
-                rate, second = max(rate, self._first_look), self._first_look == 0.0
+                # on lucky rounds, past the knee, adding latency for nothing)
                 n = self._held_n
                 noise = math.sqrt(self._held_spread / (n - 1) * (1 + 1 / n)) if n > 1 else 0.0
                 keep = rate >= max(UP_GAIN * self._held, self._held + UP_SIGMAS * noise)
-                if not keep and second:
-                    self._first_look = rate
-                    return
-                self._first_look = 0.0
             else:
                 keep = rate >= DOWN_KEEP * self._held
             base = self._best_limit
