@@ -477,22 +477,6 @@ def test_errors_of_requests_in_flight_above_a_cut_do_not_cut_it_again() -> None:
     assert limit.limit == 4 and limit.cuts == 2
 
 
-def test_a_startup_step_that_missed_is_judged_on_one_more_round() -> None:
-    # 16 -> 32 grew the goodput; 32 -> 64 shows no gain in its first round (a transient:
-    # new connections, a burst) and the gain in the next: the step is kept, startup goes on
-    limit = AdaptiveLimit(initial=16)
-    t = _round(limit, 16, 0.02, 0.0)  # 800/s at 16
-    assert limit.limit == 32
-    t = _round(limit, 32, 0.02, t)  # the transition round
-    t = _round(limit, 32, 0.02, t)  # 1,600/s at 32
-    assert limit.limit == 64
-    t = _round(limit, 64, 0.04, t)  # the transition round
-    t = _round(limit, 64, 0.04, t)  # 1,600/s: no gain yet
-    assert limit.limit == 64
-    t = _round(limit, 64, 0.02, t)  # 3,200/s
-    assert limit.limit == 128
-
-
 def test_a_limit_starts_below_where_the_service_refused_the_last_partition() -> None:
     limit = AdaptiveLimit(initial=14, refused_at=9)
     assert limit.limit == 8 and limit.refused_at == 9

@@ -29,11 +29,9 @@ requests of the previous limit); the next one judges the new limit.
 
 - **Startup**: the limit doubles while the goodput grows by at least 25% per step
   (latency does not stop it: where the client's own CPU is the bound, latency rises
-  with concurrency while the goodput still grows). A step that misses is judged
-  on the next round alone (a step's first rounds carry its
-  own transient: new connections, a burst of requests at once). When a step
-  fails, startup ends there if it still grew the goodput by 15% (past the knee of
-  the curve), else at the step before.
+  with concurrency while the goodput still grows). When a step fails, startup ends
+  there if it still grew the goodput by 15% (past the knee of the curve), else at
+  the step before.
 - **Steady**: the limit is held; every fourth round a probe runs, alternately
   x1.25 (kept if the probe round's goodput beats the held goodput, the mean of the
   rounds held since the last probe, by 3% and past the held rounds' own noise) and
@@ -197,7 +195,7 @@ class AdaptiveLimit:
     __slots__ = (
         "_alarms", "_base_completions", "_base_errors", "_best_limit", "_best_rate", "_ceiling",
         "_completions", "_cut_in_round", "_down_next", "_draining", "_error_check", "_error_limit",
-        "_errors", "_failing", "_fast", "_first_look", "_floor_rate", "_floors", "_held",
+        "_errors", "_failing", "_fast", "_floor_rate", "_floors", "_held",
         "_held_completions", "_held_errors", "_held_fast", "_held_n", "_held_spread", "_latencies",
         "_max_in_flight", "_min_latency", "_probe", "_probe_wait", "_rounds_held", "_started",
         "_startup", "_transition", "changes", "cuts", "high", "limit", "low", "maximum", "minimum",
@@ -269,7 +267,6 @@ class AdaptiveLimit:
         self._down_next = True  # probes alternate: up first
         self._transition = False  # the round after a change: requests of the old limit
         self._draining = False  # after a cut, until what was in flight above it completes
-        self._first_look = 0.0  # a step up that missed: its first judged round's goodput
         self._ceiling = 0  # the limit held before a series of cuts (0: none)
 
     def __repr__(self) -> str:
@@ -563,20 +560,10 @@ class AdaptiveLimit:
         top = min(self._ceiling, self.maximum) if self._ceiling else self.maximum
         if self._error_limit:
             top = min(top, self._error_limit - 1)
-        second = self._first_look == 0.0
         if rate >= STARTUP_GAIN * self._best_rate and self.limit < top:
-            self._first_look = 0.0
             self._best_rate, self._best_limit = rate, self.limit
             self._set(min(math.ceil(self.limit * STARTUP_GROWTH), top))
             return
-        if second and self._best_rate:
-            # a step that missed is judged again on the next round alone: a step's
-            # first rounds carry its own transient (new connections, a burst of
-            # requests at once). The next round alone, not the better of the two:
-            # that one would favour every step by the luck of the draw
-            self._first_look = rate
-            return
-        self._first_look = 0.0
         if rate >= STARTUP_KEEP * self._best_rate:
             # at the top, or past the knee of the curve but still gaining: keep it
             self._best_rate, self._best_limit = rate, self.limit
@@ -661,7 +648,6 @@ class AdaptiveLimit:
 
     def _set(self, limit: int) -> None:
         limit = min(max(limit, self.minimum), self.maximum)
-        self._first_look = 0.0
         if limit != self.limit:
             self.limit = limit
             self.changes += 1
