@@ -1,11 +1,13 @@
 """``capacity="auto"``: an in-flight limit found from what the service answers.
 
-One :class:`AdaptiveLimit` per operator instance (per Spark partition). The
-operator reports each completion's latency (:meth:`AdaptiveLimit.on_complete`,
-with ``failed=True`` when the element's result is an error, e.g. a row from
-``on_failure``) and each sign of overload (:meth:`AdaptiveLimit.on_overload`: a
-timeout, or an error whose ``overload`` is true, e.g. a 429 or 503 answer); it
-reads :attr:`AdaptiveLimit.limit` as the number of lookups it may keep in flight.
+One class with one job, :class:`AdaptiveLimit` (with the two protocols through which
+functions and their errors speak to it): the in-flight limit of one operator instance
+(one per Spark partition). The operator reports each completion's latency
+(:meth:`AdaptiveLimit.on_complete`, with ``failed=True`` when the element's result is
+an error, e.g. a row from ``on_failure``) and each sign of overload
+(:meth:`AdaptiveLimit.on_overload`: a timeout, or an error whose ``overload`` is true,
+e.g. a 429 or 503 answer); it reads :attr:`AdaptiveLimit.limit` as the number of
+lookups it may keep in flight.
 
 The limit climbs the throughput curve, as TCP BBR probes for bandwidth. Time is
 cut into *rounds*: a round ends at the first completion after at least ``limit``
