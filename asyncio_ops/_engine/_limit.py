@@ -57,7 +57,7 @@ requests of the previous limit); the next one judges the new limit.
   more than chance but not yet past doubt: if the share fell (the two shares 3
   standard deviations apart), or most requests still fail, the limit before the
   cut is the *error limit* (cut again at once if the share is still past the
-  base's), and probes up to it wait 4, then 8, ... up to 256 held rounds (doubled
+  base's), and probes up to it wait 16, then 32, ... up to 256 held rounds (doubled
   after each probe that raised the share again, reset by one that did not; two
   errors at 2% of a probe's completions end it). If the share did not fall, the
   limit is cut again, checked from the first cut: the partitions of a job share
@@ -136,6 +136,7 @@ RECOVER_BELOW: Final = 0.5  # cuts below this share of the held limit: recover b
 PROBE_EVERY: Final = 4  # held rounds between probes
 TRIM_AFTER: Final = 2  # held rounds with errors answered at once before the limit is trimmed
 PROBE_BACKOFF: Final = 256  # at most this many held rounds between probes to the error limit
+ERROR_PROBE_WAIT: Final = 16  # held rounds before the first probe up to the error limit
 MAX_ROUND: Final = 1.0  # seconds: a round ends by then when completions are scarce
 MIN_ROUND: Final = 0.1  # seconds: shorter rounds measure rates too noisily
 
@@ -252,7 +253,8 @@ class AdaptiveLimit:
             self._errors_rose_at(max(positive_int(refused_at, "refused_at"), self.minimum + 1))
             self.limit = min(self.limit, self._error_limit - 1)
             self.low = self.high = self.limit
-        self._probe_wait = PROBE_EVERY  # held rounds before a probe up to the error limit
+        # held rounds before a probe up to the error limit (each costs error rows)
+        self._probe_wait = ERROR_PROBE_WAIT
         self._failing = 0  # rounds in a row in which most completions were errors
         self._alarms = 0  # cuts in a row whose errors did not fall
         self._max_in_flight = 0
@@ -591,7 +593,7 @@ class AdaptiveLimit:
                 self._best_limit = self.limit
                 if up and self._error_limit and self.limit >= self._error_limit:
                     self._error_limit = 0  # errors no longer rise there
-                    self._probe_wait = PROBE_EVERY
+                    self._probe_wait = ERROR_PROBE_WAIT
             else:
                 self._set(base)
             return
